@@ -1,0 +1,65 @@
+"""The one exception hierarchy of polyindex.
+
+Every error a user can cause is one of these; the gRPC layer maps them to status codes in
+one place (see ``STATUS_NAMES``). Messages say what was wrong and where (file:line, field, id).
+"""
+from __future__ import annotations
+
+
+class PolyindexError(Exception):
+    """Base of every polyindex error."""
+
+    status = "INTERNAL"
+
+
+class InvalidArgument(PolyindexError):
+    status = "INVALID_ARGUMENT"
+
+
+class NotFound(PolyindexError):
+    status = "NOT_FOUND"
+
+
+class AlreadyExists(PolyindexError):
+    status = "ALREADY_EXISTS"
+
+
+class Unauthenticated(PolyindexError):
+    status = "UNAUTHENTICATED"
+
+
+class ResourceExhausted(PolyindexError):
+    status = "RESOURCE_EXHAUSTED"
+
+
+class Corrupt(PolyindexError):
+    """Stored data failed a check (bad checksum, unreadable file, newer format)."""
+
+    status = "DATA_LOSS"
+
+
+class Internal(PolyindexError):
+    status = "INTERNAL"
+
+
+class InputError(InvalidArgument):
+    """A bad input record, located by source file and line (or row)."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 field: str | None = None, doc_id: str | None = None):
+        where = []
+        if source is not None:
+            where.append(f"{source}:{line}" if line is not None else source)
+        elif line is not None:
+            where.append(f"line {line}")
+        if doc_id is not None:
+            where.append(f"id={doc_id!r}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        self.source, self.line, self.field, self.doc_id = source, line, field, doc_id
+        self.reason = message
+
+
+STATUS_NAMES = {cls: cls.status for cls in (
+    InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted, Corrupt, Internal)}

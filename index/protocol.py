@@ -1,0 +1,159 @@
+"""The one index protocol every index kind implements (the FAISS ``Index`` idea, in two levels).
+
+A *kind* (``IndexKind``) is the collection-level object for one representation: created from
+a factory string, it may ``train`` on a sample (IVF centroids, codebooks, ...), it ``build``s a
+segment's files, ``open``s them as a ``SegmentIndex``, and ``prepare``s a query once per query
+(query-wide statistics such as IDF or a query embedding) against a snapshot. A *segment index*
+answers ``search`` and ``score`` for one immutable segment, on segment-local row ids.
+
+Shapes: ``search`` returns ``(scores, row_ids)`` of shape ``(nq, k)``, float32 and int64, padded
+with ``-inf`` / ``-1``; higher scores are better. ``allow`` is a boolean mask over the
+segment's rows (live and passing the filter) or None for all rows.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from polyindex.errors import InvalidArgument
+
+
+def parse_options(text: str, *, where: str) -> dict[str, str]:
+    """Parse ``"a=1,b=x"`` (search params or factory options) into a dict of strings."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgument(f"{where}: expected key=value, got {part!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def option(opts: dict[str, str], key: str, cast, default, *, where: str):
+    """Read one typed option, with a clear error on a bad value."""
+    if key not in opts:
+        return default
+    try:
+        return cast(opts[key])
+    except ValueError:
+        raise InvalidArgument(f"{where}: option {key}={opts[key]!r} is not a valid {cast.__name__}") from None
+
+
+@dataclass
+class BuildBatch:
+    """What a kind gets to build one segment: rows in segment order."""
+
+    ids: Sequence[str]
+    titles: Sequence[str]
+    texts: Sequence[str]
+    embeddings: np.ndarray | None = None  # (n, d) float32, L2-normalized, when the collection encodes
+
+
+@dataclass
+class Query:
+    """One query as the user gave it; kinds read what they need."""
+
+    text: str | None = None
+    vector: np.ndarray | None = None  # (d,) float32 query embedding
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SegmentIndex(ABC):
+    """One kind's index over one sealed segment."""
+
+    n_rows: int
+
+    @abstractmethod
+    def search(self, prepared: Any, k: int, params: dict[str, str],
+               allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows of this segment for a prepared query: ``(scores, row_ids)``, shape (nq, k)."""
+
+    @abstractmethod
+    def score(self, prepared: Any, row_ids: np.ndarray) -> np.ndarray:
+        """Scores of the given rows (shape (nq, len(row_ids)), NaN where not scorable)."""
+
+
+class IndexKind(ABC):
+    """Collection-level index kind (one per representation of a collection)."""
+
+    kind: ClassVar[str]
+    needs_embeddings: ClassVar[bool] = False
+
+    def __init__(self, body: str):
+        self.body = body
+
+    def describe(self) -> str:
+        """The factory string that recreates this kind."""
+        return f"{self.kind}:{self.body}" if self.body else self.kind
+
+    # -- collection-level training -------------------------------------------------------
+    def needs_training(self) -> bool:
+        return False
+
+    def train(self, sample: BuildBatch) -> None:
+        """Learn collection-level artifacts from a sample; kinds that learn nothing skip it."""
+
+    def save_artifacts(self, folder: Path) -> list[str]:
+        """Write trained artifacts into ``folder``; return the file names written."""
+        return []
+
+    def load_artifacts(self, folder: Path) -> None:
+        """Load what ``save_artifacts`` wrote."""
+
+    # -- segments ------------------------------------------------------------------------
+    @abstractmethod
+    def build(self, batch: BuildBatch, folder: Path) -> dict:
+        """Write this kind's files for one segment into ``folder``; return its manifest info."""
+
+    @abstractmethod
+    def open(self, folder: Path, info: dict) -> SegmentIndex:
+        """Open (memory-map) a built segment."""
+
+    # -- queries -------------------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],
+                live: Sequence[np.ndarray | None], params: dict[str, str]) -> Any:
+        """Compute query-wide state once per query batch (IDF, embeddings) for a snapshot.
+
+        ``segments`` and ``live`` (tombstone masks, None = all live) describe the snapshot, so
+        collection-wide statistics can be computed here and do not depend on segmentation.
+        """
+
+
+_REGISTRY: dict[str, type[IndexKind]] = {}
+
+
+def register(cls: type[IndexKind]) -> type[IndexKind]:
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def known_kinds() -> list[str]:
+    _load_builtin_kinds()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin_kinds() -> None:
+    # Import for the side effect of registration; kept lazy so importing polyindex is cheap.
+    from polyindex.index import dense, lexical  # noqa: F401
+
+
+def from_factory(factory: str) -> IndexKind:
+    """Create an index kind from a factory string such as ``"dense:HNSW32,Flat"``."""
+    _load_builtin_kinds()
+    if not isinstance(factory, str) or not factory.strip():
+        raise InvalidArgument(f"index factory string must be a non-empty string, got {factory!r}")
+    kind, _, body = factory.strip().partition(":")
+    cls = _REGISTRY.get(kind.strip())
+    if cls is None:
+        raise InvalidArgument(f"unknown index kind {kind!r} in factory string {factory!r}; "
+                              f"known kinds: {', '.join(sorted(_REGISTRY))}")
+    return cls(body.strip())
+
+
+def empty_result(nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)
