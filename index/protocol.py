@@ -116,11 +116,13 @@ class IndexKind(ABC):
     # -- queries -------------------------------------------------------------------------
     @abstractmethod
     def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],
-                live: Sequence[np.ndarray | None], params: dict[str, str]) -> Any:
+                live: Sequence[np.ndarray | None], params: dict[str, str], cache: dict) -> Any:
         """Compute query-wide state once per query batch (IDF, embeddings) for a snapshot.
 
         ``segments`` and ``live`` (tombstone masks, None = all live) describe the snapshot, so
         collection-wide statistics can be computed here and do not depend on segmentation.
+        ``cache`` is a dict owned by the snapshot (empty when it opens, dropped with it): the
+        place to keep collection-wide statistics between queries of the same snapshot.
         """
 
 
