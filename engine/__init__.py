@@ -3,10 +3,7 @@ from polyindex.errors import (AlreadyExists, Corrupt, InputError, Internal, Inva
                               NotFound, PolyindexError, ResourceExhausted, Unauthenticated)
 
 __all__ = ["AlreadyExists", "Corrupt", "InputError", "Internal", "InvalidArgument", "NotFound",
-           "PolyindexError", "ResourceExhausted", "Unauthenticated", "open"]
+           "PolyindexError", "ResourceExhausted", "Unauthenticated", "open", "Engine"]
 
-
-def open(path, **kwargs):  # noqa: A001 - the public name mirrors builtins.open on purpose
-    """Open (or create) a data directory as an embedded engine."""
-    from polyindex.engine import Engine
-    return Engine(path, **kwargs)
+from polyindex.engine import Engine
+from polyindex.engine import Engine as open  # noqa: A001 - polyindex.open(path) -> engine

@@ -1,0 +1,199 @@
+"""A collection: the user-facing API over one manifest (query, add, get, delete, count)."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from polyindex.config import CollectionConfig
+from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
+from polyindex.filters import compile_filter
+from polyindex.index.protocol import IndexKind, Query, from_factory
+from polyindex.manifest import MANIFEST, load_manifest
+from polyindex.profiles import builtin_profiles, resolve_profile
+from polyindex.query import Hit, run
+from polyindex.snapshot import OpenedSegment, Snapshot
+from polyindex.sources import Document
+from polyindex.writer import Writer, writer_lock
+
+MAX_K = 10_000
+
+
+def _doc_from(obj: Any, i: int) -> Document:
+    """Accept Documents or dicts ({"id"|"_id", "title"?, "text", "metadata"?, ...})."""
+    if isinstance(obj, Document):
+        return obj
+    if not isinstance(obj, dict):
+        raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
+    from polyindex.sources import document_from_record
+    item = document_from_record(obj, source="add()", line=i + 1)
+    if isinstance(item, InputError):
+        raise item
+    return item
+
+
+class Collection:
+    def __init__(self, folder: Path, device: str = "cpu"):
+        self.folder = folder
+        self.name = folder.name
+        self.device = device
+        manifest = load_manifest(folder)
+        self.config: CollectionConfig = manifest.config
+        self.kinds: dict[str, IndexKind] = {}
+        for factory in self.config.indexes:
+            kind = from_factory(factory)
+            kind.device = device
+            kind.load_artifacts(folder / "artifacts" / kind.kind)
+            self.kinds[kind.kind] = kind
+        self._opened: dict[str, OpenedSegment] = {}
+        self._tombstones: dict[str, np.ndarray] = {}
+        self._lock = threading.RLock()
+        self._snapshot: Snapshot | None = None
+        self._stamp = None
+        self._encoder = None
+
+    # -- snapshots -------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The newest committed snapshot (re-read only when the manifest file changed)."""
+        st = os.stat(self.folder / MANIFEST)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._snapshot is None or stamp != self._stamp:
+            with self._lock:
+                manifest = load_manifest(self.folder)
+                for name, kind in self.kinds.items():
+                    if manifest.artifacts.get(name) and kind.needs_training():
+                        kind.load_artifacts(self.folder / "artifacts" / name)
+                self._snapshot = Snapshot(self.folder, manifest, self.kinds, self._opened,
+                                          self._tombstones)
+                self._stamp = stamp
+        return self._snapshot
+
+    def refresh(self) -> None:
+        self._stamp = None
+
+    # -- encoding --------------------------------------------------------------------------
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            from polyindex.encoder import get_encoder
+            self._encoder = get_encoder(self.config.model, self.config.dtype)
+        return self._encoder
+
+    def _encode_docs(self, texts, on_batch=None):
+        return self.encoder.encode(texts, on_batch=on_batch)
+
+    # -- writes ----------------------------------------------------------------------------
+    @contextmanager
+    def writer(self):
+        with self._lock, writer_lock(self.folder):
+            needs = any(k.needs_embeddings for k in self.kinds.values())
+            yield Writer(self.folder, self.kinds, self._encode_docs if needs else None)
+
+    def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
+              force: bool = False):
+        """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk_index``."""
+        from polyindex.ingest import bulk_index
+        from polyindex.sources import Source, open_source
+        src = source if isinstance(source, Source) else open_source(source)
+        return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force)
+
+    def add(self, docs: Iterable[Any]) -> int:
+        """Upsert documents (dicts or Documents) as one new segment; all or nothing."""
+        unique: dict[str, Document] = {}
+        for i, d in enumerate(docs):
+            doc = _doc_from(d, i)
+            unique.pop(doc.id, None)
+            unique[doc.id] = doc
+        if not unique:
+            return 0
+        with self.writer() as w:
+            w.commit_segment(list(unique.values()), self.config.fields)
+        self.refresh()
+        return len(unique)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        ids = _check_ids(ids)
+        with self.writer() as w:
+            n = w.delete(ids)
+        self.refresh()
+        return n
+
+    # -- reads -----------------------------------------------------------------------------
+    def count(self) -> int:
+        return self.snapshot().count()
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        ids = _check_ids(ids)
+        snap = self.snapshot()
+        out: list[Document | None] = []
+        for loc in snap.find(ids):
+            out.append(None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0])
+        return out
+
+    def profiles(self) -> dict[str, dict]:
+        return {**builtin_profiles(list(self.kinds)), **self.config.profiles}
+
+    def query(self, text: str | None = None, *, vector=None, k: int = 10, profile=None,
+              filter: dict | None = None, explain: bool = False, with_text: bool = False) -> list[Hit]:
+        vectors = None if vector is None else [vector]
+        return self.query_batch(None if text is None else [text], vectors=vectors, k=k,
+                                profile=profile, filter=filter, explain=explain,
+                                with_text=with_text)[0]
+
+    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None, k: int = 10,
+                    profile=None, filter: dict | None = None, explain: bool = False,
+                    with_text: bool = False) -> list[list[Hit]]:
+        """Run many queries through one profile; query-wide work is done once per batch."""
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+            raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
+                f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        prof = resolve_profile(profile, list(self.kinds), self.config.profiles)
+        queries = _make_queries(texts, vectors)
+        needs_vec = any(self.kinds[st.index].needs_embeddings for st in prof.retrieve)
+        if needs_vec and any(q.vector is None for q in queries):
+            missing = [i for i, q in enumerate(queries) if q.vector is None]
+            vecs = self.encoder.encode([queries[i].text for i in missing], chunk=len(missing) or 1)
+            for i, v in zip(missing, vecs):
+                queries[i].vector = v
+        expr = None if filter is None else compile_filter(filter, self.config.fields)
+        return run(self.snapshot(), queries, prof, k, expr, explain, with_text)
+
+    def info(self) -> dict:
+        snap = self.snapshot()
+        m = snap.manifest
+        return {"name": self.name, "version": m.version, "documents": m.live_rows(),
+                "segments": len(m.segments), "deleted_rows": sum(s.n_deleted for s in m.segments),
+                "indexes": [k.describe() for k in self.kinds.values()],
+                "profiles": sorted(self.profiles()), "model": self.config.model,
+                "dtype": self.config.dtype, "segment_size": self.config.segment_size,
+                "fields": self.config.fields,
+                "ingest": m.ingest, "format_version": m.format_version}
+
+
+def _check_ids(ids) -> list[str]:
+    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+        raise InvalidArgument("ids must be a list of strings")
+    return list(ids)
+
+
+def _make_queries(texts, vectors) -> list[Query]:
+    if texts is None and vectors is None:
+        raise InvalidArgument("a query needs text or a vector")
+    n = len(texts) if texts is not None else len(vectors)
+    if texts is not None and vectors is not None and len(vectors) != n:
+        raise InvalidArgument(f"{n} query texts but {len(vectors)} vectors")
+    out = []
+    for i in range(n):
+        text = None if texts is None else texts[i]
+        if text is not None and (not isinstance(text, str) or not text.strip()):
+            raise InvalidArgument(f"query {i}: text must be a non-empty string")
+        vec = None if vectors is None else np.asarray(vectors[i], dtype=np.float32)
+        out.append(Query(text=text, vector=vec))
+    if not out:
+        raise InvalidArgument("no queries given")
+    return out

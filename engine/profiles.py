@@ -1,0 +1,90 @@
+"""Rank profiles as data: retrieve stages -> fuse -> final (the Vespa idea).
+
+A profile is a dict that round-trips through the manifest::
+
+    {"retrieve": [{"index": "lexical", "k": 1000, "params": ""},
+                  {"index": "dense", "k": 100, "params": "efSearch=128"}],
+     "fuse": {"method": "rrf", "k": 60}}
+
+Every index kind of a collection gets a single-stage profile of its own name; ``hybrid``
+fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from polyindex.errors import InvalidArgument
+from polyindex.index.protocol import parse_options
+
+FUSE_METHODS = ("rrf", "weighted")
+SINGLE_STAGE_K = 1000
+HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
+          "fuse": {"method": "rrf", "k": 60}}
+
+
+@dataclass
+class Stage:
+    index: str
+    k: int = SINGLE_STAGE_K
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Profile:
+    name: str
+    retrieve: list[Stage]
+    fuse: dict = field(default_factory=lambda: {"method": "rrf", "k": 60})
+
+    @classmethod
+    def from_json(cls, name: str, data: dict, kinds: set[str]) -> "Profile":
+        where = f"rank profile {name!r}"
+        if not isinstance(data, dict) or not isinstance(data.get("retrieve"), list) or not data["retrieve"]:
+            raise InvalidArgument(f"{where}: needs a non-empty 'retrieve' list")
+        stages = []
+        for i, st in enumerate(data["retrieve"]):
+            if not isinstance(st, dict) or not isinstance(st.get("index"), str):
+                raise InvalidArgument(f"{where}: retrieve[{i}] needs an 'index' name")
+            if st["index"] not in kinds:
+                raise InvalidArgument(f"{where}: retrieve[{i}] names index {st['index']!r}, "
+                                      f"which the collection does not have ({sorted(kinds)})")
+            k = st.get("k", SINGLE_STAGE_K)
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 100_000:
+                raise InvalidArgument(f"{where}: retrieve[{i}].k must be an integer in 1..100000")
+            params = st.get("params", "")
+            params = parse_options(params, where=f"{where} retrieve[{i}].params") \
+                if isinstance(params, str) else dict(params)
+            stages.append(Stage(st["index"], k, params))
+        fuse = dict(data.get("fuse") or {"method": "rrf", "k": 60})
+        if fuse.get("method") not in FUSE_METHODS:
+            raise InvalidArgument(f"{where}: fuse.method must be one of {FUSE_METHODS}")
+        if fuse["method"] == "weighted":
+            weights = fuse.get("weights", {})
+            bad = set(weights) - {s.index for s in stages}
+            if bad:
+                raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
+        return cls(name, stages, fuse)
+
+    def to_json(self) -> dict:
+        return {"retrieve": [{"index": s.index, "k": s.k,
+                              "params": ",".join(f"{k}={v}" for k, v in s.params.items())}
+                             for s in self.retrieve], "fuse": self.fuse}
+
+
+def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
+    out = {kind: {"retrieve": [{"index": kind, "k": SINGLE_STAGE_K}]} for kind in kinds}
+    if "lexical" in kinds and "dense" in kinds:
+        out["hybrid"] = HYBRID
+    return out
+
+
+def resolve_profile(name_or_data, kinds: list[str], user: dict[str, dict]) -> Profile:
+    """A profile by name (user profiles shadow built-ins) or an inline dict."""
+    if isinstance(name_or_data, dict):
+        return Profile.from_json("inline", name_or_data, set(kinds))
+    profiles = {**builtin_profiles(kinds), **user}
+    if name_or_data is None:
+        name_or_data = "hybrid" if "hybrid" in profiles else kinds[0]
+    if name_or_data not in profiles:
+        raise InvalidArgument(f"unknown rank profile {name_or_data!r}; this collection has: "
+                              f"{', '.join(sorted(profiles))}")
+    return Profile.from_json(name_or_data, profiles[name_or_data], set(kinds))

@@ -1,0 +1,103 @@
+"""The query pipeline: segment-local retrieve stages, global fusion, final top-k with explain."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from polyindex.filters import evaluate
+from polyindex.index.protocol import Query
+from polyindex.profiles import Profile
+from polyindex.rerank import fusion
+from polyindex.snapshot import Snapshot
+
+
+@dataclass
+class Hit:
+    id: str
+    score: float
+    rank: int
+    title: str | None = None
+    text: str | None = None
+    explain: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
+    """Live rows that pass the filter, per segment (None = every row allowed)."""
+    if filter_expr is None:
+        return snapshot.live
+    masks = []
+    for seg, live in zip(snapshot.segments, snapshot.live):
+        m = evaluate(filter_expr, seg.docs.table)
+        masks.append(m if live is None else (m & live))
+    return masks
+
+
+def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
+             params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
+    kind = snapshot.kinds[index]
+    seg_indexes = [s.indexes[index] for s in snapshot.segments]
+    prepared = kind.prepare(queries, seg_indexes, snapshot.live, params, snapshot.cache[index])
+    nq = len(queries)
+    if not seg_indexes:
+        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
+    all_scores, all_keys = [], []
+    for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
+        scores, rows = seg_index.search(prepared, k, params, mask)
+        all_scores.append(scores)
+        all_keys.append(np.where(rows >= 0, rows + base, -1))
+    if len(all_scores) == 1:
+        return all_scores[0], all_keys[0]
+    scores = np.concatenate(all_scores, axis=1)
+    keys = np.concatenate(all_keys, axis=1)
+    scores = np.where(keys >= 0, scores, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+
+
+def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
+        filter_expr=None, explain: bool = False, with_text: bool = False) -> list[list[Hit]]:
+    allow = allow_masks(snapshot, filter_expr)
+    stage_results = [retrieve(snapshot, queries, st.index, st.k, st.params, allow)
+                     for st in profile.retrieve]
+    out = []
+    for qi in range(len(queries)):
+        lists = [(s[qi], keys[qi]) for s, keys in stage_results]
+        if len(lists) == 1:
+            scores, keys = lists[0]
+            keep = keys >= 0
+            keys, scores = keys[keep][:k], scores[keep][:k].astype(np.float64)
+        elif profile.fuse["method"] == "rrf":
+            keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
+            keys, scores = keys[:k], scores[:k]
+        else:
+            w = profile.fuse.get("weights", {})
+            keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists],
+                                           [float(w.get(st.index, 1.0)) for st in profile.retrieve])
+            keys, scores = keys[:k], scores[:k]
+        out.append(_hits(snapshot, keys, scores, profile, lists if explain else None, with_text))
+    return out
+
+
+def _hits(snapshot, keys, scores, profile, lists, with_text) -> list[Hit]:
+    ids = snapshot.ids_of(keys)
+    hits = [Hit(i, float(s), r + 1) for r, (i, s) in enumerate(zip(ids, scores.tolist()))]
+    if with_text and hits:
+        seg, rows = snapshot.locate(keys)
+        for h, s, r in zip(hits, seg.tolist(), rows.tolist()):
+            doc = snapshot.segments[s].docs.rows([r], ("title", "text"))[0]
+            h.title, h.text = doc["title"], doc["text"]
+    if lists is not None:
+        per_stage = []
+        for st, (s, kk) in zip(profile.retrieve, lists):
+            valid = kk >= 0
+            per_stage.append((st.index, {int(key): (rank + 1, float(sc)) for rank, (key, sc) in
+                                         enumerate(zip(kk[valid].tolist(), s[valid].tolist()))}))
+        for h, key in zip(hits, keys.tolist()):
+            h.explain = {"stages": {name: ({"rank": m[key][0], "score": m[key][1]} if key in m
+                                           else None) for name, m in per_stage},
+                         "fused": {"method": profile.fuse["method"] if len(lists) > 1 else None,
+                                   "score": h.score}}
+    return hits

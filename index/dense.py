@@ -1,0 +1,157 @@
+"""The ``dense`` kind: sentence-transformers embeddings in a FAISS index per segment.
+
+Factory: ``dense`` (auto: ``Flat`` below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat``
+above) or any ``faiss.index_factory`` string (``dense:HNSW32,Flat``, ``dense:IVF1024,PQ48``).
+Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
+starts from a clone of that trained template. Inner product on L2-normalized vectors = cosine.
+Search params are faiss parameter strings (``nprobe=32``, ``efSearch=128``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import faiss
+import numpy as np
+
+from polyindex.cuda.device import to_device
+from polyindex.errors import InvalidArgument
+from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
+                                      register)
+from polyindex.segment import Segment
+
+AUTO_HNSW_ROWS = 20_000
+INDEX_FILE = "dense.faiss"
+TEMPLATE_FILE = "dense.template.faiss"
+SEARCH_PARAMS = {"nprobe": int, "efSearch": int}
+
+
+def _check_factory(body: str, dim: int = 8) -> None:
+    try:
+        faiss.index_factory(dim, body, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+        raise InvalidArgument(f"dense: {body!r} is not a valid faiss index factory string ({first})") from None
+
+
+class DenseSegment(SegmentIndex):
+    def __init__(self, index, embeddings: np.ndarray | None):
+        self.index = index
+        self.embeddings = embeddings
+        self.n_rows = index.ntotal
+
+    def _search_params(self, params: dict[str, str], allow: np.ndarray | None):
+        kwargs = {k: SEARCH_PARAMS[k](v) for k, v in params.items()}
+        if allow is not None:
+            kwargs["sel"] = faiss.IDSelectorBitmap(np.packbits(allow, bitorder="little"))
+        if not kwargs:
+            return None
+        base = faiss.extract_index_ivf(self.index) if "nprobe" in kwargs else None
+        if base is not None or "nprobe" in kwargs:
+            return faiss.SearchParametersIVF(**kwargs)
+        if "efSearch" in kwargs:
+            return faiss.SearchParametersHNSW(**kwargs)
+        return faiss.SearchParameters(**kwargs)
+
+    def search(self, prepared, k, params, allow):
+        vectors = prepared
+        if self.n_rows == 0 or (allow is not None and not allow.any()):
+            return empty_result(len(vectors), k)
+        sp = self._search_params(params, allow)
+        scores, rows = (self.index.search(vectors, k) if sp is None
+                        else self.index.search(vectors, k, params=sp))
+        return scores, rows
+
+    def score(self, prepared, row_ids):
+        if self.embeddings is None:
+            return np.full((len(prepared), len(row_ids)), np.nan, dtype=np.float32)
+        return prepared @ self.embeddings[np.asarray(row_ids)].T
+
+
+@register
+class DenseKind(IndexKind):
+    kind = "dense"
+    needs_embeddings = True
+
+    def __init__(self, body: str):
+        super().__init__(body)
+        if body and body != "auto":
+            _check_factory(body)
+        self.template = None  # trained empty index (IVF/PQ), collection-level
+        self.device = "cpu"
+
+    def describe(self) -> str:
+        return f"dense:{self.body}" if self.body and self.body != "auto" else "dense"
+
+    def _factory_for(self, n_rows: int) -> str:
+        if self.body and self.body != "auto":
+            return self.body
+        return "HNSW32,Flat" if n_rows >= AUTO_HNSW_ROWS else "Flat"
+
+    def needs_training(self) -> bool:
+        if not self.body or self.body == "auto":
+            return False
+        return self.template is None and not faiss.index_factory(
+            8, self.body, faiss.METRIC_INNER_PRODUCT).is_trained
+
+    def train(self, sample: BuildBatch) -> None:
+        x = np.ascontiguousarray(sample.embeddings, dtype=np.float32)
+        index = faiss.index_factory(x.shape[1], self.body, faiss.METRIC_INNER_PRODUCT)
+        index.train(x)
+        self.template = index
+
+    def save_artifacts(self, folder: Path) -> list[str]:
+        if self.template is None:
+            return []
+        faiss.write_index(self.template, str(folder / TEMPLATE_FILE))
+        return [TEMPLATE_FILE]
+
+    def load_artifacts(self, folder: Path) -> None:
+        path = folder / TEMPLATE_FILE
+        if path.exists():
+            self.template = faiss.read_index(str(path))
+
+    def build(self, batch: BuildBatch, folder: Path) -> dict:
+        x = batch.embeddings
+        if x is None:
+            raise InvalidArgument("dense: the segment has no embeddings to index")
+        factory = self._factory_for(len(x))
+        if self.template is not None:
+            index = faiss.clone_index(self.template)
+        else:
+            index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+            if not index.is_trained:  # a per-segment fallback; collections train a template first
+                index.train(x)
+        index.add(np.ascontiguousarray(x, dtype=np.float32))
+        faiss.write_index(index, str(folder / INDEX_FILE))
+        return {"factory": factory, "dim": int(x.shape[1]), "n_rows": int(len(x)),
+                "files": [INDEX_FILE]}
+
+    def open(self, folder: Path, info: dict) -> DenseSegment:
+        index = to_device(faiss.read_index(str(folder / INDEX_FILE)), self.device)
+        seg = Segment(folder, folder.name, info["n_rows"])
+        return DenseSegment(index, seg.embeddings())
+
+    def prepare(self, queries: Sequence[Query], segments, live, params, cache):
+        unknown = set(params) - set(SEARCH_PARAMS)
+        if unknown:
+            raise InvalidArgument(f"dense: unknown search parameter(s) {sorted(unknown)}; "
+                                  f"known: {sorted(SEARCH_PARAMS)}")
+        for key, value in params.items():
+            try:
+                SEARCH_PARAMS[key](value)
+            except ValueError:
+                raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
+        dim = next((s.index.d for s in segments), None)
+        vecs = []
+        for i, q in enumerate(queries):
+            if q.vector is None:
+                raise InvalidArgument("the dense index needs a query vector or query text")
+            v = np.asarray(q.vector, dtype=np.float32).reshape(-1)
+            if dim is not None and v.shape[0] != dim:
+                raise InvalidArgument(f"query {i}: vector has dimension {v.shape[0]}, "
+                                      f"the dense index has {dim}")
+            if not np.all(np.isfinite(v)):
+                raise InvalidArgument(f"query {i}: vector contains NaN or infinity")
+            vecs.append(v)
+        return np.ascontiguousarray(np.stack(vecs)) if vecs else np.empty((0, dim or 0), np.float32)

@@ -1,0 +1,352 @@
+"""Posting lists shared by the sparse-vector kinds (lexical BM25 now, learned sparse later).
+
+A posting index over one segment is CSR by term: ``offsets`` (n_terms + 1, int64) cuts the
+``docs`` (int32, ascending within a term) and ``vals`` (per-posting value: a term frequency
+for BM25, a weight for learned sparse vectors) arrays into one run per term.
+
+Files are Arrow IPC files, memory-mapped on read and exposed as zero-copy (read-only) numpy
+arrays. Scoring is term-at-a-time in numba kernels: postings of the query terms are added into
+a float32 score buffer the size of the segment while the rows touched are listed, so top-k
+selection (a size-k heap) and the buffer reset only visit matched rows. One kernel call
+handles a whole query batch for one segment. Buffers are reused through ``BufferPool``.
+
+Top-k order is score descending, ties broken by the smaller row id; missing slots are
+padded with ``-inf`` / ``-1``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba
+import numpy as np
+import pyarrow as pa
+
+from polyindex.errors import Corrupt
+
+_NO_ALLOW = np.ones(0, dtype=np.bool_)
+
+
+# --------------------------------------------------------------------------- building
+
+def build_csr(term_ids: np.ndarray, docs: np.ndarray, weights: np.ndarray | None,
+              n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR postings from ``(term_id, doc, weight)`` triples.
+
+    Returns ``(offsets int64 (n_terms + 1,), docs int32, vals)``, grouped by term with docs
+    ascending inside a term. Repeated ``(term, doc)`` pairs are merged by summing their
+    weights; with ``weights=None`` every triple counts 1 and ``vals`` are int32 counts (term
+    frequencies).
+    """
+    term_ids = np.asarray(term_ids, dtype=np.int64)
+    docs = np.asarray(docs, dtype=np.int64)
+    if term_ids.shape != docs.shape or term_ids.ndim != 1:
+        raise ValueError("term_ids and docs must be 1-d arrays of the same length")
+    offsets = np.zeros(n_terms + 1, dtype=np.int64)
+    if len(term_ids) == 0:
+        vals = np.zeros(0, np.int32 if weights is None else np.asarray(weights).dtype)
+        return offsets, np.zeros(0, np.int32), vals
+    if term_ids.min() < 0 or term_ids.max() >= n_terms:
+        raise ValueError(f"term ids must be in [0, {n_terms})")
+    order = np.lexsort((docs, term_ids))
+    t, d = term_ids[order], docs[order]
+    first = np.empty(len(t), dtype=np.bool_)
+    first[0] = True
+    np.not_equal(t[1:], t[:-1], out=first[1:])
+    first[1:] |= d[1:] != d[:-1]
+    starts = np.flatnonzero(first)
+    if weights is None:
+        vals = np.diff(np.append(starts, len(t))).astype(np.int32)
+    else:
+        vals = np.add.reduceat(np.asarray(weights)[order], starts)
+    t = t[starts]
+    offsets[1:] = np.cumsum(np.bincount(t, minlength=n_terms))
+    return offsets, d[starts].astype(np.int32), vals
+
+
+# --------------------------------------------------------------------------- files
+
+def write_arrow(path: Path, columns: dict[str, np.ndarray | list | pa.Array]) -> None:
+    """Write columns as one record batch of an Arrow IPC file."""
+    table = pa.table({name: col if isinstance(col, pa.Array) else pa.array(col)
+                      for name, col in columns.items()})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def read_arrow(path: Path, schema: dict[str, pa.DataType]) -> tuple[pa.Table, dict[str, object]]:
+    """Memory-map an Arrow IPC file; numeric columns come back as zero-copy numpy arrays.
+
+    ``schema`` names the expected columns and types; string columns come back as the Arrow
+    column itself. Raises ``Corrupt`` when the file is unreadable or does not match.
+    """
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise Corrupt(f"{path}: cannot read Arrow file: {exc}") from None
+    out: dict[str, object] = {}
+    for name, typ in schema.items():
+        if name not in table.column_names or not table.schema.field(name).type.equals(typ):
+            raise Corrupt(f"{path}: expected column {name!r} of type {typ}, "
+                          f"file schema is {table.schema}")
+        col = table.column(name)
+        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+            out[name] = col
+        elif col.null_count:
+            raise Corrupt(f"{path}: column {name!r} has nulls")
+        elif col.num_chunks == 1:
+            out[name] = col.chunk(0).to_numpy(zero_copy_only=True)
+        elif col.num_chunks == 0:
+            out[name] = np.zeros(0, dtype=typ.to_pandas_dtype())
+        else:
+            out[name] = col.combine_chunks().to_numpy(zero_copy_only=True)
+    return table, out
+
+
+# --------------------------------------------------------------------------- buffers
+
+class BufferPool:
+    """Reusable per-segment scratch (score buffer, seen flags, touched rows); thread-safe."""
+
+    def __init__(self, n_rows: int):
+        self.n_rows = n_rows
+        self._free: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def get(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        try:
+            return self._free.pop()
+        except IndexError:
+            n = self.n_rows
+            return np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.int32)
+
+    def put(self, bufs) -> None:
+        if len(self._free) < 8:  # the kernels leave scores and flags zeroed
+            self._free.append(bufs)
+
+
+# --------------------------------------------------------------------------- kernels
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _worse(s1, i1, s2, i2):
+    return s1 < s2 or (s1 == s2 and i1 > i2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_down(hs, hi, pos, size):
+    s, i = hs[pos], hi[pos]
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and _worse(hs[child + 1], hi[child + 1], hs[child], hi[child]):
+            child += 1
+        if not _worse(hs[child], hi[child], s, i):
+            break
+        hs[pos], hi[pos] = hs[child], hi[child]
+        pos = child
+    hs[pos], hi[pos] = s, i
+
+
+@numba.njit(cache=True, nogil=True)
+def _select(scores, seen, touched, n, k, out_s, out_i):
+    """Top-k of the ``n`` touched rows into ``out_s``/``out_i`` (sorted); resets the buffers."""
+    m = min(k, n)
+    for j in range(m):
+        d = touched[j]
+        out_s[j] = scores[d]
+        out_i[j] = d
+    for pos in range(m // 2 - 1, -1, -1):  # heapify: worst at the root
+        _sift_down(out_s, out_i, pos, m)
+    for j in range(m, n):
+        d = touched[j]
+        s = scores[d]
+        if m > 0 and _worse(out_s[0], out_i[0], s, d):
+            out_s[0] = s
+            out_i[0] = d
+            _sift_down(out_s, out_i, 0, m)
+    for end in range(m - 1, 0, -1):  # heap sort: best first
+        s, i = out_s[0], out_i[0]
+        out_s[0], out_i[0] = out_s[end], out_i[end]
+        out_s[end], out_i[end] = s, i
+        _sift_down(out_s, out_i, 0, end)
+    for j in range(m, k):
+        out_s[j] = -np.inf
+        out_i[j] = -1
+    for j in range(n):
+        d = touched[j]
+        scores[d] = 0.0
+        seen[d] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def topk_rows(scores, rows, k):
+    """Top-k of ``scores[rows]`` (rows distinct): (scores float32 (k,), rows int64 (k,))."""
+    n = len(rows)
+    buf = np.zeros(len(scores), np.float32)
+    seen = np.zeros(len(scores), np.uint8)
+    touched = np.empty(n, np.int32)
+    for j in range(n):
+        buf[rows[j]] = scores[rows[j]]
+        touched[j] = rows[j]
+    out_s = np.empty(k, np.float32)
+    out_i = np.empty(k, np.int64)
+    _select(buf, seen, touched, n, k, out_s, out_i)
+    return out_s, out_i
+
+
+@numba.njit(cache=True, nogil=True)
+def _bm25_add(offsets, docs, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
+              scores, seen, touched, n):
+    """Add one term's BM25 contributions: w * tf * (k1 + 1) / (tf + c1 + c2 * dl)."""
+    for j in range(offsets[t], offsets[t + 1]):
+        d = docs[j]
+        if has_allow and not allow[d]:
+            continue
+        tf = np.float64(tfs[j])
+        scores[d] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
+        if seen[d] == 0:
+            seen[d] = 1
+            touched[n] = d
+            n += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def bm25_search(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
+                has_allow, allow, scores, seen, touched, out_s, out_i):
+    """BM25 top-k for a query batch over one segment (term-at-a-time).
+
+    ``qterms[qptr[q]:qptr[q+1]]`` are query q's segment-local term ids, ``qweights`` their
+    weights (idf x query term count); ``out_s``/``out_i`` are (nq, k) outputs.
+    """
+    k1p1 = k1 + 1.0
+    c1 = k1 * (1.0 - b)
+    c2 = k1 * b / avgdl
+    k = out_s.shape[1]
+    for q in range(len(qptr) - 1):
+        n = 0
+        for j in range(qptr[q], qptr[q + 1]):
+            n = _bm25_add(offsets, docs, tfs, doclen, qterms[j], qweights[j], k1p1, c1, c2,
+                          has_allow, allow, scores, seen, touched, n)
+        _select(scores, seen, touched, n, k, out_s[q], out_i[q])
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(docs, lo, hi, row):
+    """First position in the sorted run docs[lo:hi] whose doc is >= ``row`` (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if docs[mid] < row:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def bm25_score_rows(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
+                    rows, out):
+    """BM25 scores of given rows (binary search per term); NaN for rows out of range.
+
+    Accumulates in the same order and precision as ``bm25_search``, so scores are equal.
+    """
+    k1p1 = k1 + 1.0
+    c1 = k1 * (1.0 - b)
+    c2 = k1 * b / avgdl
+    n_rows = len(doclen)
+    for q in range(len(qptr) - 1):
+        for r in range(len(rows)):
+            row = rows[r]
+            if row < 0 or row >= n_rows:
+                out[q, r] = np.nan
+                continue
+            acc = np.float32(0.0)  # float32 accumulation, as in the score buffer of search
+            for j in range(qptr[q], qptr[q + 1]):
+                t = qterms[j]
+                hi = offsets[t + 1]
+                pos = _find(docs, offsets[t], hi, row)
+                if pos < hi and docs[pos] == row:
+                    tf = np.float64(tfs[pos])
+                    acc = np.float32(acc + qweights[j] * tf * k1p1 / (tf + c1 + c2 * doclen[row]))
+            out[q, r] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def dot_search(offsets, docs, vals, qptr, qterms, qweights, has_allow, allow,
+               scores, seen, touched, out_s, out_i):
+    """Sparse dot-product top-k (learned sparse vectors): sum of qweight x posting value."""
+    k = out_s.shape[1]
+    for q in range(len(qptr) - 1):
+        n = 0
+        for j in range(qptr[q], qptr[q + 1]):
+            t = qterms[j]
+            w = qweights[j]
+            for p in range(offsets[t], offsets[t + 1]):
+                d = docs[p]
+                if has_allow and not allow[d]:
+                    continue
+                scores[d] += w * vals[p]
+                if seen[d] == 0:
+                    seen[d] = 1
+                    touched[n] = d
+                    n += 1
+        _select(scores, seen, touched, n, k, out_s[q], out_i[q])
+
+
+@numba.njit(cache=True, nogil=True)
+def dot_score_rows(offsets, docs, vals, n_rows, qptr, qterms, qweights, rows, out):
+    """Sparse dot-product scores of given rows; NaN for rows out of range."""
+    for q in range(len(qptr) - 1):
+        for r in range(len(rows)):
+            row = rows[r]
+            if row < 0 or row >= n_rows:
+                out[q, r] = np.nan
+                continue
+            acc = np.float32(0.0)
+            for j in range(qptr[q], qptr[q + 1]):
+                t = qterms[j]
+                hi = offsets[t + 1]
+                pos = _find(docs, offsets[t], hi, row)
+                if pos < hi and docs[pos] == row:
+                    acc = np.float32(acc + qweights[j] * vals[pos])
+            out[q, r] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def count_live(offsets, docs, terms, live):
+    """Per term, how many of its postings are on live rows (df over live docs)."""
+    out = np.zeros(len(terms), np.int64)
+    for i in range(len(terms)):
+        t = terms[i]
+        c = 0
+        for j in range(offsets[t], offsets[t + 1]):
+            if live[docs[j]]:
+                c += 1
+        out[i] = c
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+def run_search(kernel, args: tuple, pool: BufferPool, nq: int, k: int,
+               allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Call a ``*_search`` kernel (``args`` = its arguments before ``has_allow``)."""
+    out_s = np.empty((nq, k), np.float32)
+    out_i = np.empty((nq, k), np.int64)
+    bufs = pool.get()
+    if allow is None:
+        kernel(*args, False, _NO_ALLOW, *bufs, out_s, out_i)
+    else:
+        kernel(*args, True, allow, *bufs, out_s, out_i)
+    pool.put(bufs)  # not on an exception: the buffers may not be zeroed then
+    return out_s, out_i
+
+
+def check_allow(allow, n_rows: int, where: str) -> np.ndarray | None:
+    """Validate an allow-mask (bool per segment row, or None)."""
+    if allow is None:
+        return None
+    allow = np.asarray(allow)
+    if allow.dtype != np.bool_ or allow.shape != (n_rows,):
+        raise ValueError(f"{where}: allow must be a bool array of shape ({n_rows},), "
+                         f"got {allow.dtype} {allow.shape}")
+    return allow

@@ -1,0 +1,40 @@
+"""Fusion of per-retriever ranked lists (global, after the segment-local retrieve stages)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rrf(keys_per_list: list[np.ndarray], k: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal rank fusion of ranked key lists (-1 padded): score = sum 1 / (k + rank)."""
+    all_keys, all_scores = [], []
+    for keys in keys_per_list:
+        valid = keys >= 0
+        ranks = np.arange(1, len(keys) + 1, dtype=np.float64)
+        all_keys.append(keys[valid])
+        all_scores.append(1.0 / (k + ranks[valid]))
+    return _sum_by_key(all_keys, all_scores)
+
+
+def weighted(keys_per_list: list[np.ndarray], scores_per_list: list[np.ndarray],
+             weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted sum of min-max normalized scores (a missing doc contributes 0 for that list)."""
+    all_keys, all_scores = [], []
+    for keys, scores, w in zip(keys_per_list, scores_per_list, weights):
+        valid = keys >= 0
+        s = scores[valid].astype(np.float64)
+        if len(s):
+            lo, hi = s.min(), s.max()
+            s = (s - lo) / (hi - lo) if hi > lo else np.ones_like(s)
+        all_keys.append(keys[valid])
+        all_scores.append(w * s)
+    return _sum_by_key(all_keys, all_scores)
+
+
+def _sum_by_key(all_keys, all_scores) -> tuple[np.ndarray, np.ndarray]:
+    """Unique keys and their summed scores, best first (ties broken by key for determinism)."""
+    keys = np.concatenate(all_keys) if all_keys else np.empty(0, np.int64)
+    scores = np.concatenate(all_scores) if all_scores else np.empty(0)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    total = np.bincount(inverse, weights=scores, minlength=len(uniq))
+    order = np.lexsort((uniq, -total))
+    return uniq[order], total[order]
