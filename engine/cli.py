@@ -195,7 +195,9 @@ def main() -> None:
     try:
         app()
     except PolyindexError as e:
-        err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False)
+        # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
+        err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,
+                  soft_wrap=True)
         sys.exit(2 if isinstance(e, InvalidArgument) else 1)
 
 

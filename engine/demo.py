@@ -26,11 +26,11 @@ def run_demo(data: Path, k: int, out: Console) -> None:
               f"in {data}")
     for text in QUERIES:
         table = Table(title=f"{text!r}", title_justify="left")
-        table.add_column("profile")
-        table.add_column("rank", justify="right")
-        table.add_column("id", justify="right")
-        table.add_column("score", justify="right")
-        table.add_column("title", overflow="ellipsis", no_wrap=True, max_width=70)
+        table.add_column("profile", no_wrap=True, min_width=7)
+        table.add_column("rank", justify="right", no_wrap=True, min_width=4)
+        table.add_column("id", justify="right", no_wrap=True, min_width=5)
+        table.add_column("score", justify="right", no_wrap=True, min_width=7)
+        table.add_column("title", overflow="ellipsis", no_wrap=True, max_width=44)
         for profile in PROFILES:
             for h in coll.query(text, k=k, profile=profile, with_text=True):
                 table.add_row(profile if h.rank == 1 else "", str(h.rank), h.id,

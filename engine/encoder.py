@@ -35,7 +35,9 @@ class Encoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
+        import transformers
         from sentence_transformers import SentenceTransformer
+        transformers.logging.disable_progress_bar()  # our own bar is the one people read
         self.name = model
         self.dtype = dtype
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,

@@ -27,7 +27,10 @@ class Engine:
         self._lock = threading.Lock()
 
     def list_collections(self) -> list[str]:
-        return sorted(p.name for p in self.path.iterdir() if (p / MANIFEST).exists())
+        # Dot-folders are never collections (names cannot start with '.'): they are the
+        # leftovers of an interrupted create (.NAME.creating) or drop (.NAME.dropping).
+        return sorted(p.name for p in self.path.iterdir()
+                      if not p.name.startswith(".") and (p / MANIFEST).exists())
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
                           model: str = DEFAULT_MODEL, dtype: str = "bfloat16",

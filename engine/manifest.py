@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyindex.config import CollectionConfig
-from polyindex.errors import Corrupt
+from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.fsutil import write_json_atomic
 
 FORMAT_VERSION = 1
@@ -67,12 +67,16 @@ def load_manifest(folder: Path) -> Manifest:
         raise
     except (OSError, ValueError) as e:
         raise Corrupt(f"{path}: unreadable manifest: {e}") from e
+    if not isinstance(data, dict):
+        raise Corrupt(f"{path}: manifest is not a JSON object (got {type(data).__name__})")
     fv = data.get("format_version")
     if not isinstance(fv, int):
         raise Corrupt(f"{path}: manifest has no integer format_version")
     if fv > FORMAT_VERSION:
         raise Corrupt(f"{path}: format_version {fv} is newer than this polyindex understands "
                       f"({FORMAT_VERSION}); upgrade polyindex to open it")
+    if not isinstance(data.get("version"), int):
+        raise Corrupt(f"{path}: manifest has no integer version")
     try:
         return Manifest(
             config=CollectionConfig.from_json(data["collection"]), version=data["version"],
@@ -80,7 +84,7 @@ def load_manifest(folder: Path) -> Manifest:
                       for s in data["segments"]],
             artifacts=data.get("artifacts", {}), ingest=data.get("ingest"),
             next_segment=data.get("next_segment", 0), format_version=fv)
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError, InvalidArgument) as e:
         raise Corrupt(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
 
 
