@@ -56,11 +56,13 @@ class Collection:
         self._snapshot: Snapshot | None = None
         self._stamp = None
         self._encoder = None
+        self._profiles: dict = {}
+        self._manifest_path = str(folder / MANIFEST)
 
     # -- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The newest committed snapshot (re-read only when the manifest file changed)."""
-        st = os.stat(self.folder / MANIFEST)
+        st = os.stat(self._manifest_path)
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._snapshot is None or stamp != self._stamp:
             with self._lock:
@@ -135,6 +137,16 @@ class Collection:
             out.append(None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0])
         return out
 
+    def _profile(self, profile):
+        """Named profiles are parsed once and cached (their definitions never change)."""
+        if isinstance(profile, dict):
+            return resolve_profile(profile, list(self.kinds), self.config.profiles)
+        prof = self._profiles.get(profile)
+        if prof is None:
+            prof = self._profiles[profile] = resolve_profile(profile, list(self.kinds),
+                                                             self.config.profiles)
+        return prof
+
     def profiles(self) -> dict[str, dict]:
         return {**builtin_profiles(list(self.kinds)), **self.config.profiles}
 
@@ -152,7 +164,7 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        prof = resolve_profile(profile, list(self.kinds), self.config.profiles)
+        prof = self._profile(profile)
         queries = _make_queries(texts, vectors)
         needs_vec = any(self.kinds[st.index].needs_embeddings for st in prof.retrieve)
         if needs_vec and any(q.vector is None for q in queries):

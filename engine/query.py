@@ -13,7 +13,7 @@ from polyindex.rerank import fusion
 from polyindex.snapshot import Snapshot
 
 
-@dataclass
+@dataclass(slots=True)
 class Hit:
     id: str
     score: float
@@ -47,7 +47,7 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
         scores, rows = seg_index.search(prepared, k, params, mask)
         all_scores.append(scores)
-        all_keys.append(np.where(rows >= 0, rows + base, -1))
+        all_keys.append(np.where(rows >= 0, rows + base, -1) if base else rows)
     if len(all_scores) == 1:
         return all_scores[0], all_keys[0]
     scores = np.concatenate(all_scores, axis=1)
@@ -60,15 +60,17 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         filter_expr=None, explain: bool = False, with_text: bool = False) -> list[list[Hit]]:
     allow = allow_masks(snapshot, filter_expr)
-    stage_results = [retrieve(snapshot, queries, st.index, st.k, st.params, allow)
+    # With one stage and nothing after it, the stage's top-k is the answer: fetch exactly k.
+    single = len(profile.retrieve) == 1
+    stage_results = [retrieve(snapshot, queries, st.index, k if single else st.k, st.params, allow)
                      for st in profile.retrieve]
     out = []
     for qi in range(len(queries)):
         lists = [(s[qi], keys[qi]) for s, keys in stage_results]
         if len(lists) == 1:
             scores, keys = lists[0]
-            keep = keys >= 0
-            keys, scores = keys[keep][:k], scores[keep][:k].astype(np.float64)
+            n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
+            keys, scores = keys[:n], scores[:n]
         elif profile.fuse["method"] == "rrf":
             keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
             keys, scores = keys[:k], scores[:k]
@@ -83,7 +85,7 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
 
 def _hits(snapshot, keys, scores, profile, lists, with_text) -> list[Hit]:
     ids = snapshot.ids_of(keys)
-    hits = [Hit(i, float(s), r + 1) for r, (i, s) in enumerate(zip(ids, scores.tolist()))]
+    hits = [Hit(i, s, r) for r, i, s in zip(range(1, len(ids) + 1), ids, scores.tolist())]
     if with_text and hits:
         seg, rows = snapshot.locate(keys)
         for h, s, r in zip(hits, seg.tolist(), rows.tolist()):

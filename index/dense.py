@@ -142,16 +142,16 @@ class DenseKind(IndexKind):
                 SEARCH_PARAMS[key](value)
             except ValueError:
                 raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
-        dim = next((s.index.d for s in segments), None)
-        vecs = []
+        dim = segments[0].index.d if segments else None
+        if any(q.vector is None for q in queries):
+            raise InvalidArgument("the dense index needs a query vector or query text")
         for i, q in enumerate(queries):
-            if q.vector is None:
-                raise InvalidArgument("the dense index needs a query vector or query text")
-            v = np.asarray(q.vector, dtype=np.float32).reshape(-1)
-            if dim is not None and v.shape[0] != dim:
-                raise InvalidArgument(f"query {i}: vector has dimension {v.shape[0]}, "
-                                      f"the dense index has {dim}")
-            if not np.all(np.isfinite(v)):
-                raise InvalidArgument(f"query {i}: vector contains NaN or infinity")
-            vecs.append(v)
-        return np.ascontiguousarray(np.stack(vecs)) if vecs else np.empty((0, dim or 0), np.float32)
+            if q.vector.ndim != 1 or (dim is not None and q.vector.shape[0] != dim):
+                raise InvalidArgument(f"query {i}: vector has shape {q.vector.shape}, "
+                                      f"the dense index has dimension {dim}")
+        x = (queries[0].vector[None] if len(queries) == 1
+             else np.stack([q.vector for q in queries])).astype(np.float32, copy=False)
+        if not np.isfinite(x).all():
+            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
+        return np.ascontiguousarray(x)

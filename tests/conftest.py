@@ -1,0 +1,75 @@
+"""Shared test fixtures: synthetic corpora and a runner for the ``polyindex`` CLI."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORDS = ("alpha beta gamma delta epsilon zeta theta iota kappa lambda omicron sigma river "
+         "mountain ocean forest desert city harbor valley glacier canyon meadow island prairie "
+         "volcano tundra lagoon marsh plateau").split()
+
+
+def make_corpus(path: Path, n: int, seed: int, *, dup_frac: float = 0.15,
+                words: int = 30) -> list[dict]:
+    """Write ``n`` JSONL records to ``path`` and return them in file order.
+
+    Deterministic per seed. After the first sixth of the file, about ``dup_frac`` of the
+    records reuse an earlier id (so bulk indexing upserts, across and within segments). Every
+    record's text starts with a token unique to that record (``v<line>``), so the version a
+    collection holds can be told apart by text and found by a lexical query.
+    """
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        doc_id = f"d{rng.randrange(i)}" if i > n // 6 and rng.random() < dup_frac else f"d{i}"
+        text = f"v{i} " + " ".join(rng.choice(WORDS) for _ in range(words))
+        records.append({"_id": doc_id, "title": f"t{i}", "text": text})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def last_versions(records: list[dict]) -> dict[str, dict]:
+    """id -> its last record (upsert: last write wins)."""
+    return {r["_id"]: r for r in records}
+
+
+def run_cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``python -m polyindex.cli ARGS`` to completion (no check on the exit code)."""
+    return subprocess.run(cli_command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def cli_command(*args) -> list[str]:
+    return [sys.executable, "-m", "polyindex.cli", *map(str, args)]
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """``corpus.make(path, n, seed, ...)`` and ``corpus.last(records)``."""
+    class Corpus:
+        make = staticmethod(make_corpus)
+        last = staticmethod(last_versions)
+    return Corpus
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """``cli(*args)`` -> CompletedProcess; ``cli.command(*args)`` -> argv for Popen."""
+    class Cli:
+        command = staticmethod(cli_command)
+
+        def __call__(self, *args, timeout: float = 600):
+            return run_cli(*args, timeout=timeout)
+    return Cli()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_env():
+    # Subprocesses inherit this: no tokenizer fork warnings in the CLI's stderr.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    yield
