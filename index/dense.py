@@ -18,7 +18,7 @@ from polyindex.cuda.device import to_device
 from polyindex.errors import InvalidArgument
 from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
                                       register)
-from polyindex.segment import Segment
+from polyindex.segment import DOCS_FILE, Segment
 
 AUTO_HNSW_ROWS = 20_000
 INDEX_FILE = "dense.faiss"
@@ -35,10 +35,20 @@ def _check_factory(body: str, dim: int = 8) -> None:
 
 
 class DenseSegment(SegmentIndex):
-    def __init__(self, index, embeddings: np.ndarray | None):
+    def __init__(self, index, folder: Path):
         self.index = index
-        self.embeddings = embeddings
+        self.folder = folder
         self.n_rows = index.ntotal
+        self._embeddings: np.ndarray | None = None
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """Stored float32 embeddings of rows (the segment's Arrow column, memory-mapped);
+        without one, the index's own reconstruction."""
+        if self._embeddings is None and (self.folder / DOCS_FILE).exists():
+            self._embeddings = Segment(self.folder, self.folder.name, self.n_rows).embeddings()
+        if self._embeddings is not None:
+            return self._embeddings[rows]
+        return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
 
     def _search_params(self, params: dict[str, str], allow: np.ndarray | None):
         kwargs = {k: SEARCH_PARAMS[k](v) for k, v in params.items()}
@@ -63,9 +73,12 @@ class DenseSegment(SegmentIndex):
         return scores, rows
 
     def score(self, prepared, row_ids):
-        if self.embeddings is None:
-            return np.full((len(prepared), len(row_ids)), np.nan, dtype=np.float32)
-        return prepared @ self.embeddings[np.asarray(row_ids)].T
+        rows = np.asarray(row_ids, dtype=np.int64)
+        out = np.full((len(prepared), len(rows)), np.nan, dtype=np.float32)
+        ok = (rows >= 0) & (rows < self.n_rows)
+        if ok.any():
+            out[:, ok] = prepared @ self.vectors(rows[ok]).T
+        return out
 
 
 @register
@@ -129,8 +142,7 @@ class DenseKind(IndexKind):
 
     def open(self, folder: Path, info: dict) -> DenseSegment:
         index = to_device(faiss.read_index(str(folder / INDEX_FILE)), self.device)
-        seg = Segment(folder, folder.name, info["n_rows"])
-        return DenseSegment(index, seg.embeddings())
+        return DenseSegment(index, folder)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         unknown = set(params) - set(SEARCH_PARAMS)

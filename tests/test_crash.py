@@ -59,10 +59,11 @@ def timings(tmp_path_factory, corpus, cli) -> dict:
         time.sleep(0.005)
     full = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr.read().decode()
-    first = commits.get(1, full / 2)
-    last = max(commits, default=1)
-    segment = (commits.get(last, full) - first) / max(last - 1, 1)
-    return {"first": first, "segment": max(segment, 0.01), "full": full}
+    seen = sorted(n for n in commits if n != DONE)
+    first = commits[seen[0]] if seen else full / 2
+    segment = (commits[seen[-1]] - first) / (seen[-1] - seen[0]) if len(seen) > 1 else 0.05
+    return {"first": round(first, 3), "segment": round(max(segment, 0.01), 3),
+            "full": round(full, 3)}
 
 
 def committed_segments(folder: Path) -> int:
