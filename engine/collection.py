@@ -38,8 +38,9 @@ def _doc_from(obj: Any, i: int) -> Document:
 
 
 class Collection:
-    def __init__(self, folder: Path, device: str = "cpu"):
+    def __init__(self, folder: Path, device: str = "cpu", online: bool = False):
         self.folder = folder
+        self.online = online
         self.name = folder.name
         self.device = device
         manifest = load_manifest(folder)
@@ -185,6 +186,9 @@ class Collection:
                 "dtype": self.config.dtype, "segment_size": self.config.segment_size,
                 "fields": self.config.fields,
                 "ingest": m.ingest, "format_version": m.format_version}
+
+    def close(self) -> None:
+        """Release resources; in online mode, seal what is buffered first."""
 
 
 def _check_ids(ids) -> list[str]:

@@ -16,8 +16,12 @@ from polyindex.manifest import MANIFEST, Manifest, commit_manifest
 
 
 class Engine:
-    def __init__(self, path: str | Path, device: str = "cpu", create: bool = True):
+    def __init__(self, path: str | Path, device: str = "cpu", create: bool = True,
+                 online: bool = False):
+        """``online=True`` is the serving mode: writes go through a write-ahead log and an
+        in-memory buffer sealed into segments in the background (see ``polyindex.wal``)."""
         self.path = Path(path)
+        self.online = online
         self.device = check_device(device)
         if not self.path.exists():
             if not create:
@@ -72,7 +76,7 @@ class Engine:
                 if not (folder / MANIFEST).exists():
                     raise NotFound(f"collection {name!r} not found in {self.path} "
                                    f"(have: {', '.join(self.list_collections()) or 'none'})")
-                self._collections[name] = Collection(folder, self.device)
+                self._collections[name] = Collection(folder, self.device, online=self.online)
             return self._collections[name]
 
     def drop_collection(self, name: str) -> None:
@@ -82,3 +86,10 @@ class Engine:
         tomb = self.path / f".{name}.dropping"
         coll.folder.rename(tomb)  # atomic: the collection disappears at once
         shutil.rmtree(tomb, ignore_errors=True)
+
+    def close(self) -> None:
+        """Flush what is buffered (online mode) and release the collections."""
+        with self._lock:
+            for coll in self._collections.values():
+                coll.close()
+            self._collections.clear()
