@@ -71,8 +71,8 @@ class Collection:
                 for name, kind in self.kinds.items():
                     if manifest.artifacts.get(name) and kind.needs_training():
                         kind.load_artifacts(self.folder / "artifacts" / name)
-                self._snapshot = Snapshot(self.folder, manifest, self.kinds, self._opened,
-                                          self._tombstones)
+                self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
+                                                        self._opened, self._tombstones)
                 self._stamp = stamp
         return self._snapshot
 

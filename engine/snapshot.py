@@ -29,30 +29,47 @@ class OpenedSegment:
 
 
 class Snapshot:
-    def __init__(self, folder: Path, manifest: Manifest, kinds: dict[str, IndexKind],
-                 opened: dict[str, OpenedSegment], tombstone_cache: dict[str, np.ndarray]):
+    """Segments with their live masks; queries never see anything else.
+
+    ``from_manifest`` gives a sealed snapshot; online collections ``compose`` one with the
+    in-memory buffer's segments and the rows those writes hide.
+    """
+
+    def __init__(self, manifest: Manifest, kinds: dict[str, IndexKind],
+                 segments: list[OpenedSegment], live: list[np.ndarray | None]):
         self.manifest = manifest
         self.version = manifest.version
         self.kinds = kinds
-        self.segments: list[OpenedSegment] = []
-        self.live: list[np.ndarray | None] = []
+        self.segments = segments
+        self.live = live
+        sizes = [s.docs.n_rows for s in self.segments]
+        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.cache: dict[str, dict] = {name: {} for name in kinds}
+        self._count: int | None = None
+
+    @classmethod
+    def from_manifest(cls, folder: Path, manifest: Manifest, kinds: dict[str, IndexKind],
+                      opened: dict[str, OpenedSegment],
+                      tombstone_cache: dict[str, np.ndarray]) -> "Snapshot":
+        segments, live = [], []
         for entry in manifest.segments:
             if entry.id not in opened:
                 opened[entry.id] = OpenedSegment(folder / "segments" / entry.id, entry, kinds)
-            self.segments.append(opened[entry.id])
+            segments.append(opened[entry.id])
             if entry.tombstones:
                 if entry.tombstones not in tombstone_cache:
                     tombstone_cache[entry.tombstones] = read_tombstones(
                         folder / entry.tombstones, entry.n_rows)
-                self.live.append(tombstone_cache[entry.tombstones])
+                live.append(tombstone_cache[entry.tombstones])
             else:
-                self.live.append(None)
-        sizes = [s.docs.n_rows for s in self.segments]
-        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.cache: dict[str, dict] = {name: {} for name in kinds}
+                live.append(None)
+        return cls(manifest, kinds, segments, live)
 
     def count(self) -> int:
-        return self.manifest.live_rows()
+        if self._count is None:
+            self._count = sum(s.docs.n_rows if m is None else int(m.sum())
+                              for s, m in zip(self.segments, self.live))
+        return self._count
 
     def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global keys (segment base + row) -> (segment ordinal, row)."""

@@ -17,12 +17,28 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from polyindex.encoder import document_text
 from polyindex.errors import ResourceExhausted
 from polyindex.fsutil import fsync_dir, fsync_tree
 from polyindex.index.protocol import BuildBatch, IndexKind
 from polyindex.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
 from polyindex.segment import Segment, read_tombstones, write_docs, write_tombstones
 from polyindex.sources import Document
+
+
+def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None) -> BuildBatch:
+    return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
+                      embeddings)
+
+
+def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str],
+                  kinds: dict[str, IndexKind], embeddings: np.ndarray | None) -> dict[str, dict]:
+    """Write a segment's files (documents and every kind's index) into a fresh ``folder``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    write_docs(folder, docs, fields, embeddings)
+    batch = batch_of(docs, embeddings)
+    return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
 @contextmanager
@@ -83,27 +99,26 @@ class Writer:
 
     def commit_segment(self, docs: Sequence[Document], fields: dict[str, str],
                        ingest: dict | None = None,
-                       on_encoded: Callable[[int], None] | None = None) -> SegmentEntry | None:
-        """Seal ``docs`` (unique ids) as a new segment and commit; returns its entry."""
+                       on_encoded: Callable[[int], None] | None = None,
+                       embeddings: np.ndarray | None = None,
+                       delete_ids: Sequence[str] = ()) -> SegmentEntry | None:
+        """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
+        with ``delete_ids`` tombstoned first; returns the new segment's entry."""
         m = self.manifest.copy()
         if ingest is not None:
             m.ingest = ingest
+        if delete_ids:
+            self._tombstone_ids(m, pa.array(list(delete_ids), pa.string()))
         if not docs:
+            fsync_dir(self.folder / "tombstones")
             self.manifest = commit_manifest(self.folder, m)
             return None
-        embeddings = None
-        if any(k.needs_embeddings for k in self.kinds.values()):
-            from polyindex.encoder import document_text
+        if embeddings is None and self.encode is not None:
             embeddings = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
-        batch = BuildBatch([d.id for d in docs], [d.title for d in docs],
-                           [d.text for d in docs], embeddings)
-        self._train_if_needed(m, batch)
+        self._train_if_needed(m, batch_of(docs, embeddings))
         seg_id = f"seg-{m.next_segment:06d}"
         tmp = self.folder / "segments" / f".{seg_id}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        write_docs(tmp, docs, fields, embeddings)
-        infos = {name: kind.build(batch, tmp) for name, kind in self.kinds.items()}
+        infos = build_segment(tmp, docs, fields, self.kinds, embeddings)
         fsync_tree(tmp)
         os.replace(tmp, self.folder / "segments" / seg_id)
         fsync_dir(self.folder / "segments")
