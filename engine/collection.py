@@ -59,14 +59,31 @@ class Collection:
         self._encoder = None
         self._profiles: dict = {}
         self._manifest_path = str(folder / MANIFEST)
+        self._online = None
+        if online:
+            from polyindex.online import OnlineWrites
+            self._online = OnlineWrites(self)
 
     # -- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The newest committed snapshot (re-read only when the manifest file changed)."""
+        """What queries see: the newest committed snapshot, plus, in online mode, the
+        acknowledged writes not yet sealed."""
+        if self._online is not None:
+            return self._online.snapshot()
+        if self._snapshot is None or self.manifest_changed():
+            return self.sealed_snapshot()
+        return self._snapshot
+
+    def manifest_changed(self) -> bool:
         st = os.stat(self._manifest_path)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if self._snapshot is None or stamp != self._stamp:
-            with self._lock:
+        return (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp
+
+    def sealed_snapshot(self) -> Snapshot:
+        """The newest committed manifest's snapshot (re-read only when the file changed)."""
+        with self._lock:
+            st = os.stat(self._manifest_path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._snapshot is None or stamp != self._stamp:
                 manifest = load_manifest(self.folder)
                 for name, kind in self.kinds.items():
                     if manifest.artifacts.get(name) and kind.needs_training():
@@ -74,7 +91,7 @@ class Collection:
                 self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
                                                         self._opened, self._tombstones)
                 self._stamp = stamp
-        return self._snapshot
+            return self._snapshot
 
     def refresh(self) -> None:
         self._stamp = None
@@ -114,6 +131,8 @@ class Collection:
             unique[doc.id] = doc
         if not unique:
             return 0
+        if self._online is not None:
+            return self._online.upsert(list(unique.values()))
         with self.writer() as w:
             w.commit_segment(list(unique.values()), self.config.fields)
         self.refresh()
@@ -121,6 +140,8 @@ class Collection:
 
     def delete(self, ids: Sequence[str]) -> int:
         ids = _check_ids(ids)
+        if self._online is not None:
+            return self._online.delete(ids)
         with self.writer() as w:
             n = w.delete(ids)
         self.refresh()
@@ -179,16 +200,25 @@ class Collection:
     def info(self) -> dict:
         snap = self.snapshot()
         m = snap.manifest
-        return {"name": self.name, "version": m.version, "documents": m.live_rows(),
+        return {"name": self.name, "version": m.version, "documents": snap.count(),
                 "segments": len(m.segments), "deleted_rows": sum(s.n_deleted for s in m.segments),
                 "indexes": [k.describe() for k in self.kinds.values()],
                 "profiles": sorted(self.profiles()), "model": self.config.model,
                 "dtype": self.config.dtype, "segment_size": self.config.segment_size,
                 "fields": self.config.fields,
-                "ingest": m.ingest, "format_version": m.format_version}
+                "ingest": m.ingest, "format_version": m.format_version,
+                **(self._online.pending() if self._online is not None else {})}
+
+    def seal(self) -> None:
+        """Online mode: seal the buffered writes into a segment now."""
+        if self._online is not None:
+            self._online.seal()
 
     def close(self) -> None:
         """Release resources; in online mode, seal what is buffered first."""
+        if self._online is not None:
+            self._online.close()
+            self._online = None
 
 
 def _check_ids(ids) -> list[str]:
