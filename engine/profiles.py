@@ -34,6 +34,7 @@ class Profile:
     name: str
     retrieve: list[Stage]
     fuse: dict = field(default_factory=lambda: {"method": "rrf", "k": 60})
+    rerank: dict | None = None  # {"model": ranker name, "window": candidates to rerank}
 
     @classmethod
     def from_json(cls, name: str, data: dict, kinds: set[str]) -> "Profile":
@@ -62,12 +63,21 @@ class Profile:
             bad = set(weights) - {s.index for s in stages}
             if bad:
                 raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
-        return cls(name, stages, fuse)
+        rerank = data.get("rerank")
+        if rerank is not None:
+            if not isinstance(rerank, dict) or not isinstance(rerank.get("model"), str):
+                raise InvalidArgument(f"{where}: rerank needs a 'model' (ranker name)")
+            window = rerank.get("window", 100)
+            if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= 10_000:
+                raise InvalidArgument(f"{where}: rerank.window must be an integer in 1..10000")
+            rerank = {**rerank, "window": window}
+        return cls(name, stages, fuse, rerank)
 
     def to_json(self) -> dict:
         return {"retrieve": [{"index": s.index, "k": s.k,
                               "params": ",".join(f"{k}={v}" for k, v in s.params.items())}
-                             for s in self.retrieve], "fuse": self.fuse}
+                             for s in self.retrieve], "fuse": self.fuse,
+                **({"rerank": self.rerank} if self.rerank else {})}
 
 
 def builtin_profiles(kinds: list[str]) -> dict[str, dict]:

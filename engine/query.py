@@ -61,29 +61,44 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         filter_expr=None, explain: bool = False, with_text: bool = False) -> list[list[Hit]]:
     allow = allow_masks(snapshot, filter_expr)
     # With one stage and nothing after it, the stage's top-k is the answer: fetch exactly k.
-    single = len(profile.retrieve) == 1
+    single = len(profile.retrieve) == 1 and profile.rerank is None
     stage_results = [retrieve(snapshot, queries, st.index, k if single else st.k, st.params, allow)
                      for st in profile.retrieve]
-    out = []
+    keep = max(k, profile.rerank["window"]) if profile.rerank else k
+    per_query = []
     for qi in range(len(queries)):
         lists = [(s[qi], keys[qi]) for s, keys in stage_results]
-        if len(lists) == 1:
-            scores, keys = lists[0]
-            n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
-            keys, scores = keys[:n], scores[:n]
-        elif profile.fuse["method"] == "rrf":
-            keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
-            keys, scores = keys[:k], scores[:k]
-        else:
-            w = profile.fuse.get("weights", {})
-            keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists],
-                                           [float(w.get(st.index, 1.0)) for st in profile.retrieve])
-            keys, scores = keys[:k], scores[:k]
-        out.append(_hits(snapshot, keys, scores, profile, lists if explain else None, with_text))
-    return out
+        per_query.append((lists, *_fuse(profile, lists, keep)))
+    extra = [None] * len(queries)
+    if profile.rerank is not None:
+        from polyindex.rerank.stage import rerank
+        window = profile.rerank["window"]
+        reranked = rerank(snapshot, queries, [(kk[:window], sc[:window]) for _, kk, sc in per_query],
+                          [lists for lists, _, _ in per_query], [st.index for st in profile.retrieve],
+                          profile.rerank, explain)
+        per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
+        extra = [details for _, _, details in reranked]
+    return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None, with_text,
+                  None if details is None else details[:k])
+            for (lists, keys, scores), details in zip(per_query, extra)]
 
 
-def _hits(snapshot, keys, scores, profile, lists, with_text) -> list[Hit]:
+def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long."""
+    if len(lists) == 1:
+        scores, keys = lists[0]
+        n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
+        return keys[:n][:keep], scores[:n][:keep]
+    if profile.fuse["method"] == "rrf":
+        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
+    else:
+        w = profile.fuse.get("weights", {})
+        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists],
+                                       [float(w.get(st.index, 1.0)) for st in profile.retrieve])
+    return keys[:keep], scores[:keep]
+
+
+def _hits(snapshot, keys, scores, profile, lists, with_text, details=None) -> list[Hit]:
     ids = snapshot.ids_of(keys)
     hits = [Hit(i, s, r) for r, i, s in zip(range(1, len(ids) + 1), ids, scores.tolist())]
     if with_text and hits:
@@ -102,4 +117,8 @@ def _hits(snapshot, keys, scores, profile, lists, with_text) -> list[Hit]:
                                            else None) for name, m in per_stage},
                          "fused": {"method": profile.fuse["method"] if len(lists) > 1 else None,
                                    "score": h.score}}
+        if details is not None:  # the rerank stage's own account (features, contributions)
+            for h, d in zip(hits, details):
+                h.explain["fused"]["score"] = d.get("fused_score")
+                h.explain["rerank"] = d
     return hits
