@@ -169,6 +169,34 @@ class Collection:
                                                              self.config.profiles)
         return prof
 
+    def save_profile(self, name: str, profile: dict) -> None:
+        """Store a rank profile with the collection (validated; replaces one of that name)."""
+        from polyindex.config import validate_name
+        from polyindex.profiles import Profile
+        validate_name(name, "profile")
+        Profile.from_json(name, profile, set(self.kinds))
+        self.commit_metadata(profiles={name: profile})
+
+    def artifact_dir(self, name: str) -> Path:
+        """Folder for a collection-level artifact (e.g. a trained ranker) before it is committed."""
+        from polyindex.config import validate_name
+        folder = self.folder / "artifacts" / validate_name(name, "artifact")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def artifacts(self) -> dict[str, list[str]]:
+        return dict(self.sealed_snapshot().manifest.artifacts)
+
+    def commit_metadata(self, *, profiles: dict | None = None, artifacts: dict | None = None) -> None:
+        from polyindex.fsutil import fsync_tree
+        for name in artifacts or {}:
+            fsync_tree(self.artifact_dir(name))
+        with self.writer() as w:
+            w.commit_metadata(profiles=profiles, artifacts=artifacts)
+            self.config = w.manifest.config
+        self._profiles.clear()
+        self.refresh()
+
     def profiles(self) -> dict[str, dict]:
         return {**builtin_profiles(list(self.kinds)), **self.config.profiles}
 

@@ -130,6 +130,17 @@ class Writer:
         self.manifest = commit_manifest(self.folder, m)
         return entry
 
+    def commit_metadata(self, *, profiles: dict[str, dict] | None = None,
+                        artifacts: dict[str, list[str]] | None = None) -> None:
+        """Commit new rank profiles and/or collection-level artifacts (files already fsynced
+        under ``artifacts/<name>/``) in one manifest version."""
+        m = self.manifest.copy()
+        if profiles:
+            m.config.profiles.update(profiles)
+        if artifacts:
+            m.artifacts.update(artifacts)
+        self.manifest = commit_manifest(self.folder, m)
+
     def delete(self, ids: Sequence[str]) -> int:
         m = self.manifest.copy()
         killed = self._tombstone_ids(m, pa.array(list(ids), pa.string()))
