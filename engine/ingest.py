@@ -58,8 +58,10 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
                     if not skip_invalid:
                         raise item  # the open segment is dropped: nothing of it is committed
                     report.skipped_invalid += 1
+                    advance(1)  # the bar counts records consumed
                     continue
-                buffer.pop(item.id, None)  # last write wins, also inside one segment
+                if buffer.pop(item.id, None) is not None:  # last write wins, also in a segment
+                    advance(1)  # the replaced record will never be encoded
                 buffer[item.id] = item
                 if len(buffer) >= size:
                     _seal(w, buffer, fields, state(False), encode_progress, advance, report)

@@ -30,8 +30,10 @@ def _check_factory(body: str, dim: int = 8) -> None:
     try:
         faiss.index_factory(dim, body, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-        raise InvalidArgument(f"dense: {body!r} is not a valid faiss index factory string ({first})") from None
+        # faiss prefixes the reason with a C++ source location; keep only the reason
+        reason = str(e).strip().splitlines()[-1].rpartition(": ")[2] if str(e).strip() else ""
+        raise InvalidArgument(f"dense: {body!r} is not a valid faiss index factory string "
+                              f"({reason})") from None
 
 
 class DenseSegment(SegmentIndex):
