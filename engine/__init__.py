@@ -3,7 +3,8 @@ from polyindex.errors import (AlreadyExists, Corrupt, InputError, Internal, Inva
                               NotFound, PolyindexError, ResourceExhausted, Unauthenticated)
 
 __all__ = ["AlreadyExists", "Corrupt", "InputError", "Internal", "InvalidArgument", "NotFound",
-           "PolyindexError", "ResourceExhausted", "Unauthenticated", "open", "Engine"]
+           "PolyindexError", "ResourceExhausted", "Unauthenticated", "open", "Engine", "Client"]
 
 from polyindex.engine import Engine
 from polyindex.engine import Engine as open  # noqa: A001 - polyindex.open(path) -> engine
+from polyindex.client import Client

@@ -1,4 +1,4 @@
-"""The ``polyindex`` command line: index, query, eval, info, demo.
+"""The ``polyindex`` command line: index, query, eval, serve, info, demo.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -169,6 +169,31 @@ def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
     out.print(table)
 
 
+@app.command("train-ranker")
+def train_ranker(data: Path = DataOpt,
+                 collection: List[str] = typer.Option(..., "--collection", "-c", help="Collection to train on (repeatable: one model over several, stored in each)."),
+                 queries: List[Path] = typer.Option(..., "--queries", help="queries.jsonl, one per --collection."),
+                 qrels: List[Path] = typer.Option(..., "--qrels", help="Training qrels, one per --collection."),
+                 valid: Optional[List[Path]] = typer.Option(None, "--valid", help="Validation qrels for early stopping, one per --collection (default: 20% of the training queries)."),
+                 name: str = typer.Option("ltr-trained", "--name", help="Ranker (and rank profile) name."),
+                 window: int = typer.Option(100, "--window", help="Candidates reranked per query."),
+                 profile: str = typer.Option("hybrid", "--profile", help="Profile giving the candidates."),
+                 transform: str = typer.Option("raw+query", "--transform", help="Features as computed (raw), normalized per query (query), or both."),
+                 log_features: Optional[Path] = typer.Option(None, "--log-features", help="Write the training features to this .parquet file."),
+                 as_json: bool = typer.Option(False, "--json")):
+    """Train a LightGBM lambdarank ranker on judged queries; store it with a profile NAME."""
+    from polyindex.rerank.cli_train import train_command
+    report = train_command(_engine(data), collection, queries, qrels, valid, name=name,
+                           window=window, profile=profile, transform=transform,
+                           log_features=log_features, progress=not as_json)
+    if as_json:
+        print(json.dumps(report))
+        return
+    out.print(f"trained ranker {name!r}: {report['rounds']} rounds on {report['train_queries']} "
+              f"queries (validation nDCG@10 {report['valid_ndcg10']}); stored in "
+              f"{', '.join(report['collections'])} with rank profile {name!r}")
+
+
 @app.command()
 def info(data: Path = DataOpt, collection: Optional[str] = typer.Option(None, "--collection", "-c"),
          as_json: bool = typer.Option(False, "--json")):
@@ -189,6 +214,21 @@ def demo(data: Path = typer.Option(Path(".demo"), "--data", help="Where the demo
     """Index the shipped Cranfield collection and show a few queries under each profile."""
     from polyindex.demo import run_demo
     run_demo(data, k, out)
+
+
+@app.command()
+def serve(data: Path = DataOpt,
+          host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+          port: int = typer.Option(50051, "--port", help="Port; 0 picks a free one (the bound address is printed)."),
+          token_file: Optional[Path] = typer.Option(None, "--token-file", help="File holding the bearer token every call must send."),
+          tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate (with --tls-key)."),
+          tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key."),
+          workers: int = typer.Option(8, "--workers", help="Threads serving calls concurrently."),
+          metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT.")):
+    """Serve the collections over gRPC until SIGTERM/SIGINT, then drain calls and flush writes."""
+    from polyindex.server import run
+    run(data, host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
+        workers=workers, metrics_port=metrics_port)
 
 
 def main() -> None:

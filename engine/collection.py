@@ -163,6 +163,8 @@ class Collection:
         """Named profiles are parsed once and cached (their definitions never change)."""
         if isinstance(profile, dict):
             return resolve_profile(profile, list(self.kinds), self.config.profiles)
+        if profile is not None and not isinstance(profile, str):
+            raise InvalidArgument(f"profile must be a name or a dict, got {type(profile).__name__}")
         prof = self._profiles.get(profile)
         if prof is None:
             prof = self._profiles[profile] = resolve_profile(profile, list(self.kinds),
@@ -266,7 +268,14 @@ def _make_queries(texts, vectors) -> list[Query]:
         text = None if texts is None else texts[i]
         if text is not None and (not isinstance(text, str) or not text.strip()):
             raise InvalidArgument(f"query {i}: text must be a non-empty string")
-        vec = None if vectors is None else np.asarray(vectors[i], dtype=np.float32)
+        vec = None
+        if vectors is not None:
+            if vectors[i] is None:
+                raise InvalidArgument(f"query {i}: vector is missing")
+            try:
+                vec = np.asarray(vectors[i], dtype=np.float32)
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"query {i}: vector must be a list of numbers") from None
         out.append(Query(text=text, vector=vec))
     if not out:
         raise InvalidArgument("no queries given")

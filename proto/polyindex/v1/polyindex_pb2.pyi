@@ -1,0 +1,250 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Document(_message.Message):
+    __slots__ = ("id", "title", "text", "metadata")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    title: str
+    text: str
+    metadata: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class QueryItem(_message.Message):
+    __slots__ = ("text", "vector")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    vector: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    INLINE_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    WITH_TEXT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    text: str
+    vector: _containers.RepeatedScalarFieldContainer[float]
+    profile: str
+    inline_profile: _struct_pb2.Struct
+    k: int
+    filter: _struct_pb2.Struct
+    explain: bool
+    with_text: bool
+    batch: _containers.RepeatedCompositeFieldContainer[QueryItem]
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ...) -> None: ...
+
+class Hit(_message.Message):
+    __slots__ = ("id", "score", "rank", "title", "text", "explain")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    score: float
+    rank: int
+    title: str
+    text: str
+    explain: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., explain: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class HitList(_message.Message):
+    __slots__ = ("hits",)
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[Hit]
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("hits", "batch", "took_ms")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[Hit]
+    batch: _containers.RepeatedCompositeFieldContainer[HitList]
+    took_ms: float
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., batch: _Optional[_Iterable[_Union[HitList, _Mapping]]] = ..., took_ms: _Optional[float] = ...) -> None: ...
+
+class UpsertRequest(_message.Message):
+    __slots__ = ("collection", "documents", "expected_total")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    documents: _containers.RepeatedCompositeFieldContainer[Document]
+    expected_total: int
+    def __init__(self, collection: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., expected_total: _Optional[int] = ...) -> None: ...
+
+class RowError(_message.Message):
+    __slots__ = ("index", "id", "field", "message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    field: str
+    message: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class UpsertResponse(_message.Message):
+    __slots__ = ("received", "upserted", "failed", "errors")
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    upserted: int
+    failed: int
+    errors: _containers.RepeatedCompositeFieldContainer[RowError]
+    def __init__(self, received: _Optional[int] = ..., upserted: _Optional[int] = ..., failed: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[RowError, _Mapping]]] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("collection", "ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("collection", "ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("documents", "found", "missing_ids")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    MISSING_IDS_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[Document]
+    found: _containers.RepeatedScalarFieldContainer[bool]
+    missing_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., found: _Optional[_Iterable[bool]] = ..., missing_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateCollectionRequest(_message.Message):
+    __slots__ = ("name", "indexes", "fields", "segment_size", "model", "dtype", "profiles", "exist_ok")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    EXIST_OK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    indexes: _containers.RepeatedScalarFieldContainer[str]
+    fields: _containers.ScalarMap[str, str]
+    segment_size: int
+    model: str
+    dtype: str
+    profiles: _struct_pb2.Struct
+    exist_ok: bool
+    def __init__(self, name: _Optional[str] = ..., indexes: _Optional[_Iterable[str]] = ..., fields: _Optional[_Mapping[str, str]] = ..., segment_size: _Optional[int] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., profiles: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., exist_ok: _Optional[bool] = ...) -> None: ...
+
+class CollectionInfo(_message.Message):
+    __slots__ = ("name", "info")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    info: _struct_pb2.Struct
+    def __init__(self, name: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class DescribeCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropCollectionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCollectionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCollectionsResponse(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    def __init__(self, collection: _Optional[str] = ...) -> None: ...
+
+class CollectionStats(_message.Message):
+    __slots__ = ("name", "documents", "segments", "deleted_rows", "wal_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    documents: int
+    segments: int
+    deleted_rows: int
+    wal_bytes: int
+    def __init__(self, name: _Optional[str] = ..., documents: _Optional[int] = ..., segments: _Optional[int] = ..., deleted_rows: _Optional[int] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("collections", "uptime_s", "requests", "requests_total")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    collections: _containers.RepeatedCompositeFieldContainer[CollectionStats]
+    uptime_s: float
+    requests: _containers.ScalarMap[str, int]
+    requests_total: int
+    def __init__(self, collections: _Optional[_Iterable[_Union[CollectionStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., requests: _Optional[_Mapping[str, int]] = ..., requests_total: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,225 @@
+"""One behaviour suite, run against the embedded engine and against the gRPC client.
+
+``polyindex.open(path)`` and ``polyindex.client.Client(address)`` must be interchangeable:
+same results, same documents, same exception classes and messages.
+"""
+from __future__ import annotations
+
+from itertools import count
+
+import numpy as np
+import pytest
+
+import polyindex
+from polyindex import (AlreadyExists, InputError, InvalidArgument, NotFound, ResourceExhausted)
+from polyindex.client import Client
+from polyindex.server import serve
+from polyindex.sources import Document
+
+DOCS = [
+    {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed.", "year": 1961, "lang": "en", "tags": ["aero", 1]},
+    {"_id": "heat", "title": "Heat transfer", "text": "Heat transfer to a blunt body in hypersonic flow.", "year": 1965, "lang": "en"},
+    {"_id": "layer", "title": "Boundary layers", "text": "Transition of the laminar boundary layer on a flat plate.", "year": 1970, "lang": "en"},
+    {"_id": "cake", "title": "Chocolate cake", "text": "Bake the chocolate cake for forty minutes with butter and sugar.", "year": 1999, "lang": "en", "metadata": {"source": "book", "stars": 4.5}},
+    {"_id": "pasta", "title": "Pasta", "text": "Boil the spaghetti in salted water, add tomato sauce.", "year": 2001, "lang": "it"},
+    {"_id": "soccer", "title": "Football", "text": "The striker scored a late goal in the cup final.", "year": 2010, "lang": "en"},
+    {"_id": "chess", "title": "Chess openings", "text": "The Sicilian defence is a sharp reply to the king pawn opening.", "year": 1980, "lang": "de"},
+    {"_id": "cells", "title": "Cell biology", "text": "Mitochondria produce energy for the cell through respiration.", "year": 1995, "lang": "en"},
+]
+FIELDS = {"year": "int", "lang": "string"}
+MIX = {"retrieve": [{"index": "lexical", "k": 50}, {"index": "dense", "k": 50}],
+       "fuse": {"method": "weighted", "weights": {"lexical": 0.3, "dense": 0.7}}}
+_names = count()
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    eng = polyindex.open(tmp_path_factory.mktemp("embedded"))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = serve(tmp_path_factory.mktemp("served"), port=0)
+    yield srv
+    srv.stop(grace=2)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with Client(server.address) as c:
+        yield c
+
+
+@pytest.fixture(params=["embedded", "client"])
+def eng(request):
+    """The embedded Engine or a Client: both have create/collection/drop/list_collections."""
+    return request.getfixturevalue(request.param)
+
+
+def fresh(eng, indexes=("lexical",), docs=DOCS, **kw):
+    coll = eng.create_collection(f"c{next(_names)}", list(indexes), fields=FIELDS, **kw)
+    if docs:
+        coll.add(docs)
+    return coll
+
+
+def ids(hits):
+    return [h.id for h in hits]
+
+
+# ---------------------------------------------------------------- the shared behaviour
+
+def test_create_add_count_get(eng):
+    coll = fresh(eng, docs=None)
+    assert coll.count() == 0
+    assert coll.add(DOCS + [{"id": "wing", "text": "Flutter again, second version.", "year": 1962}]) == len(DOCS)
+    assert coll.count() == len(DOCS)
+    got = coll.get(["wing", "cake", "nope"])
+    assert got[0] == Document("wing", "", "Flutter again, second version.", {"year": 1962})
+    assert got[1] == Document("cake", "Chocolate cake", DOCS[3]["text"],
+                              {"source": "book", "stars": 4.5, "year": 1999, "lang": "en"})
+    assert got[2] is None
+    assert coll.get([]) == []
+    assert coll.add([]) == 0
+    info = coll.info()
+    assert info["name"] == coll.name and info["documents"] == len(DOCS)
+    assert info["fields"] == FIELDS and isinstance(info["version"], int)
+    assert coll.name in eng.list_collections()
+    assert eng.collection(coll.name).count() == len(DOCS)
+
+
+def test_lexical_query_filters_explain(eng):
+    coll = fresh(eng)
+    hits = coll.query("chocolate butter", profile="lexical", k=3, explain=True, with_text=True)
+    assert ids(hits)[0] == "cake" and hits[0].rank == 1 and hits[0].title == "Chocolate cake"
+    assert hits[0].explain["stages"]["lexical"]["rank"] == 1
+    assert coll.query("chocolate", k=3)[0].title is None  # no text unless asked for
+    old = coll.query("transfer flow layer wing", k=10, filter={"year": {"lt": 1966}})
+    assert set(ids(old)) == {"wing", "heat"}
+    assert ids(coll.query("spaghetti", k=5, filter={"lang": {"in": ["it"]}})) == ["pasta"]
+    assert ids(coll.query("chocolate", k=5, filter={"not": {"lang": "en"}})) == []
+    inline = {"retrieve": [{"index": "lexical", "k": 5, "params": "k1=1.2,b=0.5"}]}
+    assert ids(coll.query("chess pawn", profile=inline, k=1)) == ["chess"]
+    batch = coll.query_batch(["chess pawn", "spaghetti"], k=1)
+    assert [ids(b) for b in batch] == [["chess"], ["pasta"]]
+
+
+def test_delete(eng):
+    coll = fresh(eng)
+    assert coll.delete(["cake", "nope"]) == 1
+    assert coll.count() == len(DOCS) - 1
+    assert coll.get(["cake"]) == [None]
+    assert ids(coll.query("chocolate", k=3)) == []
+    assert coll.delete(["cake"]) == 0
+
+
+def test_drop(eng):
+    coll = fresh(eng, docs=None)
+    eng.drop_collection(coll.name)
+    assert coll.name not in eng.list_collections()
+    with pytest.raises(NotFound, match="not found"):
+        eng.collection(coll.name)
+
+
+def test_errors(eng):
+    coll = fresh(eng)
+    with pytest.raises(InvalidArgument, match="unknown rank profile 'nope'"):
+        coll.query("wing", profile="nope")
+    with pytest.raises(ResourceExhausted, match="k must be"):
+        coll.query("wing", k=10_001)
+    for bad_k in (0, -1, True, 2.5):
+        with pytest.raises(InvalidArgument, match="k must be"):
+            coll.query("wing", k=bad_k)
+    with pytest.raises(InvalidArgument, match="not a declared field"):
+        coll.query("wing", filter={"colour": "red"})
+    with pytest.raises(InvalidArgument, match="unknown operator"):
+        coll.query("wing", filter={"year": {"between": [1, 2]}})
+    with pytest.raises(InvalidArgument, match="needs text or a vector"):
+        coll.query()
+    with pytest.raises(InvalidArgument, match="non-empty string"):
+        coll.query("")
+    with pytest.raises(InvalidArgument, match="needs a non-empty 'retrieve'"):
+        coll.query("wing", profile={"fuse": {}})
+    with pytest.raises(AlreadyExists):
+        eng.create_collection(coll.name, ["lexical"])
+    with pytest.raises(InvalidArgument, match="invalid collection name"):
+        eng.create_collection("../evil", ["lexical"])
+    with pytest.raises(InvalidArgument, match="unknown index kind"):
+        eng.create_collection(f"c{next(_names)}", ["nope:x"])
+    with pytest.raises(NotFound):
+        eng.collection("no-such-collection")
+    with pytest.raises(InvalidArgument, match="ids must be"):
+        coll.get("wing")
+
+
+def test_add_errors_are_located_and_all_or_nothing(eng):
+    coll = fresh(eng, docs=None)
+    bad_rows = [{"id": "ok", "text": "fine"}, {"id": "t", "title": 3, "text": "x"}]
+    with pytest.raises(InputError) as e:
+        coll.add(bad_rows)
+    assert str(e.value) == "add():2, id='t', field 'title': field 'title' must be a string, got int"
+    with pytest.raises(InputError, match="missing text"):
+        coll.add([{"id": "a"}])
+    with pytest.raises(InputError) as e:
+        coll.add([{"id": "ok", "text": "fine"}, {"id": "y", "text": "x", "year": "old"}])
+    assert (e.value.doc_id, e.value.field) == ("y", "year") and "must be int" in str(e.value)
+    assert coll.count() == 0  # nothing of a failing add was written
+
+
+# ---------------------------------------------------------------- identical results
+
+@pytest.fixture(scope="module")
+def dense_pair(embedded, client):
+    """The same dense + lexical collection, once embedded and once behind the server."""
+    pair = []
+    for eng in (embedded, client):
+        coll = eng.create_collection("dense_pair", ["lexical", "dense"], fields=FIELDS,
+                                     profiles={"mix": MIX})
+        coll.add(DOCS)
+        pair.append(coll)
+    return pair
+
+
+def _same(a, b):
+    """Identical hits: ids, ranks, scores (exactly), text, explain."""
+    assert ids(a) == ids(b)
+    assert a == b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["lexical", "dense", "hybrid", "mix"])
+def test_same_hits_embedded_and_client(dense_pair, profile):
+    emb, cli = dense_pair
+    for text in ("hypersonic heat flow", "dessert recipe with cocoa", "king pawn"):
+        _same(emb.query(text, profile=profile, k=5, explain=True, with_text=True),
+              cli.query(text, profile=profile, k=5, explain=True, with_text=True))
+    flt = {"year": {"gte": 1970}}
+    _same(emb.query("flow", profile=profile, k=8, filter=flt), cli.query("flow", profile=profile, k=8, filter=flt))
+    texts = ["wing flutter", "football goal", "energy in cells"]
+    for a, b in zip(emb.query_batch(texts, profile=profile, k=3), cli.query_batch(texts, profile=profile, k=3)):
+        _same(a, b)
+
+
+@pytest.mark.slow
+def test_vectors_and_vector_errors(dense_pair):
+    emb, cli = dense_pair
+    rng = np.random.default_rng(0)
+    vec = rng.standard_normal(384).astype(np.float32)
+    _same(emb.query(vector=vec, profile="dense", k=4), cli.query(vector=vec, profile="dense", k=4))
+    _same(emb.query("chess", vector=vec, profile="hybrid", k=4),
+          cli.query("chess", vector=vec, profile="hybrid", k=4))
+    vecs = rng.standard_normal((2, 384)).astype(np.float32)
+    for a, b in zip(emb.query_batch(vectors=vecs, profile="dense", k=2),
+                    cli.query_batch(vectors=vecs, profile="dense", k=2)):
+        _same(a, b)
+    nan = vec.copy()
+    nan[3] = np.nan
+    for coll in dense_pair:
+        with pytest.raises(InvalidArgument, match="NaN"):
+            coll.query(vector=nan, profile="dense")
+        with pytest.raises(InvalidArgument, match="dimension|shape"):
+            coll.query(vector=vec[:10], profile="dense")
+    assert emb.get(["cake", "x"]) == cli.get(["cake", "x"])
+    assert emb.count() == cli.count()
