@@ -9,6 +9,7 @@ with the buffered deletes), then drops the WAL files it covered. On open, the WA
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import threading
 import time
@@ -25,8 +26,10 @@ from polyindex.sources import Document
 from polyindex.wal import WriteAheadLog
 from polyindex.writer import build_segment
 
-SEAL_DOCS = 5_000       # seal when this many documents are buffered ...
-SEAL_SECONDS = 30.0     # ... or when the oldest buffered write is this old
+# Seal when this many documents are buffered, or when the oldest buffered write is this old
+# (settable per process, e.g. for `polyindex serve`, by environment variable).
+SEAL_DOCS = int(os.environ.get("POLYINDEX_SEAL_DOCS", 5_000))
+SEAL_SECONDS = float(os.environ.get("POLYINDEX_SEAL_SECONDS", 30.0))
 MAX_BUFFER_SEGMENTS = 8  # more small buffer segments than this are merged into one
 
 
@@ -78,9 +81,10 @@ class Buffer:
 
 
 class OnlineWrites:
-    def __init__(self, coll, seal_docs: int = SEAL_DOCS, seal_seconds: float = SEAL_SECONDS):
+    def __init__(self, coll, seal_docs: int | None = None, seal_seconds: float | None = None):
         self.coll = coll
-        self.seal_docs, self.seal_seconds = seal_docs, seal_seconds
+        self.seal_docs = SEAL_DOCS if seal_docs is None else seal_docs
+        self.seal_seconds = SEAL_SECONDS if seal_seconds is None else seal_seconds
         self.needs_vectors = any(k.needs_embeddings for k in coll.kinds.values())
         self.scratch = coll.folder / "buffer"
         shutil.rmtree(self.scratch, ignore_errors=True)  # buffer segments are rebuilt from the WAL
