@@ -1,9 +1,10 @@
 """Crash safety of bulk indexing: kill -9 the CLI at random moments, check, resume, check.
 
 Each run indexes a JSONL corpus with upserts (ids repeated later in the file) and is killed
-with SIGKILL after a delay drawn from its seed. The delays are spread over the measured time
-of a full run, so kills land before the collection exists, before the first commit, between
-segment commits and after completion. After the kill the committed state must be exactly the
+with SIGKILL at a moment drawn from its seed (see ``kill_schedule``): a delay measured from the
+start or from a chosen manifest commit, scaled by the measured timings of a full run, so that
+kills land before the collection exists, before the first commit, while segments are built
+and committed, and after the final commit. After the kill the committed state must be exactly the
 documents of the committed prefix of the file (every segment intact); after resuming, exactly
 the corpus (last write wins, no duplicates), and the report must say where it resumed.
 """
@@ -28,7 +29,7 @@ N_DOCS = 3000
 SEGMENT = 200
 N_RUNS = 20
 MIN_DELAY = 0.3
-DONE = 10**6  # committed_segments() once the final commit (ingest done) is in
+DONE = 10**6  # committed_version() once the final commit (ingest done) is in
 
 
 def index_args(corpus_path: Path, data: Path, *extra) -> list:
@@ -42,8 +43,9 @@ LEXICAL = ("--index", "lexical", "--segment-size", SEGMENT)
 def timings(tmp_path_factory, corpus, cli) -> dict:
     """Measured milestones of a complete run of the same shape (after a warm-up run).
 
-    ``first``: seconds from start to the first segment commit; ``segment``: seconds between
-    segment commits; ``full``: the whole run.
+    ``create``: seconds from start to the collection's creation (manifest version 1);
+    ``first``: to the first segment commit (version 2); ``segment``: seconds between segment
+    commits; ``full``: the whole run.
     """
     tmp = tmp_path_factory.mktemp("timing")
     corpus.make(tmp / "corpus.jsonl", N_DOCS, seed=12345)
@@ -54,34 +56,37 @@ def timings(tmp_path_factory, corpus, cli) -> dict:
     proc = subprocess.Popen(cli.command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     commits: dict[int, float] = {}
     while proc.poll() is None:
-        n = committed_segments(tmp / "D" / "c")
+        n = committed_version(tmp / "D" / "c")
         if n and n not in commits:
             commits[n] = time.monotonic() - t0
         time.sleep(0.005)
     full = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr.read().decode()
-    seen = sorted(n for n in commits if n != DONE)
+    seen = sorted(n for n in commits if 2 <= n < DONE)
     first = commits[seen[0]] if seen else full / 2
+    create = commits.get(1, first)
     segment = (commits[seen[-1]] - first) / (seen[-1] - seen[0]) if len(seen) > 1 else 0.05
-    return {"first": round(first, 3), "segment": round(max(segment, 0.01), 3),
-            "full": round(full, 3)}
+    return {"create": round(create, 3), "first": round(first, 3),
+            "segment": round(max(segment, 0.01), 3), "full": round(full, 3)}
 
 
-def committed_segments(folder: Path) -> int:
+def committed_version(folder: Path) -> int:
+    """The committed manifest version (0: no collection yet; DONE: the run's final commit)."""
     try:
         manifest = load_manifest(folder)
     except FileNotFoundError:
         return 0
-    return DONE if manifest.ingest and manifest.ingest["done"] else len(manifest.segments)
+    return DONE if manifest.ingest and manifest.ingest["done"] else manifest.version
 
 
-def kill_at(argv: list[str], folder: Path, after_commits: int, extra: float) -> str:
-    """Start the command; SIGKILL it ``extra`` seconds after ``after_commits`` segment commits
-    (0: after the start; DONE: after the final commit). 'killed' or 'finished'."""
+def kill_at(argv: list[str], folder: Path, version: int, extra: float) -> str:
+    """Start the command; SIGKILL it ``extra`` seconds after manifest ``version`` is committed
+    (0: after the start; 1: the collection's creation; n: n - 1 segments; DONE: the final
+    commit). Returns 'killed' or 'finished'."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
-    while (after_commits and proc.poll() is None and time.monotonic() < deadline
-           and committed_segments(folder) < after_commits):
+    while (version and proc.poll() is None and time.monotonic() < deadline
+           and committed_version(folder) < version):
         time.sleep(0.005)
     time.sleep(extra)
     if proc.poll() is None:
@@ -93,12 +98,13 @@ def kill_at(argv: list[str], folder: Path, after_commits: int, extra: float) -> 
 
 
 def kill_schedule(seed: int, t: dict) -> tuple[int, float]:
-    """(commits to wait for, then seconds to wait) for one run, drawn from its seed.
+    """(manifest version to wait for, then seconds to wait) for one run, from its seed.
 
     A quarter of the runs use a plain delay from the start, between MIN_DELAY and the measured
     time of a full run (importing, creating the collection, building, committing, done). As
     machine load moves those around, the others are anchored on commits so that every phase
-    is always hit: most wait for a random number of committed segments and then a random
+    is always hit: two wait for the collection's creation and then part of the time to the
+    first commit; most wait for a random number of committed segments and then a random
     part of a segment interval (the kill lands while a segment is built, renamed, tombstoned
     or committed); two wait for the final commit (killed before the process exits).
     """
@@ -108,7 +114,9 @@ def kill_schedule(seed: int, t: dict) -> tuple[int, float]:
         return 0, rng.uniform(MIN_DELAY, max(t["full"], MIN_DELAY + 0.05))
     if seed % 10 == 9:
         return DONE, 0.0
-    return rng.randint(1, n_segments - 2), rng.uniform(0, 1.5 * t["segment"])
+    if seed % 10 == 5:
+        return 1, rng.uniform(0, 0.5 * max(t["first"] - t["create"], 0.01)) if seed > 9 else 0.0
+    return 1 + rng.randint(1, n_segments - 2), rng.uniform(0, 1.5 * t["segment"])
 
 
 def check_segments_intact(folder: Path, manifest, dense: bool = False) -> None:
@@ -228,7 +236,7 @@ def test_kill9_during_bulk_index_then_resume(seed, tmp_path, corpus, cli, timing
     after, extra = kill_schedule(seed, timings)
     outcome = kill_at(cli.command(*args), data / "c", after, extra)
     phase, position, done = check_after_kill(data, records)
-    print(f"seed {seed}: after {after} commits + {extra:.2f}s ({timings}): {outcome}, {phase}, "
+    print(f"seed {seed}: after version {after} + {extra:.2f}s ({timings}): {outcome}, {phase}, "
           f"committed position {position}")
     if outcome == "finished":
         assert done
@@ -248,7 +256,7 @@ def test_kill9_dense_bulk_index_then_resume(seed, tmp_path, corpus, cli):
                       "--segment-size", DENSE_SEGMENT)
     # Dense runs are long (model load + encoding): kill after a chosen number of commits.
     rng = random.Random(seed)
-    outcome = kill_at(cli.command(*args), data / "c", 1 + 2 * seed, rng.uniform(0, 0.6))
+    outcome = kill_at(cli.command(*args), data / "c", 2 + 2 * seed, rng.uniform(0, 0.6))
     phase, position, done = check_after_kill(data, records, dense=True)
     print(f"dense seed {seed}: {outcome}, {phase}, committed position {position}")
     resume_and_check(cli, args, data, records, position, done, dense=True)
