@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -22,6 +23,7 @@ from polyindex.sources import Document
 from polyindex.writer import Writer, writer_lock
 
 MAX_K = 10_000
+RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
 
 
 def _doc_from(obj: Any, i: int) -> Document:
@@ -56,6 +58,7 @@ class Collection:
         self._lock = threading.RLock()
         self._snapshot: Snapshot | None = None
         self._stamp = None
+        self._checked = 0.0
         self._encoder = None
         self._profiles: dict = {}
         self._manifest_path = str(folder / MANIFEST)
@@ -75,6 +78,12 @@ class Collection:
         return self._snapshot
 
     def manifest_changed(self) -> bool:
+        """Has another writer committed? Checked at most every ``RECHECK_S`` (a stat per
+        query is measurable); this process's own commits call ``refresh`` and show at once."""
+        now = time.monotonic()
+        if self._stamp is not None and now - self._checked < RECHECK_S:
+            return False
+        self._checked = now
         st = os.stat(self._manifest_path)
         return (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp
 

@@ -36,6 +36,18 @@ def _check_factory(body: str, dim: int = 8) -> None:
                               f"({reason})") from None
 
 
+def _check_params(params: dict[str, str]) -> None:
+    unknown = set(params) - set(SEARCH_PARAMS)
+    if unknown:
+        raise InvalidArgument(f"dense: unknown search parameter(s) {sorted(unknown)}; "
+                              f"known: {sorted(SEARCH_PARAMS)}")
+    for key, value in params.items():
+        try:
+            SEARCH_PARAMS[key](value)
+        except ValueError:
+            raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
+
+
 class DenseSegment(SegmentIndex):
     def __init__(self, index, folder: Path):
         self.index = index
@@ -147,25 +159,19 @@ class DenseKind(IndexKind):
         return DenseSegment(index, folder)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
-        unknown = set(params) - set(SEARCH_PARAMS)
-        if unknown:
-            raise InvalidArgument(f"dense: unknown search parameter(s) {sorted(unknown)}; "
-                                  f"known: {sorted(SEARCH_PARAMS)}")
-        for key, value in params.items():
-            try:
-                SEARCH_PARAMS[key](value)
-            except ValueError:
-                raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
+        if params:
+            _check_params(params)
         dim = segments[0].index.d if segments else None
-        if any(q.vector is None for q in queries):
-            raise InvalidArgument("the dense index needs a query vector or query text")
         for i, q in enumerate(queries):
-            if q.vector.ndim != 1 or (dim is not None and q.vector.shape[0] != dim):
-                raise InvalidArgument(f"query {i}: vector has shape {q.vector.shape}, "
+            v = q.vector
+            if v is None:
+                raise InvalidArgument("the dense index needs a query vector or query text")
+            if v.ndim != 1 or (dim is not None and v.shape[0] != dim):
+                raise InvalidArgument(f"query {i}: vector has shape {v.shape}, "
                                       f"the dense index has dimension {dim}")
-        x = (queries[0].vector[None] if len(queries) == 1
+        x = (queries[0].vector.reshape(1, -1) if len(queries) == 1
              else np.stack([q.vector for q in queries])).astype(np.float32, copy=False)
-        if not np.isfinite(x).all():
+        if not np.isfinite(x.sum()) and not np.isfinite(x).all():  # one cheap pass when fine
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
         return np.ascontiguousarray(x)
