@@ -1,7 +1,6 @@
 """A collection: the user-facing API over one manifest (query, add, get, delete, count)."""
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
