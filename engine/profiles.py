@@ -7,7 +7,8 @@ A profile is a dict that round-trips through the manifest::
      "fuse": {"method": "rrf", "k": 60}}
 
 Every index kind of a collection gets a single-stage profile of its own name; ``hybrid``
-fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60).
+fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60);
+``hybrid-sparse`` fuses lexical top-1000 and sparse top-100 the same way.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ FUSE_METHODS = ("rrf", "weighted")
 SINGLE_STAGE_K = 1000
 HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
           "fuse": {"method": "rrf", "k": 60}}
+HYBRID_SPARSE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "sparse", "k": 100}],
+                 "fuse": {"method": "rrf", "k": 60}}
 
 
 @dataclass
@@ -84,6 +87,8 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
     out = {kind: {"retrieve": [{"index": kind, "k": SINGLE_STAGE_K}]} for kind in kinds}
     if "lexical" in kinds and "dense" in kinds:
         out["hybrid"] = HYBRID
+    if "lexical" in kinds and "sparse" in kinds:
+        out["hybrid-sparse"] = HYBRID_SPARSE
     return out
 
 
