@@ -116,9 +116,10 @@ def main() -> None:
     results: dict = {"address": address, "seconds": args.seconds, "profiles": {}}
     try:
         clients = [Client(address) for _ in range(max(CONCURRENCY))]
-        for c in clients:  # warm both sides (numba, faiss, channels)
-            c.collection("npl").query(queries[0], profile="lexical")
-            c.collection("npl").query(vector=vectors[0], profile="dense")
+        for c in [local] + [cl.collection("npl") for cl in clients]:  # warm both sides
+            for q, v in zip(queries[:5], vectors[:5]):
+                c.query(q, profile="lexical")
+                c.query(vector=v, profile="dense")
         for profile in ("lexical", "dense"):
             rows = {}
             for n in CONCURRENCY:
