@@ -1,11 +1,11 @@
 """The lexical analyzer: Unicode word split, lowercase, English stopwords, Snowball stemming.
 
 ``Analyzer().analyze("The cafés of Zürich")`` -> ``["café", "zürich"]``. Words are runs of
-Unicode letters, digits and underscores (``\\w+``); they are lowercased, English stopwords
-(``stopwords.STOPWORDS_EN``) are dropped, and the rest are stemmed with the Snowball English
-stemmer of PyStemmer. The same steps (and stopword list) as ``bm25s.tokenize(...,
-stopwords="en", stemmer=Stemmer.Stemmer("english"))``, except that bm25s drops one-character
-words and we keep them.
+two or more Unicode letters, digits and underscores (``\\w\\w+``); they are lowercased,
+English stopwords (``stopwords.STOPWORDS_EN``) are dropped, and the rest are stemmed with the
+Snowball English stemmer of PyStemmer: the same steps (and stopword list) as ``bm25s.tokenize(...,
+stopwords="en", stemmer=Stemmer.Stemmer("english"))``. One-character words are dropped: keeping
+them cost 0.006-0.010 nDCG@10 on cisi and arguana (bench/bench_quality.py).
 
 It runs on every query, so the word -> stem mapping is memoized in a dict (stopwords map to
 None); only words never seen before reach the stemmer.
@@ -20,7 +20,7 @@ import Stemmer
 
 from polyindex.index.stopwords import STOPWORDS_EN
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+_WORD = re.compile(r"\w\w+", re.UNICODE)
 
 
 class Analyzer:
