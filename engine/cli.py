@@ -178,7 +178,7 @@ def train_ranker(data: Path = DataOpt,
                  name: str = typer.Option("ltr-trained", "--name", help="Ranker (and rank profile) name."),
                  window: int = typer.Option(100, "--window", help="Candidates reranked per query."),
                  profile: str = typer.Option("hybrid", "--profile", help="Profile giving the candidates."),
-                 transform: str = typer.Option("raw+query", "--transform", help="Features as computed (raw), normalized per query (query), or both."),
+                 transform: str = typer.Option("raw+query", "--transform", help="raw, raw+query (default: raw and per-query normalized scores) or general (ranks within the window, transfers across collections)."),
                  log_features: Optional[Path] = typer.Option(None, "--log-features", help="Write the training features to this .parquet file."),
                  as_json: bool = typer.Option(False, "--json")):
     """Train a LightGBM lambdarank ranker on judged queries; store it with a profile NAME."""

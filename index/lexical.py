@@ -7,7 +7,11 @@ Factory string ``lexical`` or ``lexical:bm25,k1=1.5,b=0.75`` (the defaults); sea
   term), ``df`` (int32, rows of this segment containing it);
 - ``lexical.postings.arrow``: ``doc`` (int32 segment row, ascending within a term), ``tf``
   (int32);
-- ``lexical.doclen.arrow``: ``len`` (int32, analyzed tokens per row).
+- ``lexical.doclen.arrow``: ``len`` (int32, analyzed tokens per row);
+- ``lexical.forward.arrow``: the forward index the rerank features read (``polyindex.rerank``):
+  ``terms`` (large_list<int32>, each row's term ids in text order, title first) and
+  ``title_len`` (int32, how many of them come from the title). Optional: segments built
+  before it existed open without it (``LexicalSegment.forward`` is None).
 
 Corpus statistics are collection-wide (``prepare`` sums them over the snapshot's live rows),
 so a document scores the same whatever segment it is in. Term score (Lucene/bm25s idf):
@@ -33,11 +37,13 @@ from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex
 VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
 DOCLEN_FILE = "lexical.doclen.arrow"
+FORWARD_FILE = "lexical.forward.arrow"
 FORMAT = 1
 
 _VOCAB_SCHEMA = {"term": pa.string(), "offset": pa.int64(), "df": pa.int32()}
 _POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": pa.int32()}
 _DOCLEN_SCHEMA = {"len": pa.int32()}
+_FORWARD_SCHEMA = {"terms": pa.large_list(pa.int32()), "title_len": pa.int32()}  # own reader
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
 _KNOBS = ("k1", "b")
@@ -78,8 +84,11 @@ class LexicalSegment(SegmentIndex):
     """One segment's BM25 postings, memory-mapped."""
 
     def __init__(self, terms: list[str], offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
-                 tfs: np.ndarray, doclen: np.ndarray, keep: tuple = ()):
+                 tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
+                 forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         self.term_index = dict(zip(terms, range(len(terms))))
+        # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
+        self.forward = forward
         self.offsets = offsets  # (n_terms + 1,) int64
         self.df = df
         self.docs = docs
@@ -133,6 +142,34 @@ class LexicalSegment(SegmentIndex):
         return out
 
 
+def _read_forward(path: Path) -> pa.Table:
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise Corrupt(f"{path}: cannot read Arrow file: {exc}") from None
+    for name, typ in _FORWARD_SCHEMA.items():
+        if name not in table.column_names or not table.schema.field(name).type.equals(typ):
+            raise Corrupt(f"{path}: expected column {name!r} of type {typ}, "
+                          f"file schema is {table.schema}")
+    return table
+
+
+def _forward_arrays(folder: Path, table: pa.Table, doclen: np.ndarray,
+                    n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Zero-copy (row offsets, title_len, term ids) of a forward index file, checked."""
+    def one(name):
+        col = table.column(name)
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    lists = one("terms")
+    row_ptr = lists.offsets.to_numpy(zero_copy_only=False)
+    ids = lists.values.to_numpy(zero_copy_only=False)
+    title_len = one("title_len").to_numpy(zero_copy_only=False)
+    if len(row_ptr) != len(doclen) + 1 or (np.diff(row_ptr) != doclen).any() \
+            or (title_len > doclen).any() or (len(ids) and (ids.min() < 0 or ids.max() >= n_terms)):
+        raise Corrupt(f"{folder}: {FORWARD_FILE} disagrees with the lexical index")
+    return row_ptr, title_len, ids
+
+
 @register
 class LexicalKind(IndexKind):
     kind = "lexical"
@@ -176,8 +213,18 @@ class LexicalKind(IndexKind):
             "offset": offsets[:-1], "df": np.diff(offsets).astype(np.int32)})
         postings.write_arrow(folder / POSTINGS_FILE, {"doc": docs, "tf": tfs})
         postings.write_arrow(folder / DOCLEN_FILE, {"len": lens.astype(np.int32)})
+        # Title and text are analyzed as "title text", so a row's first title_len terms are
+        # its title's: reranking reads per-field statistics from here without re-analyzing.
+        title_len = np.fromiter(map(len, self.analyzer.analyze_many(ti or "" for ti in titles)),
+                                dtype=np.int32, count=n)
+        row_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        postings.write_arrow(folder / FORWARD_FILE, {
+            "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
+                                                   pa.array(remap[flat].astype(np.int32))),
+            "title_len": title_len})
         return {"format": FORMAT, "n_rows": n, "n_terms": len(terms), "n_postings": int(len(docs)),
-                "total_len": int(lens.sum()), "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE]}
+                "total_len": int(lens.sum()),
+                "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE]}
 
     def open(self, folder: Path, info: dict) -> LexicalSegment:
         folder = Path(folder)
@@ -195,8 +242,12 @@ class LexicalKind(IndexKind):
                 or (n_post and (post["doc"].min() < 0 or post["doc"].max() >= n_rows)):
             raise Corrupt(f"{folder}: lexical index files are inconsistent "
                           f"(rows {n_rows}, info {info.get('n_rows')}, postings {n_post})")
+        forward, keep = None, (vt, pt, dt)
+        if (folder / FORWARD_FILE).exists():
+            ft = _read_forward(folder / FORWARD_FILE)
+            forward, keep = _forward_arrays(folder, ft, dl["len"], len(offsets) - 1), keep + (ft,)
         return LexicalSegment(vocab["term"].to_pylist(), offsets, vocab["df"], post["doc"],
-                              post["tf"], dl["len"], keep=(vt, pt, dt))
+                              post["tf"], dl["len"], keep=keep, forward=forward)
 
     # -- queries -------------------------------------------------------------------------
     def _collection_stats(self, segments: Sequence[LexicalSegment],

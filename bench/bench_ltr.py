@@ -1,0 +1,356 @@
+"""The LightGBM rerank stage: quality against hybrid, the general ranker across collections,
+and the latency the stage adds.
+
+(a) nfcorpus: train on train qrels, early stopping on dev, test on test: the trained profile
+    (served through the engine) vs hybrid; target >= 5% relative nDCG@10 above hybrid.
+(b) cranfield, cisi, medline, npl, arguana: 5-fold cross-validation by query (early stopping
+    on 20% of the training folds): trained ranker vs hybrid, lexical, dense.
+(c) leave-one-collection-out: the general ranker (query-normalized features) trained on every
+    shared collection but one, evaluated on that one, vs hybrid. ``--ship`` trains it on all
+    of them and writes rerank/models/general/.
+(d) npl latency, one query at a time (query encoding included): hybrid vs the trained profile
+    at window 100, interleaved; target: the rerank stage adds <= 15%.
+
+Quality: TREC run files scored with ir-measures (bench/common.py), runs of the top 100.
+Candidates and features of each query set are cached in bench/.work/ltr (keyed by the
+collection's segments, the feature schema version and the window).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import polyindex
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import ENGINE_DATA, WORK, console, table, verdict  # noqa: E402
+
+WINDOW = 100
+CV_COLLECTIONS = ["cranfield", "cisi", "medline", "npl", "arguana"]
+ALL = CV_COLLECTIONS + ["nfcorpus"]
+CACHE = WORK / "ltr"
+DATA_DIR = WORK / "data"  # this script's collections (rankers and profiles are stored there)
+GENERAL_CAP = 600  # training queries per collection for the general ranker (balance)
+
+
+# ------------------------------------------------------------------------------ data
+
+def _complete(folder: Path, newer_than: float = 0.0) -> bool:
+    """A fully indexed lexical + dense collection (bulk ingest done), committed after
+    ``newer_than`` (a time stamp)?"""
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+        fresh = (folder / "manifest.json").stat().st_mtime > newer_than
+    except (OSError, ValueError):
+        return False
+    kinds = sorted(f.partition(":")[0] for f in m["collection"]["indexes"])
+    return bool((m.get("ingest") or {}).get("done")) and kinds == ["dense", "lexical"] and fresh
+
+
+def _index_code_time() -> float:
+    """When the code that decides what an index holds last changed (a copy must be newer)."""
+    import polyindex.index.analyzer as analyzer
+    folder = Path(analyzer.__file__).parent
+    return max((folder / f).stat().st_mtime for f in ("analyzer.py", "lexical.py", "dense.py",
+                                                         "stopwords.py"))
+
+
+def open_collection(eng, name: str):
+    """The collection of a shared data set in bench/.work/data: reused when fully indexed;
+    else copied from bench/.work/engine (bench_quality's, when complete there and built after
+    the last change to the index code) or indexed with ``polyindex index``. Nothing is ever
+    deleted in bench/.work/engine."""
+    folder = common.collection_folder(name)
+    if folder is None:
+        return None
+    target = DATA_DIR / name
+    if not target.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        theirs = ENGINE_DATA / name
+        if _complete(theirs, newer_than=_index_code_time()):
+            tmp = DATA_DIR / f".{name}.copy"  # a dot-folder is never a collection
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                shutil.copytree(theirs, tmp, ignore=shutil.ignore_patterns("LOCK", "buffer"))
+                if _complete(tmp):
+                    tmp.rename(target)
+                    eng.collection(name).snapshot()  # opens every segment: Corrupt if torn
+            except (OSError, polyindex.PolyindexError) as e:  # rebuilt under us: index instead
+                console.print(f"[yellow]copying {theirs} failed ({e}); indexing instead[/yellow]")
+                shutil.rmtree(target if target.exists() else tmp, ignore_errors=True)
+        if not target.exists():
+            console.print(f"[dim]indexing {name} with `polyindex index` ...[/dim]")
+            common.run_cli(["index", folder, "--data", DATA_DIR, "--collection", name,
+                            "--no-progress", "--json"])
+    if not _complete(target):
+        console.print(f"[yellow]SKIP {name}: {target} is not a fully indexed lexical + dense "
+                      f"collection (interrupted? run `polyindex index` on it to resume)[/yellow]")
+        return None
+    return eng.collection(name)
+
+
+def candidates(coll, name: str, split: str):
+    """Judged queries of a split with their candidates, features and labels (cached)."""
+    from polyindex.rerank import schema
+    from polyindex.rerank.train import Candidates, collect
+    folder = common.DATA / name
+    qrels = common.read_qrels(folder, split)
+    qs = common.judged(common.read_queries(folder), qrels)
+    segs = [(s.id, s.n_rows, s.tombstones, s.indexes) for s in coll.sealed_snapshot().manifest.segments]
+    key = hashlib.sha1(repr((segs, schema.VERSION, schema.NAMES, WINDOW, [q for q, _ in qs])).encode()).hexdigest()
+    path = CACHE / f"{name}.{split}.npz"
+    if path.exists():
+        z = np.load(path, allow_pickle=False)
+        if str(z["key"]) == key:
+            c = Candidates(z["qids"].tolist(), z["X"], z["qptr"], z["labels"], z["doc_ids"].tolist(),
+                           z["fused"])
+            return c, qrels, z["vectors"]
+    t0 = time.perf_counter()
+    vectors = coll.encoder.encode([t for _, t in qs], chunk=256)
+    c = collect(coll, qs, qrels, profile="hybrid", window=WINDOW, vectors=vectors)
+    console.print(f"[dim]{name}/{split}: {len(qs)} queries, candidates + features in "
+                  f"{time.perf_counter() - t0:.1f}s[/dim]")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.savez(path, key=key, qids=np.array(c.qids), X=c.X, qptr=c.qptr, labels=c.labels,
+             doc_ids=np.array(c.doc_ids), fused=c.fused, vectors=vectors)
+    return c, qrels, vectors
+
+
+def score(run: dict, qrels: dict, tag: str) -> dict:
+    path = WORK / "runs" / f"ltr.{tag}.trec"
+    common.write_trec(path, run, tag)
+    return common.evaluate_trec(path, qrels)
+
+
+def engine_run(coll, c, vectors, profile: str, k: int = WINDOW) -> dict:
+    """A run of the engine itself (query_batch with the cached query vectors)."""
+    texts = dict(common.read_queries(common.DATA / coll.name))
+    out = {}
+    for start in range(0, len(c.qids), 64):
+        qids = c.qids[start:start + 64]
+        hits = coll.query_batch([texts[q] for q in qids], vectors=vectors[start:start + 64],
+                                k=k, profile=profile)
+        out.update({q: [(h.id, h.score) for h in hs] for q, hs in zip(qids, hits)})
+    return out
+
+
+def predict(ranker, c) -> np.ndarray:
+    return ranker.predict(c.X, c.qptr)
+
+
+# ------------------------------------------------------------------------------ parts
+
+def part_a(eng) -> dict:
+    from polyindex.rerank.train import fit, store
+    coll = open_collection(eng, "nfcorpus")
+    if coll is None:
+        return {}
+    train, _, _ = candidates(coll, "nfcorpus", "train")
+    dev, _, _ = candidates(coll, "nfcorpus", "dev")
+    test, qrels, vec = candidates(coll, "nfcorpus", "test")
+    t0 = time.perf_counter()
+    ranker = fit(train, dev, transform="raw+query", collections=["nfcorpus"], window=WINDOW)
+    fit_s = time.perf_counter() - t0
+    store(coll, "ltr-bench", ranker, window=WINDOW, retrieve=HYBRID_STAGES)
+    served = engine_run(coll, test, vec, "ltr-bench")
+    res = {"hybrid": score(engine_run(coll, test, vec, "hybrid"), qrels, "nfcorpus.hybrid"),
+           "ltr (served)": score(served, qrels, "nfcorpus.ltr"),
+           "ltr (offline)": score(test.run(predict(ranker, test)), qrels, "nfcorpus.ltr-off")}
+    gain = res["ltr (served)"]["nDCG@10"] / res["hybrid"]["nDCG@10"] - 1
+    rows = [[p, *(f"{r[m]:.4f}" for m in common.MEASURE_NAMES)] for p, r in res.items()]
+    console.print(table(f"(a) nfcorpus test ({len(test.qids)} queries): train {len(train.qids)}, "
+                        f"dev {len(dev.qids)}; {ranker.meta['rounds']} rounds, fit {fit_s:.0f}s",
+                        ["profile", *common.MEASURE_NAMES], rows))
+    console.print(f"nDCG@10 gain over hybrid: {gain:+.1%} (target >= +5%) {verdict(gain >= 0.05)}")
+    return {"results": res, "gain": gain, "pass": gain >= 0.05, "rounds": ranker.meta["rounds"],
+            "fit_seconds": fit_s, "train_queries": len(train.qids), "dev_queries": len(dev.qids)}
+
+
+HYBRID_STAGES = [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}]
+
+
+def part_b(eng, names) -> dict:
+    from polyindex.rerank.train import fit, split_queries
+    out, rows = {}, []
+    for name in names:
+        coll = open_collection(eng, name)
+        if coll is None:
+            continue
+        c, qrels, vec = candidates(coll, name, "test")
+        scores = np.zeros(len(c.labels))
+        folds = np.random.default_rng(0).permutation(len(c.qids)) % 5
+        for f in range(5):
+            tr = np.flatnonzero(folds != f).tolist()
+            keep, held = split_queries(len(tr), seed=f)
+            te = np.flatnonzero(folds == f).tolist()
+            ranker = fit(c.subset([tr[i] for i in keep]), c.subset([tr[i] for i in held]),
+                         transform="raw+query")
+            rows_te = np.concatenate([np.arange(c.qptr[q], c.qptr[q + 1]) for q in te])
+            scores[rows_te] = predict(ranker, c.subset(te))
+        res = {p: score(engine_run(coll, c, vec, p), qrels, f"{name}.{p}")
+               for p in ("lexical", "dense", "hybrid")}
+        res["ltr (5-fold)"] = score(c.run(scores), qrels, f"{name}.ltr-cv")
+        out[name] = res
+        rows.append([name, len(c.qids), *(f"{res[p]['nDCG@10']:.4f}" for p in res),
+                     f"{res['ltr (5-fold)']['nDCG@10'] / res['hybrid']['nDCG@10'] - 1:+.1%}"])
+    console.print(table("(b) 5-fold cross-validation by query, nDCG@10",
+                        ["collection", "queries", "lexical", "dense", "hybrid", "ltr", "ltr vs hybrid"],
+                        rows))
+    return out
+
+
+def general_sets(eng, names):
+    from polyindex.rerank.train import split_queries
+    sets = {}
+    for name in names:
+        coll = open_collection(eng, name)
+        if coll is None:
+            continue
+        test, qrels, _ = candidates(coll, name, "test")
+        if name == "nfcorpus":
+            train, _, _ = candidates(coll, name, "train")
+            valid, _, _ = candidates(coll, name, "dev")
+        else:
+            keep, held = split_queries(len(test.qids), seed=1)
+            train, valid = test.subset(keep), test.subset(held)
+        if len(train.qids) > GENERAL_CAP:  # so that no collection dominates the general model
+            pick = sorted(np.random.default_rng(2).permutation(len(train.qids))[:GENERAL_CAP])
+            train = train.subset(pick)
+        sets[name] = (coll, train, valid, test, qrels)
+    return sets
+
+
+def fit_general(sets, names):
+    from polyindex.rerank.train import fit
+    return fit([sets[n][1] for n in names], [sets[n][2] for n in names], transform="general",
+               general=True, collections=list(names), window=WINDOW,
+               training_qrels={n: ("train (dev: early stopping)" if n == "nfcorpus" else
+                                   "test, 80% (20%: early stopping)") for n in names})
+
+
+def part_c(eng, names, ship: bool) -> dict:
+    sets = general_sets(eng, names)
+    out, rows = {}, []
+    for held in sets:
+        ranker = fit_general(sets, [n for n in sets if n != held])
+        coll, _, _, test, qrels = sets[held]
+        hyb = score(test.run(), qrels, f"{held}.hybrid-window")
+        gen = score(test.run(predict(ranker, test)), qrels, f"{held}.general-loco")
+        out[held] = {"hybrid": hyb, "general (held out)": gen, "rounds": ranker.meta["rounds"]}
+        rows.append([held, len(test.qids), f"{hyb['nDCG@10']:.4f}", f"{gen['nDCG@10']:.4f}",
+                     f"{gen['nDCG@10'] / hyb['nDCG@10'] - 1:+.1%}", ranker.meta["rounds"]])
+    console.print(table("(c) general ranker, leave-one-collection-out, nDCG@10",
+                        ["held out", "queries", "hybrid", "general", "vs hybrid", "rounds"], rows))
+    if ship:
+        from polyindex.rerank.registry import SHIPPED
+        ranker = fit_general(sets, list(sets))
+        folder = SHIPPED / "general"
+        folder.mkdir(parents=True, exist_ok=True)
+        ranker.save(folder, "ranker", hashed=False)
+        out["shipped"] = {"collections": list(sets), "rounds": ranker.meta["rounds"]}
+        console.print(f"[green]shipped general ranker ({ranker.meta['rounds']} rounds) to {folder}[/green]")
+    return out
+
+
+def part_d(eng, passes: int) -> dict:
+    from polyindex.rerank import registry
+    from polyindex.rerank.train import fit, store
+    coll = open_collection(eng, "npl")
+    if coll is None:
+        return {}
+    from polyindex.rerank.train import split_queries
+    c, _, _ = candidates(coll, "npl", "test")
+    # The trained profile as `polyindex train-ranker` makes it (20% of the queries for early
+    # stopping), and a 300-tree model (no early stopping; the nfcorpus model has ~130) as a
+    # heavier case.
+    keep, held = split_queries(len(c.qids))
+    ranker = fit(c.subset(keep), c.subset(held), window=WINDOW)
+    heavy = fit(c, None, max_rounds=300, window=WINDOW)
+    store(coll, "ltr-npl", ranker, window=WINDOW, retrieve=HYBRID_STAGES)
+    store(coll, "ltr-300", heavy, window=WINDOW, retrieve=HYBRID_STAGES)
+    profiles = {"hybrid": "hybrid", f"ltr-npl, trained ({ranker.forest.n_trees} trees)": "ltr-npl",
+                f"ltr-300 ({heavy.forest.n_trees} trees)": "ltr-300"}
+    if "general" in registry.shipped_names():
+        general = registry.resolve(coll.snapshot(), "general")
+        profiles[f"general ({general.forest.n_trees} trees)"] = {
+            "retrieve": HYBRID_STAGES, "fuse": {"method": "rrf", "k": 60},
+            "rerank": {"model": "general", "window": WINDOW}}
+    qs = [t for _, t in common.judged(common.read_queries(common.DATA / "npl"),
+                                      common.read_qrels(common.DATA / "npl"))]
+    for p in profiles.values():  # warm: model loaded, numba compiled, stats cached
+        coll.query_batch(qs[:8], k=10, profile=p)
+    times = {name: [] for name in profiles}
+    cpu = {name: [] for name in profiles}
+    names = list(profiles)
+    for rep in range(passes):
+        for i, text in enumerate(qs):
+            shift = (i + rep) % len(names)  # rotate the order: drifts in load bias no profile
+            for name in names[shift:] + names[:shift]:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                coll.query(text, k=10, profile=profiles[name])
+                times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
+    med = {p: common.median(v) * 1e3 for p, v in times.items()}
+    mean = {p: float(np.mean(v)) * 1e3 for p, v in times.items()}
+    cpu_med = {p: common.median(v) * 1e3 for p, v in cpu.items()}
+    added = {p: med[p] / med["hybrid"] - 1 for p in names[1:]}
+    cpu_added = {p: cpu_med[p] / cpu_med["hybrid"] - 1 for p in names[1:]}
+    rows = [[p, f"{med[p]:.2f}", f"{mean[p]:.2f}", "" if p == "hybrid" else f"{added[p]:+.1%}",
+             f"{cpu_med[p]:.2f}", "" if p == "hybrid" else f"{cpu_added[p]:+.1%}", len(times[p])]
+            for p in names]
+    console.print(table(f"(d) npl per-query latency, one query at a time, window {WINDOW}, k 10 "
+                        f"(query encoding included; CPU: this thread's CPU time)",
+                        ["profile", "median ms", "mean ms", "added", "CPU median ms",
+                         "CPU added", "queries"], rows))
+    ok = added[names[1]] <= 0.15
+    console.print(f"rerank adds {added[names[1]]:+.1%} (median wall time; CPU time "
+                  f"{cpu_added[names[1]]:+.1%}) — target <= +15% {verdict(ok)}")
+    return {"median_ms": med, "mean_ms": mean, "added": added, "cpu_median_ms": cpu_med,
+            "cpu_added": cpu_added, "pass": ok, "load_average": os.getloadavg(),
+            "queries": len(qs), "passes": passes, "faiss_threads": os.environ.get(
+                "POLYINDEX_FAISS_THREADS", "default (1)")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="a,b,c,d", help="which parts to run (a,b,c,d)")
+    ap.add_argument("--collections", default=",".join(CV_COLLECTIONS), help="for part b")
+    ap.add_argument("--ship", action="store_true", help="part c: write the general ranker")
+    ap.add_argument("--passes", type=int, default=3, help="part d: passes over the npl queries")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="threads of the query encoder (1: stable timings on shared cores)")
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(args.torch_threads)
+    eng = polyindex.open(DATA_DIR)
+    parts = set(common.parse_list(args.parts))
+    payload = {"window": WINDOW, "torch_threads": args.torch_threads}
+    if "a" in parts:
+        payload["a_nfcorpus"] = part_a(eng)
+    if "b" in parts:
+        payload["b_cross_validation"] = part_b(eng, common.parse_list(args.collections))
+    if "c" in parts:
+        payload["c_general_loco"] = part_c(eng, ALL, args.ship)
+    if "d" in parts:
+        payload["d_latency_npl"] = part_d(eng, args.passes)
+    from polyindex.rerank import schema
+    payload["feature_schema"] = schema.describe()
+    previous = common.RESULTS / "bench_ltr.json"
+    if previous.exists():  # keep the parts not run this time
+        old = json.loads(previous.read_text())
+        payload = {**{k: v for k, v in old.items() if k[:2] in ("a_", "b_", "c_", "d_")}, **payload}
+    common.save_results("bench_ltr", payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

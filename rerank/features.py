@@ -1,0 +1,139 @@
+"""Feature vectors of (query, candidate) pairs for the rerank stage, a query batch at a time.
+
+``compute`` returns a float32 matrix, one row per candidate (queries' candidates one after the
+other, in the given order) and one column per ``schema.NAMES``, and the row offsets of each
+query. Lexical features come from the numba kernel over each segment's forward index with
+collection-wide statistics (``stats``); the dense cosine from the stored embeddings; fusion
+features from the retrieve stages' lists. Missing values are NaN.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import numpy as np
+
+from polyindex.rerank import kernels, schema, window
+from polyindex.rerank.stats import field_stats, forward_index
+
+F = len(schema.NAMES)
+_COL = schema.INDEX
+_SCRATCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> free buffers
+
+
+def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, np.ndarray]],
+            stage_lists: Sequence[list], stage_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(features (n, F) float32, query row offsets (nq + 1,) int64) of a batch's candidates."""
+    counts = np.fromiter((len(k) for k, _ in candidates), np.int64, count=len(candidates))
+    qptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    X = np.full((int(qptr[-1]), F), np.nan, np.float32)
+    if not len(X):
+        return X, qptr
+    keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates])
+    q_of = np.repeat(np.arange(len(candidates)), counts)
+    seg, rows = snapshot.locate(keys)
+    if "lexical" in snapshot.kinds:
+        _lexical(snapshot, queries, q_of, seg, rows, X)
+    if "dense" in snapshot.kinds:
+        _dense(snapshot, queries, qptr, seg, rows, X)
+    _fusion(keys, stage_lists, stage_names, qptr, X)
+    return X, qptr
+
+
+# ------------------------------------------------------------------------------- lexical
+
+def _query_slots(queries, stats, segments):
+    """Slots (distinct analyzed terms) of every query: terms, counts, statistics, sequences."""
+    from polyindex.index.lexical import _ANALYZER  # the lexical index's analyzer
+    terms, qtf, seq, sptr, seqptr, has_text = [], [], [], [0], [0], []
+    for q in queries:
+        text = getattr(q, "text", None)
+        has_text.append(isinstance(text, str))
+        slots: dict[str, int] = {}
+        for t in _ANALYZER.analyze(text) if has_text[-1] else []:
+            k = slots.setdefault(t, len(slots))
+            if k == len(qtf) - sptr[-1]:
+                terms.append(t)
+                qtf.append(0)
+            qtf[sptr[-1] + k] += 1
+            seq.append(k)
+        sptr.append(len(terms))
+        seqptr.append(len(seq))
+    st = [stats.term_stats(t, segments) for t in terms]
+    idf = np.array([s[0] for s in st], np.float64).reshape(-1, 3)
+    pc = np.array([s[1] for s in st], np.float64).reshape(-1, 3)
+    return (terms, np.array(qtf, np.float64), idf, pc, np.array(sptr, np.int64),
+            np.array(seq, np.int64), np.array(seqptr, np.int64), np.array(has_text))
+
+
+def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
+    stats = field_stats(snapshot)
+    segments = snapshot.segments
+    terms, qtf, idf, pc, sptr, seq, seqptr, has_text = _query_slots(queries, stats, segments)
+    # Query-level features (NaN for queries without text: they have no lexical side).
+    n_slots = np.diff(sptr)
+    idf_all = np.where(pc[:, 2] > 0, idf[:, 2], 0.0)
+    q_idf = np.bincount(np.repeat(np.arange(len(queries)), n_slots), weights=idf_all,
+                        minlength=len(queries))
+    per_q = np.stack([np.diff(seqptr), n_slots, q_idf], axis=1).astype(np.float32)
+    per_q[~has_text] = np.nan
+    X[:, _COL["q_terms"]:_COL["q_terms"] + 3] = per_q[q_of]
+    ok = has_text[q_of]
+    for s in np.unique(seg[ok]).tolist():
+        sel = np.flatnonzero(ok & (seg == s))
+        opened = segments[s]
+        lex = opened.indexes["lexical"]
+        row_ptr, title_len, ids = forward_index(opened)
+        get = lex.term_index.get
+        slot_tid = np.fromiter((get(t, -1) for t in terms), np.int64, count=len(terms))
+        bufs = _take_scratch(lex)
+        kernels.lexical_features(row_ptr, title_len, ids, stats.idf[s], stats.norms[s],
+                                 stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
+                                 q_of[sel], rows[sel], sel, bufs[0], bufs[1], X)
+        _SCRATCH.setdefault(lex, []).append(bufs)  # not on an exception: maybe not reset
+
+
+def _take_scratch(lex) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        return _SCRATCH[lex].pop()
+    except (KeyError, IndexError):
+        n = len(lex.term_index)
+        return np.full(n, -1, np.int64), np.zeros(n, np.int32)
+
+
+# ------------------------------------------------------------------------------- neural
+
+def _dense(snapshot, queries, qptr, seg, rows, X) -> None:
+    """Cosine of each candidate with the query and with its query's pseudo-relevant centroid
+    (the mean embedding of the first ``schema.PRF_DOCS`` candidates in fused order)."""
+    if len(snapshot.segments) == 1:
+        vecs = snapshot.segments[0].indexes["dense"].vectors(rows)
+    else:
+        vecs = None
+        for s in np.unique(seg).tolist():
+            sel = np.flatnonzero(seg == s)
+            v = snapshot.segments[s].indexes["dense"].vectors(rows[sel])
+            if vecs is None:
+                vecs = np.empty((len(rows), v.shape[1]), np.float32)
+            vecs[sel] = v
+    has_vec = np.array([getattr(q, "vector", None) is not None for q in queries])
+    qv = np.zeros((len(queries), vecs.shape[1]), np.float32)
+    for i, q in enumerate(queries):
+        if has_vec[i]:
+            qv[i] = q.vector
+    window.dense_features(np.ascontiguousarray(vecs, np.float32), qptr, qv, has_vec,
+                           schema.PRF_DOCS, _COL["dense_cos"], _COL["dense_prf_cos"], X)
+
+
+# ------------------------------------------------------------------------------- fusion
+
+def _fusion(keys, stage_lists, stage_names, qptr, X) -> None:
+    rrf = np.zeros(len(keys))
+    for s, name in enumerate(stage_names):
+        scores = np.stack([lists[s][0] for lists in stage_lists]).astype(np.float32, copy=False)
+        skeys = np.stack([lists[s][1] for lists in stage_lists]).astype(np.int64, copy=False)
+        cols = (_COL[f"{name}_rank"], _COL[f"{name}_score"]) if name in schema.STAGES else (-1, -1)
+        window.stage_features(keys, qptr, skeys, scores, cols[0], cols[1], float(schema.RRF_K),
+                               rrf, X)
+    X[:, _COL["rrf"]] = rrf
+    X[:, _COL["fused_rank"]] = np.arange(len(keys)) - np.repeat(qptr[:-1], np.diff(qptr)) + 1

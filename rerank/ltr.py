@@ -1,0 +1,145 @@
+"""A trained ranker: a LightGBM model plus the feature schema and transform it was trained on.
+
+Files (a collection artifact ``ranker-<name>``, or the shipped ``models/general``):
+``ranker[.<hash>].txt`` (LightGBM text model) and ``ranker[.<hash>].json`` (metadata: format,
+feature schema version and names, transform, training summary). The hash in the names makes a
+retrained model a new set of files, so caches keyed by file names never serve a stale model.
+
+Transforms turn the schema's feature matrix into the model's input:
+- ``raw``: as computed;
+- ``raw+query``: the raw features followed by copies of the collection-scaled scores
+  (``schema.SCALED``) min-max normalized within each query's window (``<name>@q``): the
+  default of collection rankers;
+- ``general``: ``schema.GENERAL`` features as ranks within the query's window (see
+  ``schema``): what the general ranker, trained on several collections, sees.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from polyindex.errors import Corrupt, InvalidArgument
+from polyindex.rerank import schema, window
+from polyindex.rerank.forest import Forest
+
+FORMAT = 1
+TRANSFORMS = ("raw", "raw+query", "general")
+_SCALED = np.array([schema.INDEX[n] for n in schema.SCALED])
+_GENERAL = np.array([schema.INDEX[n] for n in schema.GENERAL])
+_GENERAL_RANKED = np.array([i for i, n in enumerate(schema.GENERAL)
+                            if n not in schema.GENERAL_AS_IS])
+
+
+def model_names(transform: str) -> list[str]:
+    if transform == "raw":
+        return list(schema.NAMES)
+    if transform == "general":
+        return list(schema.GENERAL)
+    if transform == "raw+query":
+        return list(schema.NAMES) + [f"{n}@q" for n in schema.SCALED]
+    raise InvalidArgument(f"unknown feature transform {transform!r}; known: {', '.join(TRANSFORMS)}")
+
+
+def query_minmax(a: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+    """Min-max normalize each column within each query's rows (NaN stays NaN; a column
+    constant within a query becomes 0)."""
+    counts = np.diff(qptr)
+    nz = counts > 0
+    if not len(a) or not nz.any():
+        return a.copy()
+    starts = qptr[:-1][nz]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lo = np.repeat(np.fmin.reduceat(a, starts, axis=0), counts[nz], axis=0)
+        hi = np.repeat(np.fmax.reduceat(a, starts, axis=0), counts[nz], axis=0)
+        span = hi - lo
+        out = np.where(span > 0, (a - lo) / np.where(span > 0, span, 1), 0)
+    out[np.isnan(a)] = np.nan
+    return out.astype(np.float32, copy=False)
+
+
+def transform(kind: str, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+    if kind == "raw":
+        return X
+    if kind == "raw+query":
+        return np.hstack([X, query_minmax(X[:, _SCALED], qptr)])
+    Xg = X[:, _GENERAL]
+    ranked = Xg[:, _GENERAL_RANKED]
+    out = np.empty(ranked.shape, np.float32)
+    window.query_ranks(ranked, qptr, out)
+    Xg[:, _GENERAL_RANKED] = out
+    return Xg
+
+
+class Ranker:
+    def __init__(self, booster, meta: dict, what: str = "ranker"):
+        if meta.get("format") != FORMAT:
+            raise Corrupt(f"{what}: unknown ranker file format {meta.get('format')!r} "
+                          f"(this polyindex reads {FORMAT})")
+        schema.check(meta.get("schema_version"), meta.get("features", ()), what=what)
+        self.booster, self.meta, self.what = booster, meta, what
+        self.forest = Forest(booster.model_to_string())
+        prior = meta.get("prior") or {}
+        self.prior_weight = float(prior.get("weight", 0.0))
+        self.prior_col = schema.INDEX.get(prior.get("feature", "rrf"))
+        if self.prior_weight and self.prior_col is None:
+            raise Corrupt(f"{what}: prior feature {prior.get('feature')!r} is not in the schema")
+        self.transform = meta.get("transform", "raw")
+        self.names = model_names(self.transform)
+        if booster.num_feature() != len(self.names):
+            raise Corrupt(f"{what}: the model has {booster.num_feature()} features, its "
+                          f"metadata describes {len(self.names)}")
+
+    def inputs(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+        return transform(self.transform, X, qptr)
+
+    def prior(self, X: np.ndarray) -> np.ndarray:
+        """The score boosting started from (``init_score`` at training): weight x a feature."""
+        if not self.prior_weight:
+            return np.zeros(len(X))
+        return self.prior_weight * X[:, self.prior_col].astype(np.float64)
+
+    def predict(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+        """Model scores of schema feature rows (queries' rows delimited by ``qptr``)."""
+        # numba tree walk: equal to booster.predict (tests), several times faster on a window
+        return self.forest.predict(self.inputs(X, qptr)) + self.prior(X)
+
+    def contributions(self, X: np.ndarray, qptr: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Names and (n, names) contributions: per model feature (LightGBM pred_contrib, SHAP),
+        ``bias`` (the trees' expected value) and ``prior``; a row sums to its score."""
+        c = self.booster.predict(self.inputs(X, qptr), pred_contrib=True, num_threads=1)
+        return self.names + ["bias", "prior"], np.hstack([c, self.prior(X)[:, None]])
+
+    # -- files ---------------------------------------------------------------------------
+    def save(self, folder: Path, stem: str = "ranker", hashed: bool = True) -> list[str]:
+        text = self.booster.model_to_string()
+        meta = json.dumps(self.meta, indent=1, sort_keys=True)
+        if hashed:
+            stem = f"{stem}.{hashlib.sha1((text + meta).encode()).hexdigest()[:12]}"
+        (folder / f"{stem}.txt").write_text(text)
+        (folder / f"{stem}.json").write_text(meta + "\n")
+        return [f"{stem}.txt", f"{stem}.json"]
+
+    @classmethod
+    def load(cls, folder: Path, files: list[str], what: str) -> "Ranker":
+        import lightgbm as lgb
+        model = [f for f in files if f.endswith(".txt")]
+        meta = [f for f in files if f.endswith(".json")]
+        if len(model) != 1 or len(meta) != 1:
+            raise Corrupt(f"{what}: expected one .txt model and one .json metadata file, "
+                          f"got {files}")
+        try:
+            meta_data = json.loads((folder / meta[0]).read_text())
+            booster = lgb.Booster(model_str=(folder / model[0]).read_text())
+        except (OSError, ValueError, lgb.basic.LightGBMError) as e:
+            raise Corrupt(f"{what}: cannot read {folder}: {e}") from None
+        return cls(booster, meta_data, what)
+
+
+def new_meta(transform: str, prior_weight: float = 0.0, **summary) -> dict:
+    model_names(transform)  # validates
+    return {"format": FORMAT, "schema_version": schema.VERSION, "features": list(schema.NAMES),
+            "transform": transform, "prior": {"feature": "rrf", "weight": float(prior_weight)},
+            **summary}

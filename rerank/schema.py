@@ -1,0 +1,90 @@
+"""The rerank feature schema: feature names, their order and version, and the scorer constants.
+
+Every trained ranker stores the schema version and names it was trained with; a model is only
+served when both match what this module computes (``check``). Change any name, order, formula
+or constant below -> bump ``VERSION`` (old models are then refused with a clear message).
+
+Lexical features are computed per field: ``title``, ``body`` (the text) and ``all`` (title and
+text as the lexical index sees them). Missing values are NaN, never zero: a stage that did not
+retrieve a document, a dense score without a dense index, the window of a document with no
+query term, statistics of an empty set.
+"""
+from __future__ import annotations
+
+from polyindex.errors import InvalidArgument
+
+VERSION = 1
+
+FIELDS = ("title", "body", "all")
+
+# BM25 (k1, b) settings, Dirichlet mu values and the Jelinek-Mercer lambda of the lexical features.
+BM25_SETTINGS = ((1.2, 0.75), (0.9, 0.4))
+DIRICHLET_MU = (100.0, 1000.0)
+JM_LAMBDA = 0.4
+RRF_K = 60
+
+# Per field, in the order the numba kernel writes them (``kernels.FIELD_FEATURES`` slots).
+PER_FIELD = (
+    "bm25_k1.2_b0.75",   # BM25, Lucene idf, field length normalization
+    "bm25_k0.9_b0.4",
+    "tfidf_cos",         # cosine of (1 + log tf) x idf vectors, query vs document field
+    "ql_dir_mu100",      # query likelihood, Dirichlet smoothing (sum of log probabilities)
+    "ql_dir_mu1000",
+    "ql_jm_l0.4",        # query likelihood, Jelinek-Mercer smoothing
+    "matched",           # distinct query terms present
+    "matched_frac",      # ... over the distinct query terms
+    "idf_sum",           # idf of the matched terms: sum, mean, max, min
+    "idf_mean",
+    "idf_max",
+    "idf_min",
+    "idf_frac",          # matched idf over the idf of all query terms
+    "tf_sum",            # term frequency of the matched terms: sum, max
+    "tf_max",
+    "length",            # field length in analyzed terms
+    "length_norm",       # ... over the collection's average field length
+    "min_window",        # shortest span holding every matched query term (proximity)
+    "bigrams",           # positions where a query bigram occurs as adjacent terms
+    "phrase",            # occurrences of the whole query as a phrase (NaN for 1-term queries)
+)
+
+QUERY = ("q_terms", "q_distinct", "q_idf_sum")  # per query, repeated on its candidates
+NEURAL = ("dense_cos",      # query embedding . stored document embedding
+          "dense_prf_cos")  # ... . mean embedding of the first PRF_DOCS candidates (fused order)
+PRF_DOCS = 10
+STAGES = ("lexical", "dense")                     # retrievers whose rank and score are features
+FUSION = tuple(f"{s}_{w}" for s in STAGES for w in ("rank", "score")) + ("rrf", "fused_rank")
+
+NAMES: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in PER_FIELD)
+                          + QUERY + NEURAL + FUSION)
+INDEX = {n: i for i, n in enumerate(NAMES)}
+
+# Scores whose scale depends on the collection (document count, lengths, the retrievers): the
+# "raw+query" transform adds them min-max normalized within each query's candidate window.
+_SCALED_PER_FIELD = ("bm25_k1.2_b0.75", "bm25_k0.9_b0.4", "ql_dir_mu100", "ql_dir_mu1000",
+                     "ql_jm_l0.4", "idf_sum", "idf_mean", "idf_max", "idf_min", "tf_sum",
+                     "tf_max", "length", "min_window")
+SCALED: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in _SCALED_PER_FIELD)
+                           + ("dense_cos", "dense_prf_cos", "lexical_score", "dense_score", "rrf"))
+# The general ranker (trained on several collections, shipped) sees only what transfers across
+# them (leave-one-collection-out, bench_ltr): the "all" field's lexical features, the neural
+# and the fusion features, each as its rank in the query's window (its position, as a fraction
+# of the window, in the window sorted by that feature, ties in fused order), except ranks and
+# fractions that are already comparable.
+GENERAL = tuple(n for n in NAMES if n.startswith("all.")) + NEURAL + FUSION
+GENERAL_AS_IS = ("all.tfidf_cos", "all.matched_frac", "all.idf_frac", "lexical_rank",
+                 "dense_rank", "fused_rank")
+
+
+def describe() -> dict:
+    return {"version": VERSION, "names": list(NAMES)}
+
+
+def check(version, names, *, what: str) -> None:
+    """Refuse a model trained on another feature schema, with a message that says what to do."""
+    if version != VERSION:
+        raise InvalidArgument(
+            f"{what} was trained with feature schema version {version!r}, but this polyindex "
+            f"computes version {VERSION}; retrain it with `polyindex train-ranker`")
+    if list(names) != list(NAMES):
+        raise InvalidArgument(f"{what}: its feature names do not match feature schema version "
+                              f"{VERSION} (the model files are inconsistent); retrain it")

@@ -1,0 +1,135 @@
+"""Collection-wide per-field statistics for the rerank features, computed once per snapshot.
+
+Fields are ``title``, ``body`` and ``all`` (title + text, what the lexical index scores). From
+each segment's forward index (``lexical.forward.arrow``: each row's term ids in order, title
+first) we count, over live rows, per term and field: document frequency and collection term
+frequency, plus total field lengths. Sealed segments without tombstones keep their counts for
+the life of the process (they never change); the collection-wide sums (and from them idf and
+collection probabilities per segment-local term id) live in the snapshot's cache, so scores do
+not depend on how documents fell into segments.
+
+Segments built before the forward index existed get one built in memory from their documents
+(same analyzer, so the same term ids), once per process.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from polyindex.rerank import kernels
+
+CACHE_KEY = "rerank:fields"
+_FORWARD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> arrays
+_COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical seg -> unmasked counts
+
+
+def forward_index(opened) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row offsets int64, title_len int32, term ids int32) of an opened segment."""
+    lex = opened.indexes["lexical"]
+    fwd = getattr(lex, "forward", None)
+    if fwd is not None:
+        return fwd
+    fwd = _FORWARD.get(lex)
+    if fwd is None:
+        fwd = _FORWARD[lex] = _build_forward(opened.docs.table, lex.term_index)
+    return fwd
+
+
+def _build_forward(table: pa.Table, term_index: dict) -> tuple:
+    from polyindex.index.lexical import _ANALYZER  # the analyzer the index was built with
+    titles = table.column("title").to_pylist()
+    texts = table.column("text").to_pylist()
+    docs = _ANALYZER.analyze_many(f"{ti or ''} {te or ''}" for ti, te in zip(titles, texts))
+    title_len = np.fromiter(map(len, _ANALYZER.analyze_many(t or "" for t in titles)), np.int32,
+                            count=len(titles))
+    get = term_index.get
+    ids = np.fromiter((get(t, -1) for terms in docs for t in terms), np.int32)
+    row_ptr = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    if len(ids) and ids.min() < 0:  # cannot happen with the index's own analyzer
+        raise RuntimeError("lexical forward index: a document term is missing from the vocabulary")
+    return row_ptr, title_len, ids
+
+
+@dataclass
+class FieldStats:
+    """One snapshot's statistics: per segment, idf and collection probability of every
+    segment-local term id, per field (rows: title, body, all)."""
+
+    n_docs: int
+    total_len: np.ndarray            # (3,) float64, field lengths summed over live rows
+    avg_len: np.ndarray              # (3,) float64
+    idf: list[np.ndarray]            # per segment (3, n_terms) float32
+    p_coll: list[np.ndarray]         # per segment (3, n_terms) float32, cf / total_len
+    norms: list[np.ndarray]          # per segment (3, n_rows) float32, tf-idf norms (NaN = not yet)
+    terms: dict = field(default_factory=dict)  # term -> ((3,) idf, (3,) p_coll), query terms
+
+    def term_stats(self, term: str, segments) -> tuple[np.ndarray, np.ndarray]:
+        got = self.terms.get(term)
+        if got is None:
+            got = (self._idf_of_df(np.zeros(3)), np.zeros(3, np.float32))  # in no live row
+            for s, seg in enumerate(segments):
+                tid = seg.indexes["lexical"].term_index.get(term)
+                if tid is not None:
+                    got = (self.idf[s][:, tid], self.p_coll[s][:, tid])
+                    break
+            self.terms[term] = got
+        return got
+
+    def _idf_of_df(self, df: np.ndarray) -> np.ndarray:
+        return np.log1p((self.n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+
+def field_stats(snapshot) -> FieldStats:
+    """The snapshot's field statistics, computed on first use and cached with the snapshot."""
+    cache = snapshot.cache.setdefault("lexical", {})
+    stats = cache.get(CACHE_KEY)
+    if stats is None:
+        stats = cache[CACHE_KEY] = _compute(snapshot)
+    return stats
+
+
+def _local_counts(opened, live):
+    lex = opened.indexes["lexical"]
+    if live is None and lex in _COUNTS:
+        return _COUNTS[lex]
+    row_ptr, title_len, ids = forward_index(opened)
+    n_terms = len(lex.term_index)
+    has_live = live is not None
+    counts = kernels.field_counts(row_ptr, title_len, ids, n_terms, has_live,
+                                  live if has_live else np.ones(0, np.bool_))
+    if not has_live:
+        _COUNTS[lex] = counts
+    return counts
+
+
+def _compute(snapshot) -> FieldStats:
+    segs = snapshot.segments
+    local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
+    n_docs = int(sum(c[3] for c in local))
+    total = np.sum([c[2] for c in local], axis=0) if local else np.zeros(3)
+    if len(local) == 1:
+        per_seg = [(local[0][0], local[0][1])]
+    else:  # sum each term's counts over segments by term string (segment term ids differ)
+        vocabs = [pa.array(list(s.indexes["lexical"].term_index), pa.string()) for s in segs]
+        uniq = pc.unique(pa.chunked_array(vocabs, pa.string()))
+        gids = [pc.index_in(v, value_set=uniq).to_numpy(zero_copy_only=False) for v in vocabs]
+        df = np.zeros((3, len(uniq)), np.float64)
+        cf = np.zeros((3, len(uniq)), np.float64)
+        for g, (ldf, lcf, _, _) in zip(gids, local):
+            for f in range(3):
+                df[f] += np.bincount(g, weights=ldf[f], minlength=len(uniq))
+                cf[f] += np.bincount(g, weights=lcf[f], minlength=len(uniq))
+        per_seg = [(df[:, g], cf[:, g]) for g in gids]
+    avg = np.where(total > 0, total / max(n_docs, 1), 1.0)
+    idf, p_coll, norms = [], [], []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for (df, cf), s in zip(per_seg, segs):
+            idf.append(np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32))
+            p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
+            p_coll.append(p.astype(np.float32))
+            norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
+    return FieldStats(n_docs, total.astype(np.float64), avg.astype(np.float64), idf, p_coll, norms)

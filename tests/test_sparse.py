@@ -1,0 +1,253 @@
+"""The sparse kind: numba scoring vs scipy, MaxScore vs exhaustive, the projector (save/load,
+determinism), factory strings, and the kind end to end in a small collection."""
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import polyindex
+from polyindex import Corrupt, InvalidArgument
+from polyindex.index import postings
+from polyindex.index.protocol import BuildBatch, Query, from_factory
+from polyindex.index.sparse import SparseKind
+from polyindex.index.sparse_projector import Projector, TrainConfig, train
+from polyindex.segment import write_docs
+from polyindex.sources import Document
+
+LUT = postings.half_lut()
+
+
+def unit(n, d=32, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def codes(n, dim, k, seed, skew=1.3):
+    """Random k-sparse rows with Zipf-skewed latent use (like a trained projector's)."""
+    rng = np.random.default_rng(seed)
+    p = rng.zipf(skew, size=dim).astype(float)
+    p /= p.sum()
+    gumbel = np.log(p).astype(np.float32) - np.log(-np.log(rng.random((n, dim), np.float32) * 0.999 + 1e-6))
+    dims = np.argpartition(-gumbel, k, axis=1)[:, :k]  # weighted sampling without replacement
+    vals = np.maximum(rng.random((n, k)) ** 3, 1e-3).astype(np.float16)  # peaked, like TopK
+    return dims, vals
+
+
+def index_of(dims, vals, dim):
+    n, k = dims.shape
+    off, docs, w = postings.build_csr(dims.ravel(), np.repeat(np.arange(n), k), vals.ravel(), dim)
+    maxw = np.zeros(dim, np.float32)
+    nz = np.diff(off) > 0
+    maxw[nz] = np.maximum.reduceat(w.astype(np.float32), off[:-1][nz])
+    mat = sp.csr_matrix((vals.ravel().astype(np.float32), dims.ravel(),
+                         np.arange(0, n * k + 1, k)), shape=(n, dim))
+    return off, docs, w.astype(np.float16).view(np.uint16), maxw, mat
+
+
+def queries(nq, dim, kq, seed):
+    dims, vals = codes(nq, dim, kq, seed)
+    vals = vals.astype(np.float64)
+    order = np.argsort(-vals, 1, kind="stable")  # the kind sends terms by weight, descending
+    dims, vals = np.take_along_axis(dims, order, 1), np.take_along_axis(vals, order, 1)
+    ptr = np.arange(0, nq * kq + 1, kq, dtype=np.int64)
+    mat = sp.csr_matrix((vals.ravel(), dims.ravel(), ptr), shape=(nq, dim))
+    return ptr, dims.ravel().astype(np.int64), vals.ravel(), mat
+
+
+def search(kernel, index, q, k, binary=False, allow=None):
+    off, docs, w, maxw, _ = index
+    ptr, terms, weights, _ = q
+    vals = np.zeros(0, np.uint16) if binary else w
+    weights = np.ones_like(weights) if binary else weights
+    counts = np.zeros(len(ptr) - 1, np.int64)
+    head = (off, docs, vals, LUT) + ((maxw,) if kernel is postings.maxscore_search else ())
+    args = (*head, binary, ptr, terms, weights, counts)
+    s, r = postings.run_search(kernel, args, postings.BufferPool(int(docs.max()) + 1 if len(docs) else 0),
+                               len(ptr) - 1, k, allow)
+    return s, r, counts
+
+
+def reference_topk(scores, k, allow=None):
+    """Top-k of a dense score matrix over rows with a score > 0 (matched), ties by row id."""
+    out_s = np.full((len(scores), k), -np.inf, np.float32)
+    out_r = np.full((len(scores), k), -1, np.int64)
+    for q, row in enumerate(scores):
+        ok = (row > 0) if allow is None else ((row > 0) & allow)
+        cand = np.flatnonzero(ok)
+        order = cand[np.lexsort((cand, -row[cand]))][:k]
+        out_s[q, :len(order)], out_r[q, :len(order)] = row[order], order
+    return out_s, out_r
+
+
+def test_half_lut_is_exact():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = np.isfinite(bits.view(np.float16))
+    assert np.array_equal(LUT[finite], bits.view(np.float16)[finite].astype(np.float32))
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_numba_scorer_equals_scipy(binary):
+    n, dim = 3000, 4096
+    index = index_of(*codes(n, dim, 24, seed=1), dim)
+    q = queries(16, dim, 24, seed=2)
+    mat, qmat = index[4], q[3]
+    if binary:
+        mat, qmat = (mat > 0).astype(np.float64), (qmat > 0).astype(np.float64)
+    ref = (qmat @ mat.T).toarray()
+    allow = np.random.default_rng(3).random(n) < 0.7
+    for a in (None, allow):
+        s, r, _ = search(postings.sparse_search, index, q, 20, binary, a)
+        ref_s, ref_r = reference_topk(ref, 20, a)
+        assert np.allclose(s, ref_s, rtol=1e-5, atol=1e-6)
+        if binary:  # integer scores: the order (ties by row id) is fully determined
+            assert np.array_equal(r, ref_r)
+        else:
+            assert (r == ref_r).mean() > 0.99  # float32 vs float64 sums may swap near-ties
+        # score(): the same arithmetic as search, so exactly the same values
+        out = np.empty((len(q[0]) - 1, 20), np.float32)
+        weights = np.ones_like(q[2]) if binary else q[2]
+        vals = np.zeros(0, np.uint16) if binary else index[2]
+        for qi in range(len(q[0]) - 1):
+            lo, hi = q[0][qi], q[0][qi + 1]
+            postings.sparse_score_rows(index[0], index[1], vals, LUT, binary, n,
+                                       np.array([0, hi - lo]), q[1][lo:hi], weights[lo:hi],
+                                       r[qi], out[qi:qi + 1])
+        assert np.array_equal(np.where(r >= 0, out, -np.inf), s)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("k", [1, 10, 100, 5000])
+def test_pruned_equals_exhaustive(binary, k):
+    n, dim = 4000, 4096
+    for seed in range(3):
+        index = index_of(*codes(n, dim, 32, seed=seed, skew=1.1 + 0.2 * seed), dim)
+        q = queries(12, dim, 48, seed=10 + seed)
+        allow = np.random.default_rng(seed).random(n) < 0.5
+        for a in (None, allow):
+            s1, r1, c1 = search(postings.sparse_search, index, q, k, binary, a)
+            s2, r2, c2 = search(postings.maxscore_search, index, q, k, binary, a)
+            assert np.array_equal(r1, r2) and np.array_equal(s1, s2)
+            assert (c2 <= c1).all()
+    if k == 10 and not binary:
+        assert c2.sum() < c1.sum()  # the pruning does prune
+
+
+def test_projector_save_load_and_determinism(tmp_path):
+    x = unit(400, d=32, seed=4)
+    cfg = lambda seed: TrainConfig(dim=4096, ks=(8, 16, 32), seed=seed, epochs=1, threads=1)
+    p1, p2, p3 = train(x, cfg(7)), train(x, cfg(7)), train(x, cfg(8))
+    assert np.array_equal(p1.w_enc, p2.w_enc) and np.array_equal(p1.bias, p2.bias)
+    assert not np.array_equal(p1.w_enc, p3.w_enc)
+    files = p1.save(tmp_path)
+    assert sorted(files) == sorted(p.name for p in tmp_path.iterdir())
+    loaded = Projector.load(tmp_path)
+    q = unit(50, d=32, seed=5)
+    for k in (8, 16, 40):
+        v1, d1 = p1.encode(q, k)
+        v2, d2 = loaded.encode(q, k)
+        assert np.array_equal(v1, v2) and np.array_equal(d1, d2)
+        assert v1.shape == (50, k) and (np.diff(v1, axis=1) <= 0).all() and (v1 >= 0).all()
+        assert all(len(set(row)) == k for row in d1)
+    assert loaded.meta["dim"] == 4096 and loaded.meta["ks"] == [8, 16, 32]
+
+
+def test_factory_strings():
+    kind = from_factory("sparse:UHD16384,k=64")
+    assert isinstance(kind, SparseKind) and kind.describe() == "sparse:UHD16384,k=64"
+    assert (kind.dim, kind.k, kind.k_query, kind.binary) == (16384, 64, 64, False)
+    kind = from_factory("sparse:UHD4096,k=16,binary,k_query=32,seed=3,epochs=5")
+    assert kind.describe() == "sparse:UHD4096,k=16,binary,k_query=32,seed=3,epochs=5"
+    assert from_factory(kind.describe()).describe() == kind.describe()
+    assert from_factory("sparse").describe() == "sparse:UHD16384,k=64"
+    for bad in ("sparse:UHD100,k=4", "sparse:UHD70000", "sparse:XYZ", "sparse:UHD4096,k=0",
+                "sparse:UHD4096,k=abc", "sparse:UHD4096,foo=1", "sparse:UHD4096,epochs=0"):
+        with pytest.raises(InvalidArgument):
+            from_factory(bad)
+
+
+def test_kind_build_open_search(tmp_path):
+    x, q = unit(600, seed=6), unit(5, seed=7)
+    kind = from_factory("sparse:UHD4096,k=16,epochs=1")
+    assert kind.needs_training()
+    batch = BuildBatch([str(i) for i in range(600)], [""] * 600, ["t"] * 600, x)
+    write_docs(tmp_path, [Document(str(i), "", "t", {}) for i in range(600)], {}, x)  # for rescore
+    kind.train(batch)
+    assert kind.needs_training()  # trained, not yet saved
+    (tmp_path / "art").mkdir()
+    assert kind.save_artifacts(tmp_path / "art") and not kind.needs_training()
+    info = kind.build(batch, tmp_path)
+    assert info["n_rows"] == 600 and 0 < info["n_postings"] <= 600 * 16
+    seg = kind.open(tmp_path, info)
+    prepared = kind.prepare([Query(vector=v) for v in q], [seg], [None], {}, {})
+    s, r = seg.search(prepared, 10, {}, None)
+    assert s.shape == (5, 10) and (np.diff(s, axis=1) <= 0).all()
+    assert np.allclose(seg.score(prepared, r[0])[0], s[0])
+    exh = kind.prepare([Query(vector=v) for v in q], [seg], [None], {"prune": "0", "k": "8"}, {})
+    s8, r8 = seg.search(exh, 10, {}, None)
+    assert (np.diff(exh.ptr) <= 8).all() and exh.touched.sum() > 0
+    resc = kind.prepare([Query(vector=v) for v in q], [seg], [None], {"rescore": "50"}, {})
+    sr, rr = seg.search(resc, 10, {}, None)
+    assert np.allclose(sr, np.take_along_axis(q @ x.T, rr, 1), atol=1e-5)
+    other = from_factory("sparse:UHD8192,k=16")
+    with pytest.raises(Corrupt):
+        other.load_artifacts(tmp_path / "art")
+    with pytest.raises(InvalidArgument):
+        kind.prepare([Query(vector=v) for v in q], [seg], [None], {"bogus": "1"}, {})
+    with pytest.raises(InvalidArgument):
+        kind.prepare([Query(vector=np.ones(7, np.float32))], [seg], [None], {}, {})
+
+
+DOCS = [
+    {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed."},
+    {"_id": "heat", "title": "Heat transfer", "text": "Heat transfer to a blunt body in hypersonic flow."},
+    {"_id": "cake", "title": "Chocolate cake", "text": "Bake the chocolate cake for forty minutes with butter and sugar."},
+    {"_id": "pasta", "title": "Pasta", "text": "Boil the spaghetti in salted water, add tomato sauce."},
+    {"_id": "soccer", "title": "Football", "text": "The striker scored a late goal in the cup final."},
+    {"_id": "chess", "title": "Chess openings", "text": "The Sicilian defence is a sharp reply to the king pawn opening."},
+]
+
+
+def test_end_to_end_collection(tmp_path, corpus):
+    eng = polyindex.open(tmp_path)
+    coll = eng.create_collection("s", ["lexical", "dense", "sparse:UHD4096,k=16,epochs=2"])
+    filler = corpus.make(tmp_path / "filler.jsonl", 150, seed=1, dup_frac=0.0, words=12)
+    coll.add(filler + DOCS[:3])  # the first segment trains the projector
+    coll.add(DOCS[3:])
+    assert {"sparse", "hybrid-sparse", "hybrid"} <= set(coll.profiles())
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["artifacts"]["sparse"] and (tmp_path / "s" / "artifacts" / "sparse").is_dir()
+    hits = coll.query("chocolate cake with butter", profile="sparse", k=5)
+    assert hits and len(hits) <= 5
+    mixed = coll.query("chocolate cake with butter", profile="hybrid-sparse", k=5)
+    assert mixed[0].id == "cake"
+    # a document's own embedding finds it first (rescoring the sparse candidates exactly)
+    vec = coll.encoder.encode(["Chess openings The Sicilian defence is a sharp reply to the "
+                               "king pawn opening."])[0]
+    top = coll.query(vector=vec, k=1, profile={"retrieve": [
+        {"index": "sparse", "k": 1, "params": "rescore=20"}]})
+    assert top[0].id == "chess"
+    # reopened: the projector comes back from the artifacts, results are identical
+    again = polyindex.open(tmp_path).collection("s")
+    assert [h.id for h in again.query("chocolate cake with butter", profile="sparse", k=5)] == \
+        [h.id for h in hits]
+
+
+def test_online_writes_train_then_save_the_projector(tmp_path):
+    """A buffer segment built before any seal trains the projector; the seal saves that same
+    projector, so buffered and sealed results agree and survive a reopen."""
+    polyindex.open(tmp_path).create_collection("o", ["dense", "sparse:UHD4096,k=16,epochs=1"])
+    eng = polyindex.open(tmp_path, online=True)
+    coll = eng.collection("o")
+    docs = [{"_id": f"d{i}", "title": "", "text": f"note {i} on subject {i % 7}"} for i in range(40)]
+    coll.add(docs[:25])
+    before = [h.id for h in coll.query("subject 3", profile="sparse", k=5)]
+    coll.add(docs[25:])
+    coll.seal()
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["artifacts"]["sparse"]
+    after = [h.id for h in coll.query("subject 3", profile="sparse", k=5)]
+    eng.close()
+    again = [h.id for h in polyindex.open(tmp_path).collection("o").query(
+        "subject 3", profile="sparse", k=5)]
+    assert before and after == again
