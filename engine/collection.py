@@ -93,6 +93,9 @@ class Collection:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._snapshot is None or stamp != self._stamp:
                 manifest = load_manifest(self.folder)
+                if manifest.config.profiles != self.config.profiles:  # e.g. train-ranker elsewhere
+                    self.config = manifest.config
+                    self._profiles.clear()
                 for name, kind in self.kinds.items():
                     if manifest.artifacts.get(name) and kind.needs_training():
                         kind.load_artifacts(self.folder / "artifacts" / name)

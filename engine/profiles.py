@@ -25,6 +25,12 @@ HYBRID_SPARSE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "sparse
                  "fuse": {"method": "rrf", "k": 60}}
 
 
+# The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
+# its own ranker named "general".
+LTR = {"retrieve": HYBRID["retrieve"], "fuse": HYBRID["fuse"],
+       "rerank": {"model": "general", "window": 100}}
+
+
 @dataclass
 class Stage:
     index: str
@@ -87,6 +93,7 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
     out = {kind: {"retrieve": [{"index": kind, "k": SINGLE_STAGE_K}]} for kind in kinds}
     if "lexical" in kinds and "dense" in kinds:
         out["hybrid"] = HYBRID
+        out["ltr"] = LTR
     if "lexical" in kinds and "sparse" in kinds:
         out["hybrid-sparse"] = HYBRID_SPARSE
     return out

@@ -46,9 +46,14 @@ class Forest:
         thr = np.concatenate(thr) if thr else np.zeros(0)
         default_left = (cat >> 1) & 1 == 1
         missing = (cat >> 2) & 3  # 0 None, 1 Zero, 2 NaN
-        self.roots = np.asarray(roots, np.int64)
-        self.feat, self.thr = feat, thr
-        self.child = np.empty(2 * len(feat), np.int64)  # [left, right] of each node
+        self.roots = np.asarray(roots, np.int32)
+        self.feat = feat.astype(np.int32)
+        # Features are float32, so x <= thr (LightGBM compares in double) exactly when x <= the
+        # largest float32 <= thr: float32 thresholds halve the nodes' bytes (cache misses).
+        thr32 = thr.astype(np.float32)
+        self.thr = np.where(thr32.astype(np.float64) > thr,
+                            np.nextafter(thr32, np.float32(-np.inf)), thr32).astype(np.float32)
+        self.child = np.empty(2 * len(feat), np.int32)  # [left, right] of each node
         if len(feat):
             self.child[0::2] = np.concatenate(left)
             self.child[1::2] = np.concatenate(right)
@@ -62,6 +67,8 @@ class Forest:
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         out = np.empty(len(X), np.float64)
+        if X.dtype != np.float32:
+            raise TypeError("Forest.predict takes float32 features (the schema's type)")
         _predict(np.ascontiguousarray(X), self.roots, self.feat, self.thr, self.child,
                  self.nan_right, self.zero_missing, self.default_right, self.leaf, out)
         return out
@@ -88,7 +95,7 @@ def _predict(X, roots, feat, thr, child, nan_right, zero_missing, default_right,
     # independent, so the CPU overlaps them, and a tree's nodes stay in cache meanwhile.
     n = X.shape[0]
     out[:] = 0.0
-    cur = np.empty(n, np.int64)
+    cur = np.empty(n, np.int32)
     for t in range(len(roots)):
         r0 = roots[t]
         cur[:] = r0
@@ -98,7 +105,7 @@ def _predict(X, roots, feat, thr, child, nan_right, zero_missing, default_right,
             for i in range(n):
                 node = cur[i]
                 if node >= 0:
-                    x = np.float64(X[i, feat[node]])
+                    x = X[i, feat[node]]
                     if np.isnan(x):
                         right = nan_right[node]
                     elif zero_missing[node] and -_KZERO <= x <= _KZERO:
