@@ -14,10 +14,11 @@ Acceptance target: peak RSS(200k) < 2 x peak RSS(50k) (ingestion memory is bound
 segment, 50,000 documents by default, not by the corpus).
 
 Usage: ``python bench/bench_memory.py [--sizes 50000,200000] [--fresh] [--index FACTORY ...]
-[--segment-size N] [--tag TAG]`` (``--fresh`` regenerates the synthetic corpora; the index is
-always built from scratch, in a data directory of its own per process; ``--index`` and
-``--segment-size`` are passed to ``polyindex index``; ``--tag`` writes
-``bench/results/bench_memory_<TAG>.json``).
+[--segment-size N] [--tag TAG] [--threads N]``. ``--fresh`` regenerates the synthetic
+corpora; the index is always built from scratch, in a data directory of its own per process;
+``--index`` and ``--segment-size`` are passed to ``polyindex index``; ``--tag`` writes
+``bench/results/bench_memory_<TAG>.json``; ``--threads`` sets OMP_NUM_THREADS for the
+indexing process.
 """
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def corpus(n: int, fresh: bool) -> Path:
     return path
 
 
-def index_once(n: int, src: Path, indexes: list[str], segment_size: int | None) -> dict:
+def index_once(n: int, src: Path, indexes: list[str], segment_size: int | None,
+               threads: int | None = None) -> dict:
     data = MEM / f"data-{n}-{os.getpid()}"  # per process: concurrent runs must not collide
     shutil.rmtree(data, ignore_errors=True)
     cmd = [*common.polyindex_cmd(), "index", str(src), "--data", str(data), "--collection",
@@ -122,8 +124,11 @@ def index_once(n: int, src: Path, indexes: list[str], segment_size: int | None) 
     if segment_size:
         cmd += ["--segment-size", str(segment_size)]
     console.print(f"[dim]indexing {n:,} docs in a fresh process: {' '.join(cmd[-8:])}[/dim]")
+    env = os.environ.copy()
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op threads in the CLI process
     proc = subprocess.run([sys.executable, "-c", WRAPPER, json.dumps(cmd)], capture_output=True,
-                          text=True)
+                          text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"wrapper failed: {proc.stderr[-2000:]}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,6 +159,10 @@ def main() -> int:
     ap.add_argument("--segment-size", type=int, default=None,
                     help="documents per segment (default: the CLI's, 50,000)")
     ap.add_argument("--tag", default="", help="suffix of the results file name")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for the indexing process (default: unset, torch uses "
+                         "one thread per core); 1 keeps it fast on a machine shared with other "
+                         "busy processes")
     args = ap.parse_args()
     sizes = sorted(int(s) for s in common.parse_list(args.sizes))
     if not sizes:
@@ -162,7 +171,7 @@ def main() -> int:
     paths = {n: corpus(n, args.fresh) for n in sizes}
     runs = []
     for n in sizes:
-        r = index_once(n, paths[n], args.index, args.segment_size)
+        r = index_once(n, paths[n], args.index, args.segment_size, args.threads)
         console.print(f"  {n:,} docs: peak RSS {r['peak_rss_mib']:.0f} MiB, "
                       f"{r['docs_per_s']:.0f} docs/s ({r['wall_s']:.1f} s)")
         runs.append(r)
@@ -183,6 +192,7 @@ def main() -> int:
             verdict(ok)]]))
     common.save_results("bench_memory" + (f"_{args.tag}" if args.tag else ""), {
         "indexes": args.index or ["lexical", "dense"], "segment_size": args.segment_size or 50_000,
+        "omp_num_threads": args.threads,
         "target": "peak_rss(largest) < 2 x peak_rss(smallest)",
         "generator": {"vocab": VOCAB_SIZE, "zipf_s": ZIPF_S, "words": [MIN_WORDS, MAX_WORDS],
                       "seed": SEED},

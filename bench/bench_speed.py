@@ -18,15 +18,17 @@ warm-up pass):
     in-process ``Engine(...).create_collection(name).index(folder)`` into a fresh collection
     (lexical + dense: reading, encoding, lexical build, Arrow/FAISS writes, commit) vs raw
     sentence-transformers ``model.encode(texts, batch_size=64, normalize_embeddings=True)``
-    in bf16 on the same texts; model loading excluded from both. Target: ratio >= 0.85.
+    in bf16 on the same texts; model loading excluded from both, after an untimed warm-up
+    encode of the same texts. Target: ratio >= 0.85.
 
 The engine collection for (a)/(b) is the one bench_quality builds (``bench/.work/engine/npl``,
 built here if missing; ``--fresh`` rebuilds it). Run this when the machine is otherwise idle:
 CPU contention from other processes makes single measurements noisy (the ABBA order and
 medians only reduce that).
 
-Usage: ``python bench/bench_speed.py [--parts a,b,c] [--passes 5] [--index-passes 2]
-[--index-collections npl,nfcorpus] [--fresh]``
+Usage: ``python bench/bench_speed.py [--parts a,b,c] [--passes 5] [--min-time 1.0]
+[--index-passes 3] [--index-collections npl,nfcorpus] [--torch-threads N] [--collection npl]
+[--fresh]``
 """
 from __future__ import annotations
 
@@ -196,13 +198,12 @@ def part_index(names: list[str], passes: int) -> list[dict]:
         data = SPEED / "data"
         shutil.rmtree(data, ignore_errors=True)
         eng = Engine(data)
-        # Warm-up: every padded sequence length once (oneDNN builds kernels per shape) and the
-        # engine's write path once, on a length-stratified sample.
-        by_len = sorted(doc_texts, key=len)
-        sample = by_len[::max(1, n // 1000)]
-        common.st_encode(model, sample)
+        # Warm-up, untimed: one full raw encode of the same texts (oneDNN builds its bf16
+        # kernels per (batch, padded length) shape, once per process, for both sides) and the
+        # engine's write path once on a sample.
+        common.st_encode(model, doc_texts)
         eng.create_collection("warmup").add(
-            [{"_id": str(i), "text": t} for i, t in enumerate(sample[:256])])
+            [{"_id": str(i), "text": t} for i, t in enumerate(doc_texts[:256])])
         eng.drop_collection("warmup")
         counter = [0]
 
@@ -240,16 +241,24 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=5, help="passes per query measurement")
     ap.add_argument("--min-time", type=float, default=1.0,
                     help="seconds per query measurement (repeats the query set)")
-    ap.add_argument("--index-passes", type=int, default=2, help="passes per bulk-index measurement")
+    ap.add_argument("--index-passes", type=int, default=3, help="passes per bulk-index measurement")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads for both sides of (c) (default: torch's own, "
+                         "one per core); 1 is far less sensitive to other busy processes")
     ap.add_argument("--index-collections", default="npl,nfcorpus")
     ap.add_argument("--collection", default=QUERY_COLLECTION,
                     help="collection of parts (a) and (b) (default npl)")
     ap.add_argument("--fresh", action="store_true", help="rebuild the cached engine collection")
     args = ap.parse_args()
     parts = set(common.parse_list(args.parts))
-    console.print(f"data: {common.DATA}; load average at start: {common.machine()['loadavg']}")
+    import torch
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    console.print(f"data: {common.DATA}; load average at start: "
+                  f"{tuple(round(x, 2) for x in common.machine()['loadavg'])}")
     result: dict = {"passes": args.passes, "min_time_s": args.min_time,
-                    "index_passes": args.index_passes, "targets": TARGETS}
+                    "index_passes": args.index_passes, "torch_threads": torch.get_num_threads(),
+                    "targets": TARGETS}
     rows = []
 
     if parts & {"a", "b"}:
@@ -300,8 +309,9 @@ def main() -> int:
                          f"{d['raw_encode']['median']:,.0f} docs/s", f"{r['ratio']:.2f}",
                          "≥ 0.85", verdict(r["ratio"] >= TARGETS["index"])])
 
-    console.print(table(f"speed ratios (engine / reference), median of passes; "
-                        f"load average at end {common.machine()['loadavg']}",
+    console.print(table(f"speed ratios (engine / reference), median of passes; torch threads "
+                        f"{torch.get_num_threads()}; load average at end "
+                        f"{tuple(round(x, 2) for x in common.machine()['loadavg'])}",
                         ["measurement", "engine", "rate", "reference", "rate", "ratio", "target",
                          "result"], rows))
     if "lexical" in result:

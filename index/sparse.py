@@ -273,11 +273,14 @@ class SparseKind(IndexKind):
         if prune == "?":
             raise InvalidArgument(f"sparse: prune must be auto, maxscore (1) or exhaustive (0), "
                                   f"got {params['prune']!r}")
-        if self.projector is None:
-            raise InvalidArgument("sparse: the collection has no trained projector yet "
-                                  "(no documents indexed)")
         if any(q.vector is None for q in queries):
             raise InvalidArgument("the sparse index needs a query vector or query text")
+        if self.projector is None:  # nothing indexed yet: every query matches nothing
+            if any(seg.n_rows for seg in segments):
+                raise Corrupt("sparse: segments exist but the collection has no projector")
+            return SparsePrepared(np.zeros(len(queries) + 1, np.int64), np.zeros(0, np.int64),
+                                  np.zeros(0), np.zeros((len(queries), 0), np.float32),
+                                  prune, rescore, np.zeros(len(queries), np.int64))
         d = self.projector.in_dim
         for i, q in enumerate(queries):
             if q.vector.ndim != 1 or q.vector.shape[0] != d:
@@ -287,7 +290,7 @@ class SparseKind(IndexKind):
         if not np.isfinite(x).all():
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
-        vals, dims = self.projector.encode(x, k_query)  # weight descending per query
+        vals, dims = self.projector.encode(x, k_query, queries=True)  # weight descending
         keep = vals > 0
         ptr = np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int64)
         weights = np.ones(int(ptr[-1])) if self.binary else vals[keep].astype(np.float64)

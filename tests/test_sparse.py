@@ -211,6 +211,7 @@ DOCS = [
 def test_end_to_end_collection(tmp_path, corpus):
     eng = polyindex.open(tmp_path)
     coll = eng.create_collection("s", ["lexical", "dense", "sparse:UHD4096,k=16,epochs=2"])
+    assert coll.query("anything", profile="sparse") == []  # no projector yet: no error
     filler = corpus.make(tmp_path / "filler.jsonl", 150, seed=1, dup_frac=0.0, words=12)
     coll.add(filler + DOCS[:3])  # the first segment trains the projector
     coll.add(DOCS[3:])
