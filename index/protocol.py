@@ -44,6 +44,16 @@ def option(opts: dict[str, str], key: str, cast, default, *, where: str):
 
 
 @dataclass
+class DocTokens:
+    """One document's per-token (or per-patch) embeddings from a token encoder."""
+
+    vectors: np.ndarray  # (n_tokens, d) float16/float32, L2-normalized
+    special: np.ndarray | None = None  # (n_tokens,) bool: [CLS]/[SEP]-like tokens
+    salience: np.ndarray | None = None  # (n_tokens,) float32, e.g. attention received
+    token_ids: np.ndarray | None = None  # (n_tokens,) int32 vocabulary ids (IDF fallback)
+
+
+@dataclass
 class BuildBatch:
     """What a kind gets to build one segment: rows in segment order."""
 
@@ -51,6 +61,7 @@ class BuildBatch:
     titles: Sequence[str]
     texts: Sequence[str]
     embeddings: np.ndarray | None = None  # (n, d) float32, L2-normalized, when the collection encodes
+    tokens: Sequence[DocTokens] | None = None  # per row, when a kind ``needs_tokens``
 
 
 @dataclass
@@ -82,6 +93,9 @@ class IndexKind(ABC):
 
     kind: ClassVar[str]
     needs_embeddings: ClassVar[bool] = False
+    # Per-token embeddings (``BuildBatch.tokens``), from the same forward pass as the dense
+    # embedding; kinds that set it also encode texts themselves when a batch has none.
+    needs_tokens: ClassVar[bool] = False
 
     def __init__(self, body: str):
         self.body = body
