@@ -23,6 +23,9 @@ HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 
           "fuse": {"method": "rrf", "k": 60}}
 HYBRID_SPARSE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "sparse", "k": 100}],
                  "fuse": {"method": "rrf", "k": 60}}
+# ``hybrid-tree``: lexical top-1000 and tree top-100, reciprocal rank fusion (k=60)
+HYBRID_TREE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "tree", "k": 100}],
+               "fuse": {"method": "rrf", "k": 60}}
 
 
 # The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
@@ -96,6 +99,8 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
         out["ltr"] = LTR
     if "lexical" in kinds and "sparse" in kinds:
         out["hybrid-sparse"] = HYBRID_SPARSE
+    if "lexical" in kinds and "tree" in kinds:
+        out["hybrid-tree"] = HYBRID_TREE
     return out
 
 

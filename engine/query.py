@@ -79,8 +79,8 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None, with_text,
-                  None if details is None else details[:k])
-            for (lists, keys, scores), details in zip(per_query, extra)]
+                  None if details is None else details[:k], query)
+            for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
 def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +98,8 @@ def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
     return keys[:keep], scores[:keep]
 
 
-def _hits(snapshot, keys, scores, profile, lists, with_text, details=None) -> list[Hit]:
+def _hits(snapshot, keys, scores, profile, lists, with_text, details=None,
+          query: Query | None = None) -> list[Hit]:
     ids = snapshot.ids_of(keys)
     hits = [Hit(i, s, r) for r, i, s in zip(range(1, len(ids) + 1), ids, scores.tolist())]
     if with_text and hits:
@@ -121,4 +122,21 @@ def _hits(snapshot, keys, scores, profile, lists, with_text, details=None) -> li
             for h, d in zip(hits, details):
                 h.explain["fused"]["score"] = d.get("fused_score")
                 h.explain["rerank"] = d
+        if query is not None and hits:
+            _index_explain(snapshot, profile, query, hits, keys)
     return hits
+
+
+def _index_explain(snapshot, profile, query: Query, hits: list[Hit], keys) -> None:
+    """Retrieve stages whose segment indexes explain hits themselves (an ``explain(prepared,
+    row_ids)`` method, e.g. the tree's root-to-leaf path with node labels) add their account
+    under ``explain["index"][stage index]``, for every hit, retrieved by that stage or not."""
+    seg, rows = snapshot.locate(keys)
+    for st in profile.retrieve:
+        seg_indexes = [s.indexes[st.index] for s in snapshot.segments]
+        if not hasattr(seg_indexes[0], "explain"):
+            continue
+        prepared = snapshot.kinds[st.index].prepare([query], seg_indexes, snapshot.live,
+                                                    st.params, snapshot.cache[st.index])
+        for h, s, r in zip(hits, seg.tolist(), rows.tolist()):
+            h.explain.setdefault("index", {})[st.index] = seg_indexes[s].explain(prepared, [r])[0]
