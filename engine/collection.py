@@ -50,6 +50,7 @@ class Collection:
         for factory in self.config.indexes:
             kind = from_factory(factory)
             kind.device = device
+            kind.model_config = (self.config.model, self.config.dtype)  # for kinds that encode
             kind.load_artifacts(folder / "artifacts" / kind.kind)
             self.kinds[kind.kind] = kind
         self._opened: dict[str, OpenedSegment] = {}
@@ -118,12 +119,23 @@ class Collection:
     def _encode_docs(self, texts, on_batch=None):
         return self.encoder.encode(texts, on_batch=on_batch)
 
+    def _encode_docs_tokens(self, texts, on_batch=None):
+        """(embeddings or None, per-document tokens) from one forward pass of the model."""
+        from polyindex.token_encoder import token_encoder_for
+        salience = any(getattr(k, "wants_salience", False) for k in self.kinds.values())
+        emb, tokens = token_encoder_for(self.encoder).encode_documents(
+            texts, salience=salience, on_batch=on_batch)
+        return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
+
     # -- writes ----------------------------------------------------------------------------
     @contextmanager
     def writer(self):
         with self._lock, writer_lock(self.folder):
             needs = any(k.needs_embeddings for k in self.kinds.values())
-            yield Writer(self.folder, self.kinds, self._encode_docs if needs else None)
+            encode = self._encode_docs if needs else None
+            if any(k.needs_tokens for k in self.kinds.values()):
+                encode = self._encode_docs_tokens
+            yield Writer(self.folder, self.kinds, encode)
 
     def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
               force: bool = False):

@@ -8,7 +8,8 @@ A profile is a dict that round-trips through the manifest::
 
 Every index kind of a collection gets a single-stage profile of its own name; ``hybrid``
 fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60);
-``hybrid-sparse`` fuses lexical top-1000 and sparse top-100 the same way.
+``hybrid-sparse`` fuses lexical top-1000 and sparse top-100 the same way; ``hybrid-mv``
+fuses lexical top-1000, dense top-100 and multivector top-100.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ HYBRID_SPARSE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "sparse
 # ``hybrid-tree``: lexical top-1000 and tree top-100, reciprocal rank fusion (k=60)
 HYBRID_TREE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "tree", "k": 100}],
                "fuse": {"method": "rrf", "k": 60}}
+HYBRID_MV = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100},
+                          {"index": "multivector", "k": 100}],
+             "fuse": {"method": "rrf", "k": 60}}
 
 
 # The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
@@ -101,6 +105,8 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
         out["hybrid-sparse"] = HYBRID_SPARSE
     if "lexical" in kinds and "tree" in kinds:
         out["hybrid-tree"] = HYBRID_TREE
+    if {"lexical", "dense", "multivector"} <= set(kinds):
+        out["hybrid-mv"] = HYBRID_MV
     return out
 
 

@@ -20,24 +20,26 @@ import pyarrow as pa
 from polyindex.encoder import document_text
 from polyindex.errors import ResourceExhausted
 from polyindex.fsutil import fsync_dir, fsync_tree
-from polyindex.index.protocol import BuildBatch, IndexKind
+from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
 from polyindex.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
 from polyindex.segment import Segment, read_tombstones, write_docs, write_tombstones
 from polyindex.sources import Document
 
 
-def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None) -> BuildBatch:
+def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
+             tokens: Sequence[DocTokens] | None = None) -> BuildBatch:
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
-                      embeddings)
+                      embeddings, tokens)
 
 
 def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str],
-                  kinds: dict[str, IndexKind], embeddings: np.ndarray | None) -> dict[str, dict]:
+                  kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
+                  tokens: Sequence[DocTokens] | None = None) -> dict[str, dict]:
     """Write a segment's files (documents and every kind's index) into a fresh ``folder``."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     write_docs(folder, docs, fields, embeddings)
-    batch = batch_of(docs, embeddings)
+    batch = batch_of(docs, embeddings, tokens)
     return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
@@ -101,7 +103,8 @@ class Writer:
                        ingest: dict | None = None,
                        on_encoded: Callable[[int], None] | None = None,
                        embeddings: np.ndarray | None = None,
-                       delete_ids: Sequence[str] = ()) -> SegmentEntry | None:
+                       delete_ids: Sequence[str] = (),
+                       tokens: Sequence[DocTokens] | None = None) -> SegmentEntry | None:
         """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
         with ``delete_ids`` tombstoned first; returns the new segment's entry."""
         m = self.manifest.copy()
@@ -113,12 +116,14 @@ class Writer:
             fsync_dir(self.folder / "tombstones")
             self.manifest = commit_manifest(self.folder, m)
             return None
-        if embeddings is None and self.encode is not None:
-            embeddings = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
-        self._train_if_needed(m, batch_of(docs, embeddings))
+        if embeddings is None and tokens is None and self.encode is not None:
+            # encode returns embeddings, or (embeddings, tokens) when a kind needs tokens
+            out = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
+            embeddings, tokens = out if isinstance(out, tuple) else (out, None)
+        self._train_if_needed(m, batch_of(docs, embeddings, tokens))
         seg_id = f"seg-{m.next_segment:06d}"
         tmp = self.folder / "segments" / f".{seg_id}.tmp"
-        infos = build_segment(tmp, docs, fields, self.kinds, embeddings)
+        infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens)
         fsync_tree(tmp)
         os.replace(tmp, self.folder / "segments" / seg_id)
         fsync_dir(self.folder / "segments")

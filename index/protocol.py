@@ -155,7 +155,7 @@ def known_kinds() -> list[str]:
 
 def _load_builtin_kinds() -> None:
     # Import for the side effect of registration; kept lazy so importing polyindex is cheap.
-    from polyindex.index import dense, lexical, sparse, tree  # noqa: F401
+    from polyindex.index import dense, lexical, multivector, sparse, tree  # noqa: F401
 
 
 def from_factory(factory: str) -> IndexKind:

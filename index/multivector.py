@@ -1,0 +1,500 @@
+"""The ``multivector`` kind: late interaction (ColBERT/ColPali MaxSim) over compressed tokens.
+
+Every document token is stored as a k-means centroid code (HPC-ColPali) plus a PQ code of its
+residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only, deduplicated per
+document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
+
+Factory: ``multivector[:KMeans<K>][,residual=PQ<M>|none][,prune=P][,binary[=B]]
+[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
+``multivector:KMeans4096,residual=PQ32`` (2-byte codes + 32-byte residuals: 45x smaller than
+float32 384-d tokens). ``prune=P`` keeps the top P (fraction, 0 < P <= 1) of each document's
+tokens by salience (attention received in the encoder's last layer; without attention the IDF
+of the token id, else of the token's code). ``binary``: B-bit (default 64) centroid signatures
+give a Hamming first pass instead of the lookup table. ``special``: drop (default) or keep
+[CLS]/[SEP]-like tokens, for documents and queries alike.
+
+Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
+documents listed under them (per-segment inverted lists centroid -> documents); the first pass
+scores those candidates by MaxSim over their codes (LUT or Hamming); the best ``max(k, ndocs)``
+go to the final pass, MaxSim over centroid + decoded residual. No query scores every row unless
+the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``, ``ndocs``,
+``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank
+mode).
+
+Per segment: ``multivector.tokens.arrow`` (one row per document: ``codes`` list<uint16> (uint8
+when K <= 256) and ``residual`` list<fixed_size_binary[M]>) and ``multivector.ivf.arrow`` (one
+row per centroid: ``docs`` list<int32>, ascending).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from polyindex.config import DEFAULT_MODEL
+from polyindex.errors import Corrupt, InvalidArgument
+from polyindex.index import multivector_codec as codec
+from polyindex.index.multivector_kernels import backend
+from polyindex.index.protocol import (BuildBatch, DocTokens, IndexKind, Query, SegmentIndex,
+                                      empty_result, option, parse_options, register)
+
+TOKENS_FILE = "multivector.tokens.arrow"
+IVF_FILE = "multivector.ivf.arrow"
+FORMAT = 1
+DEFAULTS = {"k": 4096, "m": 32, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
+            "niter": 10, "nprobe": 4, "ndocs": 256}
+_SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
+
+
+def _parse(body: str) -> dict:
+    where = f"index factory string {('multivector:' + body) if body else 'multivector'!r}"
+    parts = [p.strip() for p in (body or "").split(",") if p.strip()]
+    cfg = dict(DEFAULTS)
+    if parts and "=" not in parts[0] and parts[0] != "binary":
+        head = parts.pop(0)
+        if not head.lower().startswith("kmeans") or not head[6:].isdigit():
+            raise InvalidArgument(f"{where}: expected KMeans<K> (e.g. KMeans4096), got {head!r}")
+        cfg["k"] = int(head[6:])
+    if "binary" in parts:
+        parts.remove("binary")
+        cfg["bits"] = 64
+    opts = parse_options(",".join(parts), where=where)
+    known = {"residual", "prune", "binary", "special", "seed", "niter", "nprobe", "ndocs"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the multivector "
+                              f"index knows {', '.join(sorted(known))}")
+    res = opts.get("residual", f"PQ{cfg['m']}")
+    if res.lower() == "none":
+        cfg["m"] = 0
+    elif res.upper().startswith("PQ") and res[2:].isdigit() and int(res[2:]) > 0:
+        cfg["m"] = int(res[2:])
+    else:
+        raise InvalidArgument(f"{where}: residual must be PQ<M> (e.g. PQ32) or none, got {res!r}")
+    cfg["prune"] = option(opts, "prune", float, 1.0, where=where)
+    cfg["bits"] = option(opts, "binary", int, cfg["bits"], where=where)
+    for key in ("seed", "niter", "nprobe", "ndocs"):
+        cfg[key] = option(opts, key, int, cfg[key], where=where)
+    cfg["special"] = opts.get("special", "drop")
+    checks = (("k", 2, 65536), ("m", 0, 256), ("bits", 0, 64), ("seed", 0, 2**31 - 1),
+              ("niter", 1, 1000), ("nprobe", 1, 65536), ("ndocs", 1, 1_000_000))
+    for key, lo, hi in checks:
+        if not lo <= cfg[key] <= hi:
+            raise InvalidArgument(f"{where}: {key} must be in {lo}..{hi}, got {cfg[key]}")
+    if "binary" in opts and cfg["bits"] < 1:
+        raise InvalidArgument(f"{where}: binary=B needs B in 1..64, got {cfg['bits']}")
+    if not 0 < cfg["prune"] <= 1:
+        raise InvalidArgument(f"{where}: prune is the fraction of tokens kept, in (0, 1], "
+                              f"got {cfg['prune']}")
+    if cfg["special"] not in ("drop", "keep"):
+        raise InvalidArgument(f"{where}: special must be drop or keep, got {cfg['special']!r}")
+    return cfg
+
+
+@dataclass
+class MVQuery:
+    tokens: np.ndarray  # (nqt, d) float32
+    lut_t: np.ndarray  # (K, nqt)
+    pq_t: np.ndarray | None  # (M, 256, nqt)
+    qsig: np.ndarray | None  # (nqt,) uint64
+    probes: np.ndarray  # int64 centroid ids
+
+
+@dataclass
+class MVPrepared:
+    queries: list[MVQuery]
+    nprobe: int
+    ndocs: int
+    exhaustive: bool
+    stats: dict = field(default_factory=lambda: {"candidates": 0, "final": 0})
+
+
+def _top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best k (score desc, then row asc) of parallel arrays."""
+    if len(scores) > k:
+        part = np.argpartition(-scores, k - 1)[:k]
+        scores, rows = scores[part], rows[part]
+    order = np.lexsort((rows, -scores))
+    return scores[order], rows[order]
+
+
+class MultivectorSegment(SegmentIndex):
+    def __init__(self, n_rows, offsets, codes, res, ivf_offsets, ivf_docs, kind, keep=()):
+        self.n_rows = n_rows
+        self.offsets, self.codes, self.res = offsets, codes, res
+        self.ivf_offsets, self.ivf_docs = ivf_offsets, ivf_docs
+        self.kind = kind
+        self.nonempty = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)
+        self._keep = keep  # Arrow tables owning the memory maps
+
+    def _pass(self, q: MVQuery, cand: np.ndarray, final: bool) -> np.ndarray:
+        kern, cb = self.kind.kernels, self.kind.codebook
+        out = np.empty(len(cand), np.float32)
+        if final and self.res is not None:
+            kern.final_pass_pq(q.lut_t, q.pq_t, self.offsets, self.codes, self.res, cand, out)
+        elif not final and q.qsig is not None:
+            kern.first_pass_hamming(q.qsig, cb.signatures, cb.bits, self.offsets, self.codes,
+                                    cand, out)
+        else:
+            kern.first_pass_lut(q.lut_t, self.offsets, self.codes, cand, out)
+        return out
+
+    def _candidates(self, q: MVQuery, prepared: MVPrepared, allow) -> np.ndarray:
+        if prepared.exhaustive:
+            return self.nonempty if allow is None else self.nonempty[allow[self.nonempty]]
+        mark = np.zeros(self.n_rows, np.uint8)
+        out = np.empty(self.n_rows, np.int64)
+        use = allow is not None
+        n = self.kind.kernels.gather_candidates(self.ivf_offsets, self.ivf_docs, q.probes,
+                                                allow if use else mark.view(np.bool_), use,
+                                                mark, out)
+        return out[:n]
+
+    def search(self, prepared: MVPrepared, k, params, allow):
+        nq = len(prepared.queries)
+        if k < 0:
+            raise InvalidArgument(f"k must be >= 0, got {k}")
+        scores, rows = empty_result(nq, k)
+        if k == 0 or self.n_rows == 0:
+            return scores, rows
+        if allow is not None:
+            allow = np.asarray(allow, dtype=bool)
+            if allow.shape != (self.n_rows,):
+                raise InvalidArgument(f"multivector search: allow mask has shape {allow.shape}, "
+                                      f"the segment has {self.n_rows} rows")
+        for qi, q in enumerate(prepared.queries):
+            if len(q.tokens) == 0:
+                continue
+            cand = self._candidates(q, prepared, allow)
+            prepared.stats["candidates"] += len(cand)
+            if len(cand) == 0:
+                continue
+            keep = max(k, prepared.ndocs)
+            if self.res is not None and len(cand) > keep:  # first pass picks the final's input
+                first = self._pass(q, cand, final=False)
+                _, cand = _top(first, cand, keep)
+            prepared.stats["final"] += len(cand)
+            s, r = _top(self._pass(q, cand, final=True), cand, k)
+            scores[qi, :len(s)], rows[qi, :len(r)] = s, r
+        return scores, rows
+
+    def score(self, prepared: MVPrepared, row_ids):
+        rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
+        out = np.full((len(prepared.queries), len(rows)), np.nan, np.float32)
+        ok = (rows >= 0) & (rows < self.n_rows)
+        if ok.any():
+            for qi, q in enumerate(prepared.queries):
+                if len(q.tokens):
+                    out[qi, ok] = self._pass(q, rows[ok], final=True)
+                else:
+                    out[qi, ok] = 0.0
+        return out
+
+
+def _idf_salience(keys: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """IDF (over this batch's documents) of each token's key (vocabulary id or code)."""
+    keys = keys.astype(np.int64)
+    v = int(keys.max()) + 1 if len(keys) else 1
+    pairs = np.unique(doc * v + keys)
+    df = np.bincount(pairs % v, minlength=v)
+    return np.log((n_docs + 1) / (df[keys] + 0.5)).astype(np.float32)
+
+
+def _keep_top(salience: np.ndarray, lengths: np.ndarray, frac: float) -> np.ndarray:
+    """Mask keeping the ceil(frac * n) most salient tokens of each document (at least one)."""
+    n_docs = len(lengths)
+    doc = np.repeat(np.arange(n_docs), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    order = np.lexsort((np.arange(len(doc)), -salience, doc))  # per doc, most salient first
+    rank = np.arange(len(doc)) - starts[doc[order]]
+    quota = np.where(lengths > 0, np.maximum(1, np.ceil(frac * lengths - 1e-9)), 0).astype(np.int64)
+    keep = np.zeros(len(doc), bool)
+    keep[order[rank < quota[doc[order]]]] = True
+    return keep
+
+
+@register
+class MultivectorKind(IndexKind):
+    kind = "multivector"
+    needs_tokens = True
+
+    def __init__(self, body: str):
+        cfg = _parse(body)
+        self.k, self.m, self.prune, self.bits = cfg["k"], cfg["m"], cfg["prune"], cfg["bits"]
+        self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
+        self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
+        self.codebook: codec.Codebook | None = None
+        self._saved = False
+        self.device = "cpu"
+        self.model_config = (DEFAULT_MODEL, "bfloat16")  # the collection sets its own
+        text = f"KMeans{self.k},residual=" + (f"PQ{self.m}" if self.m else "none")
+        if self.prune < 1:
+            text += f",prune={self.prune:g}"
+        if self.bits:
+            text += ",binary" if self.bits == 64 else f",binary={self.bits}"
+        for key in ("special", "seed", "niter", "nprobe", "ndocs"):
+            if cfg[key] != DEFAULTS[key]:
+                text += f",{key}={cfg[key]}"
+        super().__init__(text)
+
+    @property
+    def kernels(self):
+        return backend(self.device)
+
+    @property
+    def wants_salience(self) -> bool:
+        return self.prune < 1
+
+    # -- tokens ------------------------------------------------------------------------------
+    def token_encoder(self):
+        from polyindex.token_encoder import get_token_encoder
+        return get_token_encoder(*self.model_config)
+
+    def _batch_tokens(self, batch: BuildBatch) -> Sequence[DocTokens]:
+        if batch.tokens is not None:
+            if len(batch.tokens) != len(batch.ids):
+                raise InvalidArgument(f"multivector: {len(batch.tokens)} token sets for "
+                                      f"{len(batch.ids)} documents")
+            return batch.tokens
+        # No tokens from the writer (an online buffer segment): encode the texts here.
+        from polyindex.encoder import document_text
+        texts = [document_text(t, x) for t, x in zip(batch.titles, batch.texts)]
+        return self.token_encoder().encode_documents(texts, salience=self.wants_salience)[1]
+
+    def _flatten(self, toks: Sequence[DocTokens]):
+        """Concatenated kept vectors (float16/32), lengths, and per-token salience / ids."""
+        vecs, lengths, sal, ids = [], [], [], []
+        for i, t in enumerate(toks):
+            v = np.asarray(t.vectors)
+            if v.ndim != 2:
+                raise InvalidArgument(f"multivector: document {i}: token vectors must be "
+                                      f"(n_tokens, d), got shape {v.shape}")
+            sel = np.ones(len(v), bool) if self.special == "keep" or t.special is None \
+                else ~np.asarray(t.special, bool)
+            vecs.append(v[sel])
+            lengths.append(int(sel.sum()))
+            sal.append(None if t.salience is None else np.asarray(t.salience, np.float32)[sel])
+            ids.append(None if t.token_ids is None else np.asarray(t.token_ids)[sel])
+        d = vecs[0].shape[1] if vecs else 0
+        if any(v.shape[1] != d for v in vecs):
+            raise InvalidArgument("multivector: token vectors of one batch differ in dimension")
+        x = np.concatenate(vecs) if vecs else np.zeros((0, d), np.float32)
+        return x, np.asarray(lengths, np.int64), sal, ids
+
+    # -- collection-level training -----------------------------------------------------------
+    def needs_training(self) -> bool:
+        return self.codebook is None or not self._saved
+
+    def train(self, sample: BuildBatch) -> None:
+        if self.codebook is not None:  # a fallback codebook: segments already use it
+            return
+        x, _, _, _ = self._flatten(self._batch_tokens(sample))
+        if len(x) == 0:
+            raise InvalidArgument("multivector: training needs documents with tokens")
+        if not np.isfinite(x).all():
+            raise InvalidArgument("multivector: token vectors contain NaN or infinity")
+        self.codebook = codec.train(x, self.k, self.m, seed=self.seed, niter=self.niter,
+                                    bits=self.bits)
+
+    def save_artifacts(self, folder: Path) -> list[str]:
+        if self.codebook is None:
+            return []
+        self._saved = True
+        return self.codebook.save(Path(folder))
+
+    def load_artifacts(self, folder: Path) -> None:
+        cb = codec.Codebook.load(Path(folder))
+        if cb is None:
+            return
+        if cb.m != self.m or cb.meta.get("bits_asked", cb.bits) != self.bits:
+            raise Corrupt(f"{folder}: the multivector codebook has residual PQ{cb.m} and "
+                          f"{cb.bits}-bit signatures, the factory string says {self.describe()!r}")
+        self.codebook, self._saved = cb, True
+
+    # -- segments ----------------------------------------------------------------------------
+    def build(self, batch: BuildBatch, folder: Path) -> dict:
+        folder = Path(folder)
+        toks = self._batch_tokens(batch)
+        if self.codebook is None:  # a per-segment fallback; collections train once first
+            self.train(BuildBatch(batch.ids, batch.titles, batch.texts, None, toks))
+        cb = self.codebook
+        x, lengths, sal, ids = self._flatten(toks)
+        n, n_in = len(lengths), int(lengths.sum())
+        if n_in and x.shape[1] != cb.d:
+            raise InvalidArgument(f"multivector: token vectors have dimension {x.shape[1]}, "
+                                  f"the codebook expects {cb.d}")
+        codes = cb.assign(x) if n_in else np.zeros(0, np.int64)
+        if self.prune < 1 and n_in:
+            doc = np.repeat(np.arange(n), lengths)
+            if all(s is not None for s in sal):
+                salience, source = np.concatenate(sal), "attention"
+            elif all(i is not None for i in ids):
+                salience, source = _idf_salience(np.concatenate(ids), doc, n), "idf-token"
+            else:
+                salience, source = _idf_salience(codes, doc, n), "idf-code"
+            keep = _keep_top(salience, lengths, self.prune)
+            x, codes = x[keep], codes[keep]
+            lengths = np.bincount(doc[keep], minlength=n).astype(np.int64)
+        else:
+            source = None
+        n_kept = int(lengths.sum())
+        if self.m:
+            res = cb.residual_codes(x, codes)
+        else:  # pure codes: duplicates within a document cannot change MaxSim
+            doc = np.repeat(np.arange(n), lengths)
+            pairs = np.unique(doc * cb.k + codes)
+            doc, codes = pairs // cb.k, pairs % cb.k
+            lengths = np.bincount(doc, minlength=n).astype(np.int64)
+            res = None
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        code_type = pa.uint8() if cb.k <= 256 else pa.uint16()
+        cols = {"codes": pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(codes.astype(code_type.to_pandas_dtype()), code_type))}
+        if res is not None:
+            flat = pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
+            cols["residual"] = pa.ListArray.from_arrays(pa.array(offsets), flat)
+        _write(folder / TOKENS_FILE, cols)
+        # inverted lists: centroid -> documents having a token with that code (ascending)
+        doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        pairs = np.unique(codes.astype(np.int64) * max(n, 1) + doc)
+        ivf_off = np.concatenate([[0], np.cumsum(np.bincount(pairs // max(n, 1), minlength=cb.k))])
+        _write(folder / IVF_FILE, {"docs": pa.ListArray.from_arrays(
+            pa.array(ivf_off.astype(np.int32)), pa.array((pairs % max(n, 1)).astype(np.int32)))})
+        files = [TOKENS_FILE, IVF_FILE]
+        sizes = {f: (folder / f).stat().st_size for f in files}
+        return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
+                "tokens_in": n_in, "tokens_kept": n_kept, "tokens_stored": int(lengths.sum()),
+                "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source,
+                "ivf_entries": int(len(pairs)), "bytes": sizes, "files": files}
+
+    def open(self, folder: Path, info: dict) -> MultivectorSegment:
+        folder = Path(folder)
+        if info.get("format", FORMAT) > FORMAT:
+            raise Corrupt(f"{folder}: multivector index format {info['format']} is newer than "
+                          f"this version reads ({FORMAT})")
+        if self.codebook is None:
+            raise Corrupt(f"{folder}: a multivector segment exists but the collection has no "
+                          f"codebook artifact")
+        n_rows, m = int(info.get("n_rows", -1)), int(info.get("m", self.m))
+        tt = _read(folder / TOKENS_FILE)
+        codes_col = _list_column(tt, "codes", folder)
+        offsets = codes_col.offsets.to_numpy()
+        codes = codes_col.values.to_numpy(zero_copy_only=True)
+        res = None
+        if m:
+            res_col = _list_column(tt, "residual", folder)
+            vals = res_col.values
+            if not pa.types.is_fixed_size_binary(vals.type) or vals.type.byte_width != m \
+                    or not np.array_equal(res_col.offsets.to_numpy(), offsets):
+                raise Corrupt(f"{folder}: multivector residual column does not match its codes")
+            res = np.frombuffer(vals.buffers()[1], np.uint8, count=len(vals) * m,
+                                offset=vals.offset * m).reshape(-1, m)
+        it = _read(folder / IVF_FILE)
+        ivf_col = _list_column(it, "docs", folder)
+        ivf_off, ivf_docs = ivf_col.offsets.to_numpy(), ivf_col.values.to_numpy(zero_copy_only=True)
+        if len(offsets) - 1 != n_rows or len(ivf_off) - 1 != self.codebook.k \
+                or (len(codes) and int(codes.max()) >= self.codebook.k) \
+                or (len(ivf_docs) and (ivf_docs.min() < 0 or ivf_docs.max() >= n_rows)):
+            raise Corrupt(f"{folder}: multivector index files are inconsistent (rows "
+                          f"{len(offsets) - 1} vs {n_rows}, centroids {len(ivf_off) - 1} vs "
+                          f"{self.codebook.k})")
+        return MultivectorSegment(n_rows, offsets, codes, res, ivf_off, ivf_docs, self, (tt, it))
+
+    # -- queries -----------------------------------------------------------------------------
+    def _query_tokens(self, queries: Sequence[Query]) -> list[np.ndarray]:
+        out: list = [None] * len(queries)
+        missing = []
+        for i, q in enumerate(queries):
+            t = q.extra.get("tokens") if q.extra else None
+            if t is None:
+                if not q.text:
+                    raise InvalidArgument(f"query {i}: the multivector index needs query text "
+                                          f"(or query tokens)")
+                missing.append(i)
+            else:
+                out[i] = t
+        if missing:
+            enc = self.token_encoder().encode_queries([queries[i].text for i in missing])
+            for i, t in zip(missing, enc):
+                out[i] = t
+        for i, t in enumerate(out):
+            if isinstance(t, DocTokens):
+                v = np.asarray(t.vectors, np.float32)
+                if self.special == "drop" and t.special is not None:
+                    v = v[~np.asarray(t.special, bool)]
+            else:
+                v = np.asarray(t, np.float32)
+            if v.ndim != 2 or not np.isfinite(v).all():
+                raise InvalidArgument(f"query {i}: query tokens must be a finite "
+                                      f"(n_tokens, d) array, got shape {v.shape}")
+            out[i] = np.ascontiguousarray(v)
+        return out
+
+    def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> MVPrepared:
+        unknown = sorted(set(params) - set(_SEARCH_KNOBS))
+        if unknown:
+            raise InvalidArgument(f"multivector: unknown search parameter(s) {unknown}; known: "
+                                  f"{list(_SEARCH_KNOBS)}")
+        try:
+            nprobe = int(params.get("nprobe", self.nprobe))
+            ndocs = int(params.get("ndocs", self.ndocs))
+        except ValueError:
+            raise InvalidArgument(f"multivector: nprobe and ndocs must be integers, got {params}") \
+                from None
+        exhaustive = {"0": False, "1": True, "false": False, "true": True}.get(
+            str(params.get("exhaustive", "0")).lower())
+        if exhaustive is None or nprobe < 1 or ndocs < 1:
+            raise InvalidArgument(f"multivector: nprobe and ndocs must be >= 1 and exhaustive "
+                                  f"0 or 1, got {params}")
+        cb = self.codebook
+        if cb is None:
+            if any(seg.n_rows for seg in segments):
+                raise Corrupt("multivector: segments exist but the collection has no codebook")
+            empty = np.zeros((0, 0), np.float32)
+            return MVPrepared([MVQuery(empty, empty, None, None, np.zeros(0, np.int64))
+                               for _ in queries], nprobe, ndocs, exhaustive)
+        out = []
+        for i, q in enumerate(self._query_tokens(queries)):
+            if len(q) and q.shape[1] != cb.d:
+                raise InvalidArgument(f"query {i}: query tokens have dimension {q.shape[1]}, the "
+                                      f"multivector index has {cb.d}")
+            if len(q) == 0:
+                empty = np.zeros((cb.k, 0), np.float32)
+                out.append(MVQuery(q.reshape(0, cb.d), empty, None, None, np.zeros(0, np.int64)))
+                continue
+            lut_t = cb.lut(q)
+            npb = min(nprobe, cb.k)
+            probes = np.unique(np.argpartition(-lut_t, npb - 1, axis=0)[:npb]) if npb < cb.k \
+                else np.arange(cb.k)
+            out.append(MVQuery(q, lut_t, cb.pq_tables(q) if cb.m else None,
+                               cb.signature(q) if cb.bits else None, probes.astype(np.int64)))
+        return MVPrepared(out, nprobe, ndocs, exhaustive)
+
+
+def _write(path: Path, columns: dict) -> None:
+    table = pa.table(columns)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _read(path: Path) -> pa.Table:
+    try:
+        return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise Corrupt(f"{path}: cannot read Arrow file: {exc}") from None
+
+
+def _list_column(table: pa.Table, name: str, folder: Path):
+    if name not in table.column_names or not pa.types.is_list(table.schema.field(name).type):
+        raise Corrupt(f"{folder}: multivector file lacks list column {name!r} "
+                      f"(schema {table.schema})")
+    col = table.column(name)
+    col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if col.null_count or col.offset:
+        raise Corrupt(f"{folder}: multivector column {name!r} has nulls or a slice offset")
+    return col

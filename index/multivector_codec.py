@@ -1,0 +1,196 @@
+"""The multivector codebook: k-means centroids, a residual product quantizer, binary signatures.
+
+A token vector ``x`` is stored as its nearest centroid's index (HPC-ColPali's code) plus, unless
+the kind runs in pure-code mode, a PQ code of the residual ``x - c`` (PLAID's compact residual):
+``x ~ c[code] + PQ_decode(residual code)``. Both quantizers are trained once per collection on
+a sample of corpus token vectors and saved as collection artifacts:
+
+- centroids: ``faiss.Kmeans`` (seeded; the sample is drawn with the same seed, so training
+  is deterministic for a seed);
+- residual: ``faiss.ProductQuantizer(d, M, 8)``: M bytes per token (d must be divisible by M);
+- binary mode: a b-bit signature per centroid (b <= 64), the signs of the centroid's projection
+  on the top-b principal directions of the centroids; a query token gets the signature of its
+  own (full-precision) projection, and Hamming similarity approximates the inner product.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from polyindex.errors import Corrupt, InvalidArgument
+
+WEIGHTS_FILE = "multivector.codebook.npz"
+META_FILE = "multivector.codebook.json"
+ASSIGN_CHUNK = 65_536  # token rows per assignment call: bounds the float32 copy
+
+
+@contextmanager
+def faiss_threads(n: int | None = None):
+    """Training and assignment are build-time batch work: use every core for them, then give
+    back the process setting (queries run faiss single-threaded, see ``dense``)."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n or os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+class Codebook:
+    def __init__(self, centroids: np.ndarray, pq_centroids: np.ndarray | None,
+                 sig_proj: np.ndarray | None, sig_mean: np.ndarray | None, meta: dict):
+        self.centroids = np.ascontiguousarray(centroids, dtype=np.float32)  # (K, d)
+        self.k, self.d = self.centroids.shape
+        self.pq_centroids = None if pq_centroids is None else \
+            np.ascontiguousarray(pq_centroids, dtype=np.float32)  # (M, 256, d/M)
+        self.m = 0 if self.pq_centroids is None else self.pq_centroids.shape[0]
+        self.sig_proj = sig_proj  # (d, b) float32
+        self.sig_mean = sig_mean  # (d,) float32
+        self.bits = 0 if sig_proj is None else sig_proj.shape[1]
+        self.signatures = None if sig_proj is None else self.signature(self.centroids)
+        self.meta = meta
+        self._index = None
+        self._pq = None
+
+    # -- encoding ----------------------------------------------------------------------------
+    def assign(self, x: np.ndarray) -> np.ndarray:
+        """Nearest centroid (L2) of each row, int64."""
+        if self._index is None:
+            self._index = faiss.IndexFlatL2(self.d)
+            self._index.add(self.centroids)
+        out = np.empty(len(x), np.int64)
+        with faiss_threads():
+            for s in range(0, len(x), ASSIGN_CHUNK):
+                part = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK], dtype=np.float32)
+                out[s:s + len(part)] = self._index.search(part, 1)[1][:, 0]
+        return out
+
+    def _product_quantizer(self):
+        if self._pq is None:
+            pq = faiss.ProductQuantizer(self.d, self.m, 8)
+            faiss.copy_array_to_vector(self.pq_centroids.ravel(), pq.centroids)
+            self._pq = pq
+        return self._pq
+
+    def residual_codes(self, x: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """(n, M) uint8 PQ codes of ``x - centroid``."""
+        out = np.empty((len(x), self.m), np.uint8)
+        pq = self._product_quantizer()
+        for s in range(0, len(x), ASSIGN_CHUNK):
+            r = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK], dtype=np.float32) \
+                - self.centroids[codes[s:s + ASSIGN_CHUNK]]
+            out[s:s + len(r)] = pq.compute_codes(r)
+        return out
+
+    def decode(self, codes: np.ndarray, rcodes: np.ndarray | None) -> np.ndarray:
+        """Reconstructed token vectors (the reference the scoring kernels must agree with)."""
+        x = self.centroids[codes].copy()
+        if self.m and rcodes is not None:
+            dsub = self.d // self.m
+            for m in range(self.m):
+                x[:, m * dsub:(m + 1) * dsub] += self.pq_centroids[m][rcodes[:, m]]
+        return x
+
+    def signature(self, x: np.ndarray) -> np.ndarray:
+        """b-bit signatures (uint64, bit j = sign of the j-th projection) of rows of ``x``."""
+        bits = ((np.asarray(x, np.float32) - self.sig_mean) @ self.sig_proj) > 0
+        weights = (np.uint64(1) << np.arange(self.bits, dtype=np.uint64))
+        return (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+
+    # -- query tables --------------------------------------------------------------------------
+    def lut(self, q: np.ndarray) -> np.ndarray:
+        """(K, nq_tokens) float32: q_t . centroid, transposed so one code's row is contiguous."""
+        return np.ascontiguousarray((q @ self.centroids.T).T)
+
+    def pq_tables(self, q: np.ndarray) -> np.ndarray:
+        """(M, 256, nq_tokens) float32: q_t's sub-vector . each PQ sub-centroid."""
+        dsub = self.d // self.m
+        qs = q.reshape(len(q), self.m, dsub)
+        return np.ascontiguousarray(np.einsum("mjs,tms->mjt", self.pq_centroids, qs,
+                                              optimize=True), dtype=np.float32)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, folder: Path) -> list[str]:
+        arrays = {"centroids": self.centroids}
+        if self.pq_centroids is not None:
+            arrays["pq_centroids"] = self.pq_centroids
+        if self.sig_proj is not None:
+            arrays["sig_proj"], arrays["sig_mean"] = self.sig_proj, self.sig_mean
+        np.savez(folder / WEIGHTS_FILE, **arrays)
+        (folder / META_FILE).write_text(json.dumps(self.meta, indent=1, sort_keys=True))
+        return [WEIGHTS_FILE, META_FILE]
+
+    @classmethod
+    def load(cls, folder: Path) -> "Codebook | None":
+        if not (folder / WEIGHTS_FILE).exists():
+            return None
+        try:
+            with np.load(folder / WEIGHTS_FILE) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads((folder / META_FILE).read_text()) \
+                if (folder / META_FILE).exists() else {}
+        except (OSError, ValueError) as e:
+            raise Corrupt(f"{folder}: cannot read the multivector codebook: {e}") from None
+        return cls(arrays["centroids"], arrays.get("pq_centroids"), arrays.get("sig_proj"),
+                   arrays.get("sig_mean"), meta)
+
+
+def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
+          points_per_centroid: int = 16, bits: int = 0) -> Codebook:
+    """Train centroids (and the residual PQ with ``m`` bytes, and ``bits``-bit signatures) on
+    token vectors ``x`` (n, d). At most ``points_per_centroid * K`` tokens are used (drawn with
+    ``seed``); K shrinks to n // 4 on tiny samples (recorded in the meta)."""
+    t0 = time.perf_counter()
+    n, d = x.shape
+    bits_asked = bits
+    if n < 8:
+        raise InvalidArgument(f"multivector: training needs at least 8 token vectors, got {n}")
+    if m and d % m:
+        raise InvalidArgument(f"multivector: residual=PQ{m} needs a dimension divisible by {m}, "
+                              f"the token vectors have dimension {d}")
+    k_eff = int(min(k, max(2, n // 4)))
+    rng = np.random.default_rng(seed)
+    take = min(n, points_per_centroid * k_eff)
+    sample = x[np.sort(rng.choice(n, take, replace=False))] if take < n else x
+    sample = np.ascontiguousarray(sample, dtype=np.float32)
+    with faiss_threads():
+        km = faiss.Kmeans(d, k_eff, niter=niter, seed=seed, verbose=False,
+                          max_points_per_centroid=max(points_per_centroid, 1) + 1,
+                          min_points_per_centroid=1)
+        km.train(sample)
+        centroids = km.centroids.copy()
+        pq_centroids = None
+        if m:
+            # the residual PQ learns 256 sub-centroids per byte: give it >= 64k tokens
+            pq_take = min(n, max(take, 65_536))
+            pq_sample = sample if pq_take == take else np.ascontiguousarray(
+                x[np.sort(rng.choice(n, pq_take, replace=False))], dtype=np.float32)
+            idx = faiss.IndexFlatL2(d)
+            idx.add(centroids)
+            codes = idx.search(pq_sample, 1)[1][:, 0]
+            resid = np.ascontiguousarray(pq_sample - centroids[codes])
+            pq = faiss.ProductQuantizer(d, m, 8)
+            pq.cp.seed = seed
+            pq.cp.min_points_per_centroid = 1  # tiny collections: no warning, fewer points
+            pq.verbose = False
+            pq.train(resid)
+            pq_centroids = faiss.vector_to_array(pq.centroids).reshape(m, 256, d // m).copy()
+    sig_proj = sig_mean = None
+    bits = min(bits, d)
+    if bits:
+        sig_mean = centroids.mean(0).astype(np.float32)
+        cov = (centroids - sig_mean).T @ (centroids - sig_mean)
+        _, vecs = np.linalg.eigh(cov.astype(np.float64))
+        sig_proj = np.ascontiguousarray(vecs[:, ::-1][:, :bits], dtype=np.float32)
+        # eigenvector signs are arbitrary: fix them so the projection of +mean direction is >= 0
+        sig_proj *= np.where(sig_proj.sum(0) < 0, -1, 1).astype(np.float32)
+    meta = {"k": k_eff, "k_asked": k, "m": m, "bits": bits, "bits_asked": bits_asked, "seed": seed, "niter": niter,
+            "dim": d, "train_tokens": int(take), "tokens_seen": int(n),
+            "seconds": round(time.perf_counter() - t0, 2)}
+    return Codebook(centroids, pq_centroids, sig_proj, sig_mean, meta)

@@ -1,0 +1,156 @@
+"""Scoring kernels of the multivector kind (numba, CPU), behind a small backend seam.
+
+Documents are CSR over tokens: document r's tokens are ``offsets[r]:offsets[r+1]`` of ``codes``
+(centroid ids) and ``res`` (PQ residual codes, (n_tokens, M) uint8). A query is its tokens'
+tables, transposed so the values for one code are contiguous over query tokens:
+
+- ``lut_t`` (K, nqt): ``q_t . centroid`` (first pass: MaxSim over the codes alone);
+- ``pq_t`` (M, 256, nqt): ``q_t`` sub-vector . PQ sub-centroid (final pass: ``q_t . (c + r)``
+  summed from M lookups, which equals decoding the token and taking the dot product);
+- ``qsig`` (nqt,) uint64 and ``csig`` (K,) uint64: b-bit signatures (binary first pass, the
+  Hamming similarity ``(b - 2 * popcount(q ^ c)) / b``).
+
+Every kernel is MaxSim: per document, the sum over query tokens of the best token's score;
+a document without tokens scores 0. Kernels run in parallel over blocks of candidates.
+``backend(device)`` is the seam: the CPU kernels here, or a ``polyindex.cuda.multivector``
+module with the same functions when one exists (none yet: CUDA placements use these).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+BLOCK = 64  # candidates per parallel task (one scratch row per task)
+
+
+@numba.njit(cache=True, inline="always")
+def _popcount64(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
+
+
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def first_pass_lut(lut_t, offsets, codes, cand, out):
+    """out[i] = sum_t max_{tokens of cand[i]} lut_t[code, t]."""
+    nqt = lut_t.shape[1]
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(nqt, np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r = cand[i]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            for t in range(nqt):
+                best[t] = -np.inf
+            for p in range(s, e):
+                row = lut_t[codes[p]]
+                for t in range(nqt):
+                    best[t] = max(best[t], row[t])
+            acc = np.float32(0.0)
+            for t in range(nqt):
+                acc += best[t]
+            out[i] = acc
+
+
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def first_pass_hamming(qsig, csig, nbits, offsets, codes, cand, out):
+    """out[i] = sum_t max_{tokens} (nbits - 2 * hamming(qsig[t], csig[code])) / nbits."""
+    nqt = len(qsig)
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    inv = np.float32(1.0) / np.float32(nbits)
+    for b in prange(nb):
+        best = np.empty(nqt, np.int64)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r = cand[i]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            for t in range(nqt):
+                best[t] = -(1 << 30)
+            for p in range(s, e):
+                c = csig[codes[p]]
+                for t in range(nqt):
+                    sim = nbits - 2 * np.int64(_popcount64(qsig[t] ^ c))
+                    if sim > best[t]:
+                        best[t] = sim
+            acc = np.int64(0)
+            for t in range(nqt):
+                acc += best[t]
+            out[i] = np.float32(acc) * inv
+
+
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def final_pass_pq(lut_t, pq_t, offsets, codes, res, cand, out):
+    """out[i] = sum_t max_{tokens} q_t . (centroid[code] + PQ_decode(res[token]))."""
+    nqt = lut_t.shape[1]
+    m_sub = pq_t.shape[0]
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(nqt, np.float32)
+        acc = np.empty(nqt, np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r = cand[i]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            for t in range(nqt):
+                best[t] = -np.inf
+            for p in range(s, e):
+                row = lut_t[codes[p]]
+                for t in range(nqt):
+                    acc[t] = row[t]
+                for m in range(m_sub):
+                    tab = pq_t[m, res[p, m]]
+                    for t in range(nqt):
+                        acc[t] += tab[t]
+                for t in range(nqt):
+                    best[t] = max(best[t], acc[t])
+            tot = np.float32(0.0)
+            for t in range(nqt):
+                tot += best[t]
+            out[i] = tot
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_candidates(ivf_offsets, ivf_docs, probes, allow, use_allow, mark, out):
+    """Documents listed under any probed centroid (each once, allowed only); returns how many
+    were written to ``out``. ``mark`` (uint8, n_rows) must be zero and is left zero."""
+    n = 0
+    for j in range(len(probes)):
+        c = probes[j]
+        for p in range(ivf_offsets[c], ivf_offsets[c + 1]):
+            r = ivf_docs[p]
+            if mark[r] == 0 and (not use_allow or allow[r]):
+                mark[r] = 1
+                out[n] = r
+                n += 1
+    for i in range(n):
+        mark[out[i]] = 0
+    return n
+
+
+class CpuKernels:
+    name = "cpu"
+    first_pass_lut = staticmethod(first_pass_lut)
+    first_pass_hamming = staticmethod(first_pass_hamming)
+    final_pass_pq = staticmethod(final_pass_pq)
+    gather_candidates = staticmethod(gather_candidates)
+
+
+def backend(device: str = "cpu"):
+    """The kernels for a placement: ``polyindex.cuda.multivector`` when asked for and present
+    (the seam for GPU kernels with the same signatures), the CPU kernels otherwise."""
+    if device == "cuda":
+        try:
+            from polyindex.cuda import multivector as gpu  # noqa: F401  (not written yet)
+            return gpu.Kernels
+        except ImportError:
+            pass
+    return CpuKernels
