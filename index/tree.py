@@ -1,6 +1,6 @@
 """The ``tree`` kind: a Cobweb-style hierarchy of prototypes over the document embeddings.
 
-Factory: ``tree:branch=16,leaf=64[,sim=dot|gauss][,rank=best|path][,budget=N][,temp=T]
+Factory: ``tree:branch=16,leaf=64[,sim=dot|cos|gauss][,rank=best|path][,budget=N][,temp=T]
 [,group=G][,seed=S]``. ``branch``: most children per node (2-256); ``leaf``: most documents per
 leaf (1-4096); ``group``: segments above this many documents build their top levels by k-means
 (``tree_build``), 0 = always incremental; ``sim``/``rank``/``budget``/``temp``: search defaults
@@ -21,25 +21,32 @@ scored from the segment's stored embeddings (``docs.arrow``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings, tree_search
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
-                                      option, parse_options, register)
+from polyindex.index.protocol import (
+    BuildBatch,
+    IndexKind,
+    Query,
+    SegmentIndex,
+    empty_result,
+    option,
+    parse_options,
+    register,
+)
 from polyindex.index.tree_build import TreeArrays, TreeBuilder
 
 NODES_FILE = "tree.nodes.arrow"
 DOCS_FILE = "tree.docs.arrow"
 FORMAT = 1
-SIMS = {"dot": tree_search.DOT, "gauss": tree_search.GAUSS}
+SIMS = {"dot": tree_search.DOT, "cos": tree_search.COS, "gauss": tree_search.GAUSS}
 RANKS = ("best", "path")
-DEFAULT_TEMP = {"dot": 0.05, "gauss": 0.5}
+DEFAULT_TEMP = {"dot": 0.05, "cos": 0.05, "gauss": 0.5}
 _NODE_SCHEMA = {"parent": pa.int32(), "child_start": pa.int32(), "n_child": pa.int32(),
                 "doc_start": pa.int64(), "doc_end": pa.int64(), "count": pa.int64(),
                 "label": pa.string()}
@@ -104,10 +111,16 @@ class TreePrepared:
     mode: int
     temp: float
     expanded: np.ndarray  # int64 (nq,): nodes opened, summed over the segments searched
+    # path rank over several segments: temp * log(share of the snapshot's live rows) per
+    # segment (by id), so per-segment path probabilities become comparable (see _segment_prior)
+    prior: dict = field(default_factory=dict)
+
+    def offset(self, seg) -> float:
+        return self.prior.get(id(seg), 0.0) if self.path_rank else 0.0
 
 
 def _fixed_list(x: np.ndarray) -> pa.Array:
-    n, d = x.shape
+    d = x.shape[1]
     return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), d)
 
 
@@ -158,6 +171,7 @@ class TreeSegment(SegmentIndex):
         self.depth = depth
         self.max_depth = int(depth.max(initial=0))
         self._gauss = None
+        self._cos = None
         self._emb = None
 
     # -- lazily built parts ----------------------------------------------------------------
@@ -182,9 +196,24 @@ class TreeSegment(SegmentIndex):
                            (mean * mean * w).sum(1) + logdet, logdet)
         return self._gauss
 
+    def cos_arrays(self):
+        """(1 / ||mean|| per node, 1 / ||x|| per row) for ``sim=cos``."""
+        if self._cos is None:
+            def inv(norms):
+                return np.where(norms > 0, 1.0 / np.maximum(norms, 1e-30), 0.0)
+            x = self.embeddings()
+            xn = np.concatenate([np.linalg.norm(x[i:i + 65536], axis=1)
+                                 for i in range(0, len(x), 65536)] or [np.zeros(0)])
+            self._cos = (inv(np.linalg.norm(self.mean.astype(np.float64), axis=1)), inv(xn))
+        return self._cos
+
     def _sim_arrays(self, mode: int):
         if mode == tree_search.GAUSS:
             return self.gauss_arrays()
+        if mode == tree_search.COS:
+            d = self.mean.shape[1]
+            empty = np.zeros((0, d), np.float32)
+            return (empty, empty, *self.cos_arrays())
         d = self.mean.shape[1]
         empty = np.zeros((0, d), np.float32)
         return empty, empty, np.zeros(0), np.zeros(0)
@@ -207,18 +236,32 @@ class TreeSegment(SegmentIndex):
                            self.doc_start, self.doc_end, self.docs, self.mean, w, mw, cst,
                            logdet, self.embeddings(), self.max_fan, out_s, out_r, expanded)
         prepared.expanded += expanded
+        off = prepared.offset(self)
+        if off:
+            out_s += off
         return out_s.astype(np.float32), out_r
 
     def score(self, prepared: TreePrepared, row_ids):
+        """The path score of the rows (the tree's own signal, e.g. a rerank feature), whatever
+        the ranking rule of ``prepared``; the same floats ``rank=path`` search returns."""
+        return self._score(prepared, row_ids, True)
+
+    def similarity(self, prepared: TreePrepared, row_ids):
+        """``sim(q, doc)`` of the rows: the scores ``rank=best`` search returns."""
+        return self._score(prepared, row_ids, False)
+
+    def _score(self, prepared: TreePrepared, row_ids, path_rank: bool) -> np.ndarray:
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
         out = np.full((len(prepared.vectors), len(rows)), np.nan)
         if self.n_rows and len(rows):
             w, mw, cst, logdet = self._sim_arrays(prepared.mode)
-            tree_search.score_rows(prepared.vectors, rows, prepared.path_rank, prepared.temp,
+            tree_search.score_rows(prepared.vectors, rows, path_rank, prepared.temp,
                                    prepared.mode, self.parent, self.leaf_of, self.child_start,
                                    self.n_child, self.doc_start, self.doc_end, self.docs,
                                    self.mean, w, mw, cst, logdet, self.embeddings(),
                                    self.max_fan, self.max_depth, out)
+            if path_rank:
+                out += prepared.prior.get(id(self), 0.0)
         return out.astype(np.float32)
 
     # -- explanations ----------------------------------------------------------------------
@@ -241,10 +284,8 @@ class TreeSegment(SegmentIndex):
                 continue
             nodes = self.path(row)
             sims = self._node_sims(q[0], nodes, mode)
-            scores = {}
-            for rank in RANKS:
-                p = TreePrepared(q, 0, rank == "path", mode, prepared.temp, np.zeros(1, np.int64))
-                scores[rank] = float(self.score(p, [row])[0, 0])
+            scores = {"path": float(self.score(prepared, [row])[0, 0]),
+                      "best": float(self.similarity(prepared, [row])[0, 0])}
             out.append({"path": [{"node": n, "label": self.labels[n].as_py(),
                                   "docs": int(self.count[n]), "sim": round(s, 6)}
                                  for n, s in zip(nodes, sims)],
@@ -252,8 +293,9 @@ class TreeSegment(SegmentIndex):
         return out
 
     def _node_sims(self, q: np.ndarray, nodes: list[int], mode: int) -> list[float]:
-        if mode == tree_search.DOT:
-            return (self.mean[nodes].astype(np.float64) @ q).tolist()
+        if mode != tree_search.GAUSS:
+            dots = self.mean[nodes].astype(np.float64) @ q
+            return (dots if mode == tree_search.DOT else dots * self.cos_arrays()[0][nodes]).tolist()
         w, mw, cst, _ = self.gauss_arrays()
         q64 = q.astype(np.float64)
         vals = -0.5 * (w[nodes] @ (q64 * q64) - 2.0 * (mw[nodes] @ q64) + cst[nodes]) / len(q)
@@ -346,7 +388,26 @@ class TreeKind(IndexKind):
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
         return TreePrepared(np.ascontiguousarray(x), cfg["budget"], cfg["rank"] == "path",
-                            SIMS[cfg["sim"]], float(cfg["temp"]), np.zeros(len(x), np.int64))
+                            SIMS[cfg["sim"]], float(cfg["temp"]), np.zeros(len(x), np.int64),
+                            _segment_prior(segments, live, float(cfg["temp"]), cache))
+
+
+def _segment_prior(segments, live, temp: float, cache: dict) -> dict:
+    """A path score is a log-probability within one segment's tree, so the best document of a
+    small segment scores near 0 whatever the query. Treating segments as exchangeable samples
+    of the collection, P(doc | q) ~ P(segment) * P(doc | q, segment) with P(segment) = its share
+    of the live rows: each segment's path scores are offset by ``temp * log(share)`` (0 for a
+    single segment). Cached per snapshot (the cache dict is the snapshot's)."""
+    if len(segments) < 2:
+        return {}
+    key = ("prior", temp)
+    if key not in cache:
+        n = np.array([s.n_rows if m is None else int(m.sum()) for s, m in zip(segments, live)],
+                     np.float64)
+        total = n.sum()
+        cache[key] = {id(s): (temp * float(np.log(c / total)) if c > 0 else 0.0)
+                      for s, c in zip(segments, n)}
+    return cache[key]
 
 
 def write_tree(folder: Path, tree: TreeArrays, labels: list[str]) -> None:

@@ -7,7 +7,8 @@ root and walks down; at each internal node the category utility (CU) of four ope
 compared and the best applied (Fisher's COBWEB, CLASSIT for continuous attributes):
 
 - **add** to the best host child (and continue in it),
-- **new**: a new leaf child holding only this document (while the node has < branch children),
+- **new**: a new leaf child holding only this document (at a node with ``branch`` children
+  the two closest children, by Ward's criterion, are merged first to make room),
 - **merge** the two best hosts into one new child (and continue in it),
 - **split** the best host: its children replace it (then decide again at the same node).
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-SPARE = 8  # node slots one insertion may need (merge, bucket split, new child)
+SPARE = 8  # node slots an insertion needs beyond one merge per level (bucket split, new child)
 NONE = -1
 
 
@@ -209,6 +210,48 @@ def _split_bucket(p, X, branch, meta, parent, child, nch, cnt, s, s2, ss, head, 
 
 
 @nb.njit(cache=True)
+def _merge(p, c1, c2, meta, parent, child, nch, cnt, s, s2, ss, head, bsize, alive):
+    """Children c1 and c2 of p become the two children of a new child m of p; returns m."""
+    m = _new_node(meta, parent, nch, cnt, s, s2, ss, head, bsize, alive, p)
+    cnt[m] = cnt[c1] + cnt[c2]
+    for i in range(s.shape[1]):
+        s[m, i] = s[c1, i] + s[c2, i]
+        s2[m, i] = s2[c1, i] + s2[c2, i]
+    ss[m] = ss[c1] + ss[c2] + 2.0 * _dot(s[c1], s[c2])
+    child[m, 0] = c1
+    child[m, 1] = c2
+    nch[m] = 2
+    parent[c1] = m
+    parent[c2] = m
+    _remove_child(p, c2, child, nch)
+    for j in range(nch[p]):
+        if child[p, j] == c1:
+            child[p, j] = m
+    return m
+
+
+@nb.njit(cache=True)
+def _closest_pair(p, child, nch, cnt, s, ss):
+    """The two children of p whose merge loses the least between-children variance (Ward:
+    ``n_a n_b / (n_a + n_b) * ||mean_a - mean_b||^2``)."""
+    k = nch[p]
+    best = np.inf
+    ba = child[p, 0]
+    bb = child[p, 1]
+    for i in range(k):
+        a = child[p, i]
+        na = np.float64(cnt[a])
+        for j in range(i + 1, k):
+            b = child[p, j]
+            nb_ = np.float64(cnt[b])
+            dist = ss[a] / (na * na) + ss[b] / (nb_ * nb_) - 2.0 * _dot(s[a], s[b]) / (na * nb_)
+            cost = na * nb_ / (na + nb_) * dist
+            if cost < best:
+                best, ba, bb = cost, a, b
+    return ba, bb
+
+
+@nb.njit(cache=True)
 def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, ss, head, bsize,
                 nxt, leaf_of, alive, dots, ops):
     x = X[r]
@@ -218,7 +261,10 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
     p = root
     _add_stats(p, x, cnt, s, s2, ss)
     split_done = False
+    levels = 0
     while True:
+        levels += 1
+        meta[1] = max(meta[1], levels)  # deepest walk so far (bounds the slots needed)
         k = nch[p]
         if k == 0:  # a leaf bucket: the document lands here
             nxt[r] = head[p]
@@ -251,10 +297,11 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
         c1 = child[p, j1]
         best = (q_all + g1 - qp) / (n1 * k)
         op = 0  # add
-        if k < branch:
-            cu = (q_all + xx - qp) / (n1 * (k + 1))
-            if cu > best:
-                best, op = cu, 1
+        # new child; at a full node scored as if there were room, which is then made by
+        # merging the two closest children (_closest_pair)
+        cu = (q_all + xx - qp) / (n1 * (k + 1))
+        if cu > best:
+            best, op = cu, 1
         if k >= 3:
             c2 = child[p, j2]
             ss_m = ss[c1] + ss[c2] + 2.0 * _dot(s[c1], s[c2]) + xx + 2.0 * dots[j1] + 2.0 * dots[j2]
@@ -271,8 +318,7 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
                 qc = ss[gc] / cnt[gc]
                 q_s += qc
                 gain = (ss[gc] + 2.0 * _dot(s[gc], x) + xx) / (cnt[gc] + 1) - qc
-                if gain > g:
-                    g = gain
+                g = max(g, gain)
             cu = (q_s + g - qp) / (n1 * (k - 1 + kc))
             if cu > best:
                 best, op = cu, 3
@@ -282,9 +328,12 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
             _add_stats(p, x, cnt, s, s2, ss)
             split_done = False
         elif op == 1:
+            if k == branch:  # full: make room by merging the two closest children
+                a, b = _closest_pair(p, child, nch, cnt, s, ss)
+                _merge(p, a, b, meta, parent, child, nch, cnt, s, s2, ss, head, bsize, alive)
             n = _new_node(meta, parent, nch, cnt, s, s2, ss, head, bsize, alive, p)
-            child[p, k] = n
-            nch[p] = k + 1
+            child[p, nch[p]] = n
+            nch[p] += 1
             _add_stats(n, x, cnt, s, s2, ss)
             nxt[r] = NONE
             head[n] = r
@@ -292,23 +341,8 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
             leaf_of[r] = n
             return
         elif op == 2:
-            c2 = child[p, j2]
-            m = _new_node(meta, parent, nch, cnt, s, s2, ss, head, bsize, alive, p)
-            cnt[m] = cnt[c1] + cnt[c2]
-            for i in range(s.shape[1]):
-                s[m, i] = s[c1, i] + s[c2, i]
-                s2[m, i] = s2[c1, i] + s2[c2, i]
-            ss[m] = ss[c1] + ss[c2] + 2.0 * _dot(s[c1], s[c2])
-            child[m, 0] = c1
-            child[m, 1] = c2
-            nch[m] = 2
-            parent[c1] = m
-            parent[c2] = m
-            _remove_child(p, c2, child, nch)
-            for j in range(nch[p]):
-                if child[p, j] == c1:
-                    child[p, j] = m
-            p = m
+            p = _merge(p, c1, child[p, j2], meta, parent, child, nch, cnt, s, s2, ss, head,
+                       bsize, alive)
             _add_stats(p, x, cnt, s, s2, ss)
             split_done = False
         else:  # split: c1's children take its place; decide again here
@@ -324,6 +358,14 @@ def _insert_one(r, root, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, 
 
 
 @nb.njit(cache=True)
+def spare_slots(meta):
+    """Free node slots required before an insertion: a merge may create one node per level
+    walked (the walk is at most two levels deeper than the deepest so far), plus a bucket
+    split or a new child."""
+    return 2 * (meta[1] + 2) + SPARE
+
+
+@nb.njit(cache=True)
 def insert_rows(rows, start, roots, X, branch, leaf, meta, parent, child, nch, cnt, s, s2, ss,
                 head, bsize, nxt, leaf_of, alive, ops):
     """Insert ``rows[start:]`` (row r under ``roots[r]``) until done or spare slots run low;
@@ -332,7 +374,7 @@ def insert_rows(rows, start, roots, X, branch, leaf, meta, parent, child, nch, c
     cap = parent.shape[0]
     i = start
     while i < rows.shape[0]:
-        if meta[0] + SPARE > cap:
+        if meta[0] + spare_slots(meta) > cap:
             return i
         r = rows[i]
         _insert_one(r, roots[i], X, branch, leaf, meta, parent, child, nch, cnt, s, s2, ss,
@@ -400,7 +442,7 @@ class TreeBuilder:
         self.branch, self.leaf = branch, leaf
         n, d = self.X.shape
         cap = max(capacity, SPARE * 2)
-        self.meta = np.zeros(1, np.int64)
+        self.meta = np.zeros(2, np.int64)  # nodes used, deepest insertion walk
         self.parent = np.full(cap, NONE, np.int64)
         self.child = np.full((cap, branch), NONE, np.int64)
         self.nch = np.zeros(cap, np.int64)
@@ -447,7 +489,7 @@ class TreeBuilder:
             np.asarray(roots, np.int64)
         pos = 0
         while pos < len(rows):
-            self._grow(SPARE * 4 + len(rows) // 8)
+            self._grow(int(spare_slots(self.meta)) * 2 + (len(rows) - pos) // 8)
             pos = insert_rows(rows, pos, roots, self.X, self.branch, self.leaf,
                               *self._args(), self.ops)
 
@@ -465,9 +507,13 @@ class TreeBuilder:
             k = self.branch
             km = faiss.Kmeans(self.X.shape[1], k, niter=10, seed=seed + node,
                               max_points_per_centroid=256)
-            km.train(self.X[members])
-            _, assign = km.index.search(self.X[members], 1)
-            parts = [members[assign[:, 0] == c] for c in range(k)]
+            rng = np.random.default_rng(seed + node)  # train on a sample (faiss would too)
+            sample = members if len(members) <= 256 * k else \
+                np.sort(rng.choice(members, 256 * k, replace=False))
+            km.train(self.X[sample])
+            assign = np.concatenate([km.index.search(self.X[members[i:i + 65536]], 1)[1][:, 0]
+                                     for i in range(0, len(members), 65536)])
+            parts = [members[assign == c] for c in range(k)]
             parts = [p for p in parts if len(p)]
             if len(parts) < 2:  # k-means found no structure: grow this group incrementally
                 groups.append((node, members))
@@ -500,7 +546,7 @@ class TreeBuilder:
                 self.ss[u] = float(self.s[u] @ self.s[u])
 
     # -- output ----------------------------------------------------------------------------
-    def finish(self) -> "TreeArrays":
+    def finish(self) -> TreeArrays:
         order, docs, start, end = _layout(self.root, len(self.X), self.child, self.nch,
                                           self.head, self.nxt, self.alive)
         new_id = np.full(len(self.parent), NONE, np.int64)

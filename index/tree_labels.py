@@ -5,20 +5,20 @@ stems), counted once per document (document frequency). A node's term ``t`` scor
 ``p_n(t) * log(p_n(t) / p_parent(t))`` with ``p_n(t)`` = share of the node's documents that
 contain ``t``: frequent in the node and more frequent than in its parent, i.e. what sets the
 node apart from its siblings (the root is contrasted with a uniform background: ``p log 1/p``).
-Terms in a single document of a node with more than one are skipped. Labels show a surface
+Nodes of five or more documents skip terms found in only one of them. Labels show a surface
 word for each stem (the shortest word of the texts that stems to it).
 """
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
-
 from polyindex.index.analyzer import Analyzer
 
 N_TERMS = 3
+MIN_DF2_SIZE = 5  # nodes this large label only with terms of two or more of their documents
 _WORD = re.compile(r"\w\w+", re.UNICODE)
 _ANALYZER = Analyzer()
 
@@ -57,7 +57,7 @@ def node_labels(texts: Sequence[str], docs: np.ndarray, doc_start: np.ndarray,
     par_size = np.where(has_parent, size[np.maximum(parent, 0)], 1.0)
     p_par = np.where(has_parent[rows], par_on.data / par_size[rows], 1.0)
     score = p_node * np.log(np.where(has_parent[rows], p_node / p_par, 1.0 / p_node))
-    score[(df.data < 2) & (count[rows] > 1)] = -np.inf
+    score[(df.data < 2) & (count[rows] >= MIN_DF2_SIZE)] = -np.inf
     score[score <= 0] = -np.inf
     stems = np.empty(len(vocab), object)
     stems[list(vocab.values())] = list(vocab.keys())

@@ -1,6 +1,7 @@
 """Searching the ``tree`` kind: coarse-to-fine, best-first with a node budget, and path-sum.
 
-Node similarity ``sim(q, n)`` (``mode``): ``dot`` = ``q . mean_n`` (a document: ``q . x``), or
+Node similarity ``sim(q, n)`` (``mode``): ``dot`` = ``q . mean_n`` (a document: ``q . x``),
+``cos`` = the cosine of q and the mean (a document: of q and x), or
 ``gauss`` = the query's log-likelihood under the node's diagonal Gaussian, per dimension:
 ``-1/2 * mean_i((q_i - mean_i)^2 / v_i + log v_i)`` (a document: its vector as the mean, its
 leaf's variances). Gaussian scores are translation invariant, so a large component common to
@@ -12,7 +13,8 @@ child, in similarity units. The **path score** of a document is the sum of those
 root down to it; it never grows along a path, so best-first search over path scores is exact:
 the first k documents it pops are the top k (``rank=path``). ``rank=best`` walks the same
 best-first order but ranks the documents of the leaves it opens by ``sim(q, doc)``; with an
-unlimited budget it scores every document, i.e. flat search. ``budget`` caps expanded nodes.
+unlimited budget it scores every document, i.e. flat search. ``budget`` caps expanded nodes;
+the search goes on past it only until it holds k documents.
 
 ``score_rows`` recomputes either score for given rows with the same arithmetic in the same
 order as the search (identical floats), memoizing per-node terms per query.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-DOT, GAUSS = 0, 1
+DOT, GAUSS, COS = 0, 1, 2
 
 
 @nb.njit(cache=True, inline="always")
@@ -37,6 +39,8 @@ def _dot(a, b):
 def _sim_node(q, q2, n, mode, mean, w, mw, cst):
     if mode == DOT:
         return _dot(mean[n], q)
+    if mode == COS:  # cst holds 1 / ||mean||
+        return _dot(mean[n], q) * cst[n]
     return -0.5 * (_dot(w[n], q2) - 2.0 * _dot(mw[n], q) + cst[n]) / q.shape[0]
 
 
@@ -44,6 +48,8 @@ def _sim_node(q, q2, n, mode, mean, w, mw, cst):
 def _sim_doc(q, r, leaf, mode, X, w, logdet):
     if mode == DOT:
         return _dot(X[r], q)
+    if mode == COS:  # logdet holds 1 / ||x|| per row
+        return _dot(X[r], q) * logdet[r]
     acc = 0.0
     wl = w[leaf]
     x = X[r]
@@ -57,8 +63,7 @@ def _sim_doc(q, r, leaf, mode, X, w, logdet):
 def _lse(buf, k, temp):
     m = -np.inf
     for j in range(k):
-        if buf[j] > m:
-            m = buf[j]
+        m = max(m, buf[j])
     acc = 0.0
     for j in range(k):
         acc += np.exp((buf[j] - m) / temp)
@@ -131,13 +136,11 @@ def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc
     n_nodes = n_child.shape[0]
     n_rows = docs.shape[0]
     has_allow = allow.shape[0] > 0
-    cap = n_nodes + (n_rows if path_rank else 0)
-    if budget > 0:
-        cap = min(cap, 1 + budget * max_fan)
+    cap = n_nodes + (n_rows if path_rank else 0)  # a budget may be overrun to find k docs
     keys = np.empty(cap)
     items = np.empty(cap, np.int64)
     buf = np.empty(max_fan)
-    ccap = n_rows if budget <= 0 else min(n_rows, budget * max_fan)
+    ccap = n_rows
     cand_s = np.empty(ccap)
     cand_r = np.empty(ccap, np.int64)
     for qi in range(Q.shape[0]):
@@ -147,19 +150,21 @@ def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc
         opened = 0
         found = 0
         n_cand = 0
+        on_heap = 0  # documents waiting on the frontier (path rank)
         while size > 0:
             key = keys[0]
             item = items[0]
             if item < 0:  # a document (path rank): popped in final order
                 size = _pop(keys, items, size)
+                on_heap -= 1
                 out_s[qi, found] = key
                 out_r[qi, found] = -item - 1
                 found += 1
                 if found == k:
                     break
                 continue
-            if budget > 0 and opened >= budget:
-                break
+            if budget > 0 and opened >= budget and (found + on_heap >= k or n_cand >= k):
+                break  # budget spent and k documents in hand
             size = _pop(keys, items, size)
             opened += 1
             nd = item
@@ -178,6 +183,7 @@ def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc
                     if has_allow and not allow[r]:
                         continue
                     size = _push(keys, items, size, key + (buf[j] - lse), -r - 1)
+                    on_heap += 1
             else:
                 for j in range(doc_start[nd], doc_end[nd]):
                     r = docs[j]
