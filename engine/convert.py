@@ -72,15 +72,21 @@ def doc_from_proto(msg: pb.Document) -> Document:
     return Document(msg.id, msg.title, msg.text, meta)
 
 
-def hit_to_proto(hit: Hit) -> pb.Hit:
-    msg = pb.Hit(id=hit.id, score=hit.score, rank=hit.rank)
+def add_hits(container, hits) -> None:
+    """Append hits to a repeated ``Hit`` field in place (no intermediate message copies: this
+    is on every query's path)."""
+    for hit in hits:
+        _fill_hit(container.add(), hit)
+
+
+def _fill_hit(msg: pb.Hit, hit: Hit) -> None:
+    msg.id, msg.score, msg.rank = hit.id, hit.score, hit.rank
     if hit.title is not None:
         msg.title = hit.title
     if hit.text is not None:
         msg.text = hit.text
     if hit.explain is not None:
         msg.explain.CopyFrom(to_struct(hit.explain))
-    return msg
 
 
 def hit_from_proto(msg: pb.Hit) -> Hit:

@@ -56,12 +56,19 @@ class Metrics:
               registry=self.registry).set_function(lambda: time.time() - self.started)
         self.registry.register(CollectionCollector(engine))
         self._tally: _Tally[str] = _Tally()
+        self._children: dict[tuple[str, str, str], tuple] = {}
         self._lock = threading.Lock()
         self._http = None
 
     def observe(self, rpc: str, code: str, seconds: float, profile: str = "") -> None:
-        self.requests.labels(rpc, code).inc()
-        self.latency.labels(rpc, profile).observe(seconds)
+        # labels() validates and looks up the child on every call: keep the children
+        key = (rpc, code, profile)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children.setdefault(
+                key, (self.requests.labels(rpc, code), self.latency.labels(rpc, profile)))
+        children[0].inc()
+        children[1].observe(seconds)
         with self._lock:
             self._tally[rpc] += 1
 

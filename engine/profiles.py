@@ -50,7 +50,10 @@ class Profile:
     name: str
     retrieve: list[Stage]
     fuse: dict = field(default_factory=lambda: {"method": "rrf", "k": 60})
-    rerank: dict | None = None  # {"model": ranker name, "window": candidates to rerank}
+    # {"model": ranker name, "window": W}: a LightGBM ranker over features of the fused top W;
+    # {"index": kind, "window": W, "params": "..."}: that kind's own score of the top W
+    # (e.g. exact MaxSim of a multivector index over lexical + dense candidates).
+    rerank: dict | None = None
 
     @classmethod
     def from_json(cls, name: str, data: dict, kinds: set[str]) -> "Profile":
@@ -81,8 +84,17 @@ class Profile:
                 raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
         rerank = data.get("rerank")
         if rerank is not None:
-            if not isinstance(rerank, dict) or not isinstance(rerank.get("model"), str):
-                raise InvalidArgument(f"{where}: rerank needs a 'model' (ranker name)")
+            if not isinstance(rerank, dict) or \
+                    sum(isinstance(rerank.get(x), str) for x in ("model", "index")) != 1:
+                raise InvalidArgument(f"{where}: rerank needs either a 'model' (ranker name) or "
+                                      f"an 'index' (a kind whose own score reorders the window)")
+            if "index" in rerank:
+                if rerank["index"] not in kinds:
+                    raise InvalidArgument(f"{where}: rerank.index names {rerank['index']!r}, "
+                                          f"which the collection does not have ({sorted(kinds)})")
+                params = rerank.get("params", "")
+                parse_options(params, where=f"{where} rerank.params") if isinstance(params, str) \
+                    else dict(params)
             window = rerank.get("window", 100)
             if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= 10_000:
                 raise InvalidArgument(f"{where}: rerank.window must be an integer in 1..10000")

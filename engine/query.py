@@ -71,11 +71,15 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         per_query.append((lists, *_fuse(profile, lists, keep)))
     extra = [None] * len(queries)
     if profile.rerank is not None:
-        from polyindex.rerank.stage import rerank
         window = profile.rerank["window"]
-        reranked = rerank(snapshot, queries, [(kk[:window], sc[:window]) for _, kk, sc in per_query],
-                          [lists for lists, _, _ in per_query], [st.index for st in profile.retrieve],
-                          profile.rerank, explain)
+        cands = [(kk[:window], sc[:window]) for _, kk, sc in per_query]
+        if "index" in profile.rerank:  # one kind's own score reorders the window
+            from polyindex.rerank.kind_scores import rescore
+            reranked = rescore(snapshot, queries, cands, profile.rerank, explain)
+        else:
+            from polyindex.rerank.stage import rerank
+            reranked = rerank(snapshot, queries, cands, [lists for lists, _, _ in per_query],
+                              [st.index for st in profile.retrieve], profile.rerank, explain)
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None, with_text,

@@ -15,7 +15,7 @@ import grpc
 from polyindex import grpc_errors
 from polyindex.collection import MAX_K
 from polyindex.config import DEFAULT_INDEXES
-from polyindex.convert import doc_to_proto, from_struct, hit_to_proto, to_struct
+from polyindex.convert import add_hits, doc_to_proto, from_struct, to_struct
 from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
 from polyindex.grpc_errors import Cancelled, DeadlineExceeded
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
@@ -85,9 +85,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         resp = pb.QueryResponse()
         if req.batch:
             for hits in results:
-                resp.batch.add().hits.extend(hit_to_proto(h) for h in hits)
+                add_hits(resp.batch.add().hits, hits)
         else:
-            resp.hits.extend(hit_to_proto(h) for h in results[0])
+            add_hits(resp.hits, results[0])
         resp.took_ms = (time.perf_counter() - start) * 1000
         return resp
 

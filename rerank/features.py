@@ -4,7 +4,8 @@
 other, in the given order) and one column per ``schema.NAMES``, and the row offsets of each
 query. Lexical features come from the numba kernel over each segment's forward index with
 collection-wide statistics (``stats``); the dense cosine from the stored embeddings; fusion
-features from the retrieve stages' lists. Missing values are NaN.
+features from the retrieve stages' lists; the other kinds' own scores (``kind_scores``) when
+the collection has them. Missing values are NaN.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.rerank import kernels, schema, window
+from polyindex.rerank import kernels, kind_scores, schema, window
 from polyindex.rerank.stats import field_stats, forward_index
 
 F = len(schema.NAMES)
@@ -37,6 +38,9 @@ def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
     if "dense" in snapshot.kinds:
         _dense(snapshot, queries, qptr, seg, rows, X)
     _fusion(keys, stage_lists, stage_names, qptr, X)
+    for kind, name in schema.KIND_SCORES.items():
+        if kind in snapshot.kinds:
+            X[:, _COL[name]] = kind_scores.score(snapshot, kind, queries, q_of, seg, rows)
     return X, qptr
 
 

@@ -5,9 +5,11 @@ Files (a collection artifact ``ranker-<name>``, or the shipped ``models/general`
 feature schema version and names, transform, training summary). The hash in the names makes a
 retrained model a new set of files, so caches keyed by file names never serve a stale model.
 
-Transforms turn the schema's feature matrix into the model's input:
-- ``raw``: as computed;
-- ``raw+query``: the raw features followed by copies of the collection-scaled scores
+Transforms turn the schema's feature matrix into the model's input, from the feature names the
+model was trained with (``features`` in its metadata: all of ``schema.NAMES`` for a new model,
+a prefix of them for one trained before later features were added):
+- ``raw``: those columns as computed;
+- ``raw+query``: the raw columns followed by copies of their collection-scaled scores
   (``schema.SCALED``) min-max normalized within each query's window (``<name>@q``): the
   default of collection rankers;
 - ``general``: ``schema.GENERAL`` features as ranks within the query's window (see
@@ -15,9 +17,11 @@ Transforms turn the schema's feature matrix into the model's input:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -27,19 +31,19 @@ from polyindex.rerank.forest import Forest
 
 FORMAT = 1
 TRANSFORMS = ("raw", "raw+query", "general")
-_SCALED = np.array([schema.INDEX[n] for n in schema.SCALED])
 _GENERAL = np.array([schema.INDEX[n] for n in schema.GENERAL])
 _GENERAL_RANKED = np.array([i for i, n in enumerate(schema.GENERAL)
                             if n not in schema.GENERAL_AS_IS])
 
 
-def model_names(transform: str) -> list[str]:
+def model_names(transform: str, base: Sequence[str] = schema.NAMES) -> list[str]:
+    """The model's input names for a transform over ``base`` feature names."""
     if transform == "raw":
-        return list(schema.NAMES)
+        return list(base)
     if transform == "general":
         return list(schema.GENERAL)
     if transform == "raw+query":
-        return list(schema.NAMES) + [f"{n}@q" for n in schema.SCALED]
+        return list(base) + [f"{n}@q" for n in schema.SCALED if n in base]
     raise InvalidArgument(f"unknown feature transform {transform!r}; known: {', '.join(TRANSFORMS)}")
 
 
@@ -60,17 +64,33 @@ def query_minmax(a: np.ndarray, qptr: np.ndarray) -> np.ndarray:
     return out.astype(np.float32, copy=False)
 
 
-def transform(kind: str, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+def transform(kind: str, X: np.ndarray, qptr: np.ndarray,
+              base: Sequence[str] = schema.NAMES) -> np.ndarray:
+    cols = _columns(tuple(base))
     if kind == "raw":
-        return X
+        return X if cols is None else X[:, cols]
     if kind == "raw+query":
-        return np.hstack([X, query_minmax(X[:, _SCALED], qptr)])
+        raw = X if cols is None else X[:, cols]
+        return np.hstack([raw, query_minmax(X[:, _scaled(tuple(base))], qptr)])
     Xg = X[:, _GENERAL]
     ranked = Xg[:, _GENERAL_RANKED]
     out = np.empty(ranked.shape, np.float32)
     window.query_ranks(ranked, qptr, out)
     Xg[:, _GENERAL_RANKED] = out
     return Xg
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(base: tuple[str, ...]) -> np.ndarray | None:
+    """Columns of ``base`` in the schema's matrix (None: all of them, in order)."""
+    if base == schema.NAMES:
+        return None
+    return np.array([schema.INDEX[n] for n in base], np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled(base: tuple[str, ...]) -> np.ndarray:
+    return np.array([schema.INDEX[n] for n in schema.SCALED if n in base], np.int64)
 
 
 class Ranker:
@@ -87,13 +107,14 @@ class Ranker:
         if self.prior_weight and self.prior_col is None:
             raise Corrupt(f"{what}: prior feature {prior.get('feature')!r} is not in the schema")
         self.transform = meta.get("transform", "raw")
-        self.names = model_names(self.transform)
+        self.base = tuple(meta["features"])
+        self.names = model_names(self.transform, self.base)
         if booster.num_feature() != len(self.names):
             raise Corrupt(f"{what}: the model has {booster.num_feature()} features, its "
                           f"metadata describes {len(self.names)}")
 
     def inputs(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
-        return transform(self.transform, X, qptr)
+        return transform(self.transform, X, qptr, self.base)
 
     def prior(self, X: np.ndarray) -> np.ndarray:
         """The score boosting started from (``init_score`` at training): weight x a feature."""

@@ -54,8 +54,14 @@ PRF_DOCS = 10
 STAGES = ("lexical", "dense")                     # retrievers whose rank and score are features
 FUSION = tuple(f"{s}_{w}" for s in STAGES for w in ("rank", "score")) + ("rrf", "fused_rank")
 
+# Every other index kind's own score of the candidate (``SegmentIndex.score``), NaN where the
+# collection lacks the kind. Appended after the version-1 names: models trained before they
+# existed list a prefix of ``NAMES`` and keep working (``check``, ``ltr``).
+KIND_SCORES = {"sparse": "sparse_sim", "multivector": "multivector_maxsim",
+               "tree": "tree_path_score"}
+
 NAMES: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in PER_FIELD)
-                          + QUERY + NEURAL + FUSION)
+                          + QUERY + NEURAL + FUSION + tuple(KIND_SCORES.values()))
 INDEX = {n: i for i, n in enumerate(NAMES)}
 
 # Scores whose scale depends on the collection (document count, lengths, the retrievers): the
@@ -64,7 +70,8 @@ _SCALED_PER_FIELD = ("bm25_k1.2_b0.75", "bm25_k0.9_b0.4", "ql_dir_mu100", "ql_di
                      "ql_jm_l0.4", "idf_sum", "idf_mean", "idf_max", "idf_min", "tf_sum",
                      "tf_max", "length", "min_window")
 SCALED: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in _SCALED_PER_FIELD)
-                           + ("dense_cos", "dense_prf_cos", "lexical_score", "dense_score", "rrf"))
+                           + ("dense_cos", "dense_prf_cos", "lexical_score", "dense_score", "rrf")
+                           + tuple(KIND_SCORES.values()))
 # The general ranker (trained on several collections, shipped) sees only what transfers across
 # them (leave-one-collection-out, bench_ltr): the "all" field's lexical features, the neural
 # and the fusion features, each as its rank in the query's window (its position, as a fraction
@@ -85,6 +92,10 @@ def check(version, names, *, what: str) -> None:
         raise InvalidArgument(
             f"{what} was trained with feature schema version {version!r}, but this polyindex "
             f"computes version {VERSION}; retrain it with `polyindex train-ranker`")
-    if list(names) != list(NAMES):
+    # A model's names are its input columns, by name: any subset of today's names works
+    # (features added later, such as the kind scores, are simply not among its inputs).
+    unknown = [n for n in names if n not in INDEX]
+    if unknown or len(set(names)) != len(names) or not len(names):
         raise InvalidArgument(f"{what}: its feature names do not match feature schema version "
-                              f"{VERSION} (the model files are inconsistent); retrain it")
+                              f"{VERSION} (unknown: {unknown[:5]}; the model files are "
+                              f"inconsistent); retrain it")
