@@ -42,11 +42,13 @@ def write_trec(path: Path, run: dict[str, list[tuple[str, float]]], tag: str) ->
 
 
 def evaluate_run(run_path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
-    """Aggregate measures of a TREC run file over the judged queries."""
+    """Mean measures of a TREC run file over the judged queries; a judged query without hits
+    counts as zero. Per-query values are summed here because whether ir-measures reports a
+    query absent from the run (as 0) or leaves it out depends on the measure's provider."""
     judged = set(qrels)
     run = [r for r in ir_measures.read_trec_run(str(run_path)) if r.query_id in judged]
-    agg = ir_measures.calc_aggregate(MEASURES, qrels, run)
-    # Judged queries with no hits count as zero (ir-measures averages only over run queries).
-    n_run = len({r.query_id for r in run})
-    scale = n_run / len(judged) if judged else 0.0
-    return {MEASURE_NAMES[str(m)]: float(agg.get(m, 0.0)) * scale for m in MEASURES}
+    sums = {str(m): 0.0 for m in MEASURES}
+    for m in ir_measures.iter_calc(MEASURES, qrels, run):
+        sums[str(m.measure)] += float(m.value)
+    n = len(judged)
+    return {MEASURE_NAMES[k]: (v / n if n else 0.0) for k, v in sums.items()}
