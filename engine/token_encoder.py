@@ -55,19 +55,22 @@ class SentenceTokenEncoder:
         self.name, self.dim = encoder.name, encoder.dim
         tok = self.model.tokenizer
         self.special_ids = np.array(sorted(set(tok.all_special_ids)), dtype=np.int64)
-        self._attn = _last_self_attention(self.model[0].auto_model) if len(self.model) else None
+        inner = getattr(self.model[0], "auto_model", None) if len(self.model) else None
+        self._attn = _last_self_attention(inner) if inner is not None else None
         self._lock = threading.Lock()  # hooks are per model: one salience pass at a time
 
     # -- salience hook -----------------------------------------------------------------------
     def _salience_hooks(self):
         import torch
-        captured = {}
+        # per thread: a query encoded by another thread meanwhile runs through the same hooks
+        captured = threading.local()
 
         def pre(module, args, kwargs):
-            captured["h"] = args[0] if args else kwargs["hidden_states"]
+            captured.h = args[0] if args else kwargs["hidden_states"]
 
         def post(module, args, out):
-            h, mask = captured.pop("h", None), out.get("attention_mask")
+            h, mask = getattr(captured, "h", None), out.get("attention_mask")
+            captured.h = None
             if h is None or mask is None:
                 return out
             a = self._attn
@@ -147,6 +150,7 @@ def token_encoder_for(encoder) -> SentenceTokenEncoder:
         return _TOKEN_ENCODERS[key]
 
 
-def get_token_encoder(model: str, dtype: str = "bfloat16", device: str = "cpu") -> SentenceTokenEncoder:
+def get_token_encoder(model: str, dtype: str = "bfloat16",
+                      device: str = "cpu") -> SentenceTokenEncoder:
     from polyindex.encoder import get_encoder
     return token_encoder_for(get_encoder(model, dtype, device))

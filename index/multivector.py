@@ -27,7 +27,6 @@ row per centroid: ``docs`` list<int32>, ascending).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -174,7 +173,8 @@ class MultivectorSegment(SegmentIndex):
             if len(cand) == 0:
                 continue
             keep = max(k, prepared.ndocs)
-            if self.res is not None and len(cand) > keep:  # first pass picks the final's input
+            two_pass = self.res is not None or q.qsig is not None  # else first == final
+            if two_pass and len(cand) > keep:  # the first pass picks the final pass's input
                 first = self._pass(q, cand, final=False)
                 _, cand = _top(first, cand, keep)
             prepared.stats["final"] += len(cand)
@@ -228,6 +228,7 @@ class MultivectorKind(IndexKind):
         self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
         self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
         self.codebook: codec.Codebook | None = None
+        self._kernels = None
         self._saved = False
         self.device = "cpu"
         self.model_config = (DEFAULT_MODEL, "bfloat16")  # the collection sets its own
@@ -243,7 +244,9 @@ class MultivectorKind(IndexKind):
 
     @property
     def kernels(self):
-        return backend(self.device)
+        if self._kernels is None or self._kernels[0] != self.device:
+            self._kernels = (self.device, backend(self.device))
+        return self._kernels[1]
 
     @property
     def wants_salience(self) -> bool:
@@ -393,7 +396,8 @@ class MultivectorKind(IndexKind):
                     or not np.array_equal(res_col.offsets.to_numpy(), offsets):
                 raise Corrupt(f"{folder}: multivector residual column does not match its codes")
             res = np.frombuffer(vals.buffers()[1], np.uint8, count=len(vals) * m,
-                                offset=vals.offset * m).reshape(-1, m)
+                                offset=vals.offset * m).reshape(-1, m) if len(vals) \
+                else np.zeros((0, m), np.uint8)
         it = _read(folder / IVF_FILE)
         ivf_col = _list_column(it, "docs", folder)
         ivf_off, ivf_docs = ivf_col.offsets.to_numpy(), ivf_col.values.to_numpy(zero_copy_only=True)
@@ -472,7 +476,8 @@ class MultivectorKind(IndexKind):
             probes = np.unique(np.argpartition(-lut_t, npb - 1, axis=0)[:npb]) if npb < cb.k \
                 else np.arange(cb.k)
             out.append(MVQuery(q, lut_t, cb.pq_tables(q) if cb.m else None,
-                               cb.signature(q) if cb.bits else None, probes.astype(np.int64)))
+                               cb.signature(q) if self.bits and cb.bits else None,
+                               probes.astype(np.int64)))
         return MVPrepared(out, nprobe, ndocs, exhaustive)
 
 

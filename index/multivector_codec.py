@@ -182,15 +182,23 @@ def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
             pq.train(resid)
             pq_centroids = faiss.vector_to_array(pq.centroids).reshape(m, 256, d // m).copy()
     sig_proj = sig_mean = None
-    bits = min(bits, d)
-    if bits:
-        sig_mean = centroids.mean(0).astype(np.float32)
-        cov = (centroids - sig_mean).T @ (centroids - sig_mean)
-        _, vecs = np.linalg.eigh(cov.astype(np.float64))
-        sig_proj = np.ascontiguousarray(vecs[:, ::-1][:, :bits], dtype=np.float32)
-        # eigenvector signs are arbitrary: fix them so the projection of +mean direction is >= 0
-        sig_proj *= np.where(sig_proj.sum(0) < 0, -1, 1).astype(np.float32)
-    meta = {"k": k_eff, "k_asked": k, "m": m, "bits": bits, "bits_asked": bits_asked, "seed": seed, "niter": niter,
-            "dim": d, "train_tokens": int(take), "tokens_seen": int(n),
+    sig_proj, sig_mean = signature_basis(centroids, bits)
+    meta = {"k": k_eff, "k_asked": k, "m": m, "bits": 0 if sig_proj is None else sig_proj.shape[1],
+            "bits_asked": bits_asked, "seed": seed, "niter": niter, "dim": d,
+            "train_tokens": int(take), "tokens_seen": int(n),
             "seconds": round(time.perf_counter() - t0, 2)}
     return Codebook(centroids, pq_centroids, sig_proj, sig_mean, meta)
+
+
+def signature_basis(centroids: np.ndarray, bits: int):
+    """The top-``bits`` principal directions of the centroids (and their mean), or Nones."""
+    bits = min(bits, centroids.shape[1])
+    if not bits:
+        return None, None
+    sig_mean = centroids.mean(0).astype(np.float32)
+    cov = (centroids - sig_mean).T @ (centroids - sig_mean)
+    _, vecs = np.linalg.eigh(cov.astype(np.float64))
+    sig_proj = np.ascontiguousarray(vecs[:, ::-1][:, :bits], dtype=np.float32)
+    # eigenvector signs are arbitrary: fix them (largest-magnitude entry positive)
+    flip = np.sign(sig_proj[np.abs(sig_proj).argmax(0), np.arange(bits)])
+    return np.ascontiguousarray(sig_proj * flip.astype(np.float32)), sig_mean
