@@ -46,7 +46,9 @@ DOCS_FILE = "tree.docs.arrow"
 FORMAT = 1
 SIMS = {"dot": tree_search.DOT, "cos": tree_search.COS, "gauss": tree_search.GAUSS}
 RANKS = ("best", "path")
-DEFAULT_TEMP = {"dot": 0.05, "cos": 0.05, "gauss": 0.5}
+# measured on cranfield and nfcorpus (bench_tree.py): path-sum with dot is within 1% of flat
+# from 0.2 up (it tends to flat as temp grows); best-first traversal by cos at 0.05
+DEFAULT_TEMP = {"dot": 0.2, "cos": 0.05, "gauss": 0.1}
 _NODE_SCHEMA = {"parent": pa.int32(), "child_start": pa.int32(), "n_child": pa.int32(),
                 "doc_start": pa.int64(), "doc_end": pa.int64(), "count": pa.int64(),
                 "label": pa.string()}
@@ -62,7 +64,7 @@ class TreeConfig:
     leaf: int = 64
     group: int = 4096
     seed: int = 0
-    sim: str = "dot"
+    sim: str = "cos"
     rank: str = "best"
     budget: int = 64
     temp: float | None = None  # None: DEFAULT_TEMP[sim]
@@ -162,6 +164,7 @@ class TreeSegment(SegmentIndex):
         self.mean, self.var, self.labels = mean, var, labels
         self._keep = keep
         self.n_nodes = len(self.parent)
+        self.logn = np.log(np.maximum(self.count, 1).astype(np.float64))  # log prior counts
         sizes = self.doc_end - self.doc_start
         leaf_sizes = sizes[self.n_child == 0]
         self.max_fan = int(max(self.n_child.max(initial=1), leaf_sizes.max(initial=1), 1))
@@ -233,8 +236,8 @@ class TreeSegment(SegmentIndex):
         expanded = np.zeros(nq, np.int64)
         tree_search.search(prepared.vectors, k, prepared.budget, prepared.path_rank,
                            prepared.temp, prepared.mode, allow, self.child_start, self.n_child,
-                           self.doc_start, self.doc_end, self.docs, self.mean, w, mw, cst,
-                           logdet, self.embeddings(), self.max_fan, out_s, out_r, expanded)
+                           self.logn, self.doc_start, self.doc_end, self.docs, self.mean, w, mw,
+                           cst, logdet, self.embeddings(), self.max_fan, out_s, out_r, expanded)
         prepared.expanded += expanded
         off = prepared.offset(self)
         if off:
@@ -257,8 +260,8 @@ class TreeSegment(SegmentIndex):
             w, mw, cst, logdet = self._sim_arrays(prepared.mode)
             tree_search.score_rows(prepared.vectors, rows, path_rank, prepared.temp,
                                    prepared.mode, self.parent, self.leaf_of, self.child_start,
-                                   self.n_child, self.doc_start, self.doc_end, self.docs,
-                                   self.mean, w, mw, cst, logdet, self.embeddings(),
+                                   self.n_child, self.logn, self.doc_start, self.doc_end,
+                                   self.docs, self.mean, w, mw, cst, logdet, self.embeddings(),
                                    self.max_fan, self.max_depth, out)
             if path_rank:
                 out += prepared.prior.get(id(self), 0.0)

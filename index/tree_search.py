@@ -7,9 +7,13 @@ Node similarity ``sim(q, n)`` (``mode``): ``dot`` = ``q . mean_n`` (a document: 
 leaf's variances). Gaussian scores are translation invariant, so a large component common to
 every vector (anisotropic embeddings) cancels, where a dot product does not.
 
-A step from a node to one of its children (or from a leaf to one of its documents) scores
-``sim(child) - temp * log sum_siblings exp(sim / temp)``: the log-probability of choosing that
-child, in similarity units. The **path score** of a document is the sum of those steps from the
+A step from a node to one of its children scores ``u(child) - temp * log sum_siblings
+exp(u / temp)`` with ``u = sim + temp * log(count)`` (the child's prior is its share of the
+documents, as COBWEB weighs concepts by P(C)), and from a leaf to one of its documents the same
+with ``u = sim``: the log-probability of choosing that child, in similarity units. With the
+priors a query that likes every document alike gives every document the same path score, and
+under ``dot`` (a node's similarity is the mean of its documents') the path score is the flat
+score less each node's spread of similarities. The **path score** of a document is the sum of those steps from the
 root down to it; it never grows along a path, so best-first search over path scores is exact:
 the first k documents it pops are the top k (``rank=path``). ``rank=best`` walks the same
 best-first order but ranks the documents of the leaves it opens by ``sim(q, doc)``; with an
@@ -71,11 +75,13 @@ def _lse(buf, k, temp):
 
 
 @nb.njit(cache=True)
-def _children_lse(q, q2, p, buf, temp, mode, child_start, n_child, mean, w, mw, cst):
+def _children_lse(q, q2, p, buf, temp, mode, child_start, n_child, logn, mean, w, mw, cst):
+    """Fills buf with each child's ``sim + temp * log(count)`` (similarity plus the log of the
+    child's prior, its share of the documents) and returns their temp-logsumexp."""
     c0 = child_start[p]
     k = n_child[p]
     for j in range(k):
-        buf[j] = _sim_node(q, q2, c0 + j, mode, mean, w, mw, cst)
+        buf[j] = _sim_node(q, q2, c0 + j, mode, mean, w, mw, cst) + temp * logn[c0 + j]
     return _lse(buf, k, temp)
 
 
@@ -129,7 +135,7 @@ def _pop(keys, items, size):
 # ---------------------------------------------------------------------------- search
 
 @nb.njit(cache=True)
-def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc_start,
+def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, logn, doc_start,
            doc_end, docs, mean, w, mw, cst, logdet, X, max_fan, out_s, out_r, expanded):
     """Best-first search of every query of ``Q``; ``budget`` <= 0 is unlimited. Fills
     ``out_s``/``out_r`` (nq, k) (-inf/-1 padded) and ``expanded`` (nodes opened per query)."""
@@ -169,8 +175,8 @@ def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc
             opened += 1
             nd = item
             if n_child[nd] > 0:
-                lse = _children_lse(q, q2, nd, buf, temp, mode, child_start, n_child, mean,
-                                    w, mw, cst)
+                lse = _children_lse(q, q2, nd, buf, temp, mode, child_start, n_child, logn,
+                                    mean, w, mw, cst)
                 c0 = child_start[nd]
                 for j in range(n_child[nd]):
                     size = _push(keys, items, size, key + (buf[j] - lse), c0 + j)
@@ -210,7 +216,7 @@ def search(Q, k, budget, path_rank, temp, mode, allow, child_start, n_child, doc
 
 
 @nb.njit(cache=True)
-def score_rows(Q, rows, path_rank, temp, mode, parent, leaf_of, child_start, n_child,
+def score_rows(Q, rows, path_rank, temp, mode, parent, leaf_of, child_start, n_child, logn,
                doc_start, doc_end, docs, mean, w, mw, cst, logdet, X, max_fan, max_depth, out):
     """The ranking rule's score of given rows (NaN for rows out of range), as ``search``."""
     n_nodes = n_child.shape[0]
@@ -243,7 +249,7 @@ def score_rows(Q, rows, path_rank, temp, mode, parent, leaf_of, child_start, n_c
                 p = parent[c]
                 if np.isnan(lses[p]):
                     lses[p] = _children_lse(q, q2, p, buf, temp, mode, child_start, n_child,
-                                            mean, w, mw, cst)
+                                            logn, mean, w, mw, cst)
                     c0 = child_start[p]
                     for t in range(n_child[p]):
                         sims[c0 + t] = buf[t]

@@ -126,7 +126,7 @@ def segment(tmp_path, x, factory, texts=None):
 def reference_path_scores(seg, q, temp):
     """Path scores by the definition, in numpy (dot similarity)."""
     x = seg.embeddings().astype(np.float64)
-    sims = seg.mean.astype(np.float64) @ q
+    sims = seg.mean.astype(np.float64) @ q + temp * np.log(seg.count)  # with the count prior
     lse = lambda v: v.max() + temp * np.log(np.exp((v - v.max()) / temp).sum())
     out = np.empty(seg.n_rows)
     for r in range(seg.n_rows):
@@ -185,8 +185,8 @@ def test_budget_bounds_work_and_recall_grows(tmp_path):
         _, r = seg.search(prep, 10, {}, None)
         assert (r >= 0).all()  # past the budget only as far as needed to hold k documents
         if budget:  # a budget is overrun only when it opened fewer than k documents' leaves
-            assert (prep.expanded <= budget).mean() >= (0.9 if budget >= 16 else 0.0)
             assert (prep.expanded <= max(budget, 30)).all()
+            assert budget < 64 or (prep.expanded <= budget).all()
         recalls.append(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(r, truth)]))
     assert recalls == sorted(recalls) and recalls[-1] == 1.0 and recalls[0] < 1.0
 
