@@ -60,15 +60,19 @@ class Codebook:
 
     # -- encoding ----------------------------------------------------------------------------
     def assign(self, x: np.ndarray) -> np.ndarray:
-        """Nearest centroid (L2) of each row, int64."""
+        """Nearest centroid (L2) of each row, int64: argmax of x.c - |c|^2 / 2, one numpy
+        matmul per chunk (measured here 3.5x faster than faiss.IndexFlatL2's search, whose
+        bundled BLAS is slower than numpy's; assignment is most of a segment's build time)."""
         if self._index is None:
-            self._index = faiss.IndexFlatL2(self.d)
-            self._index.add(self.centroids)
+            self._index = (np.ascontiguousarray(self.centroids.T),
+                           0.5 * (self.centroids.astype(np.float64) ** 2).sum(1).astype(np.float32))
+        ct, half_norm = self._index
         out = np.empty(len(x), np.int64)
-        with faiss_threads():
-            for s in range(0, len(x), ASSIGN_CHUNK):
-                part = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK], dtype=np.float32)
-                out[s:s + len(part)] = self._index.search(part, 1)[1][:, 0]
+        for s in range(0, len(x), ASSIGN_CHUNK // 8):
+            part = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK // 8], dtype=np.float32)
+            scores = part @ ct
+            scores -= half_norm
+            out[s:s + len(part)] = scores.argmax(1)
         return out
 
     def _product_quantizer(self):
@@ -142,7 +146,7 @@ class Codebook:
 
 
 def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
-          points_per_centroid: int = 16, bits: int = 0) -> Codebook:
+          points_per_centroid: int = 8, bits: int = 0) -> Codebook:
     """Train centroids (and the residual PQ with ``m`` bytes, and ``bits``-bit signatures) on
     token vectors ``x`` (n, d). At most ``points_per_centroid * K`` tokens are used (drawn with
     ``seed``); K shrinks to n // 4 on tiny samples (recorded in the meta)."""
@@ -171,9 +175,7 @@ def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
             pq_take = min(n, max(take, 65_536))
             pq_sample = sample if pq_take == take else np.ascontiguousarray(
                 x[np.sort(rng.choice(n, pq_take, replace=False))], dtype=np.float32)
-            idx = faiss.IndexFlatL2(d)
-            idx.add(centroids)
-            codes = idx.search(pq_sample, 1)[1][:, 0]
+            codes = Codebook(centroids, None, None, None, {}).assign(pq_sample)
             resid = np.ascontiguousarray(pq_sample - centroids[codes])
             pq = faiss.ProductQuantizer(d, m, 8)
             pq.cp.seed = seed
