@@ -290,3 +290,23 @@ def test_end_to_end_collection(tmp_path, corpus):
     again = polyindex.open(tmp_path).collection("t")
     assert [h.id for h in again.query("striker goal", profile="tree", k=4)] == \
         [h.id for h in coll.query("striker goal", profile="tree", k=4)]
+
+
+def test_online_buffer_segments_grow_their_own_trees(tmp_path):
+    """Online writes: each acknowledged batch is a buffer segment with its own tree (built by
+    incremental insertion); sealing builds the sealed segment's tree; results survive a reopen."""
+    polyindex.open(tmp_path).create_collection("o", ["dense", "tree:branch=4,leaf=4"])
+    eng = polyindex.open(tmp_path, online=True)
+    coll = eng.collection("o")
+    docs = [{"_id": f"d{i}", "title": "", "text": f"note {i} on subject {i % 7}"} for i in range(30)]
+    coll.add(docs[:12])
+    coll.add(docs[12:])
+    exact = {"retrieve": [{"index": "tree", "k": 5, "params": "budget=0"}]}
+    before = [h.id for h in coll.query("subject 3", profile=exact, k=5)]
+    assert before == [h.id for h in coll.query("subject 3", profile="dense", k=5)]
+    coll.seal()
+    after = [h.id for h in coll.query("subject 3", profile=exact, k=5)]
+    eng.close()
+    again = [h.id for h in polyindex.open(tmp_path).collection("o").query(
+        "subject 3", profile=exact, k=5)]
+    assert after == before == again
