@@ -298,7 +298,9 @@ class TreeSegment(SegmentIndex):
     def _node_sims(self, q: np.ndarray, nodes: list[int], mode: int) -> list[float]:
         if mode != tree_search.GAUSS:
             dots = self.mean[nodes].astype(np.float64) @ q
-            return (dots if mode == tree_search.DOT else dots * self.cos_arrays()[0][nodes]).tolist()
+            if mode == tree_search.COS:
+                dots = dots * self.cos_arrays()[0][nodes]
+            return dots.tolist()
         w, mw, cst, _ = self.gauss_arrays()
         q64 = q.astype(np.float64)
         vals = -0.5 * (w[nodes] @ (q64 * q64) - 2.0 * (mw[nodes] @ q64) + cst[nodes]) / len(q)
@@ -373,8 +375,8 @@ class TreeKind(IndexKind):
                "temp": option(params, "temp", float, None, where=where)}
         _check_search(cfg, where)
         if cfg["temp"] is None:  # the factory's temp belongs to the factory's sim
-            cfg["temp"] = self.cfg.temp if (self.cfg.temp is not None and
-                                            cfg["sim"] == self.cfg.sim) else DEFAULT_TEMP[cfg["sim"]]
+            own = self.cfg.temp is not None and cfg["sim"] == self.cfg.sim
+            cfg["temp"] = self.cfg.temp if own else DEFAULT_TEMP[cfg["sim"]]
         return cfg
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> TreePrepared:

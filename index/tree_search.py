@@ -13,8 +13,9 @@ documents, as COBWEB weighs concepts by P(C)), and from a leaf to one of its doc
 with ``u = sim``: the log-probability of choosing that child, in similarity units. With the
 priors a query that likes every document alike gives every document the same path score, and
 under ``dot`` (a node's similarity is the mean of its documents') the path score is the flat
-score less each node's spread of similarities. The **path score** of a document is the sum of those steps from the
-root down to it; it never grows along a path, so best-first search over path scores is exact:
+score less each node's spread of similarities (and tends to the flat score as temp grows).
+The **path score** of a document is the sum of those steps from the root down to it; it never
+grows along a path, so best-first search over path scores is exact:
 the first k documents it pops are the top k (``rank=path``). ``rank=best`` walks the same
 best-first order but ranks the documents of the leaves it opens by ``sim(q, doc)``; with an
 unlimited budget it scores every document, i.e. flat search. ``budget`` caps expanded nodes;
