@@ -6,12 +6,14 @@ document: a repeated code cannot change a MaxSim). Queries keep full-precision t
 
 Factory: ``multivector[:KMeans<K>][,residual=PQ<M>|none][,prune=P][,binary[=B]]
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
-``multivector:KMeans4096,residual=PQ32`` (2-byte codes + 32-byte residuals: 45x smaller than
-float32 384-d tokens). ``prune=P`` keeps the top P (fraction, 0 < P <= 1) of each document's
-tokens by salience (attention received in the encoder's last layer; without attention the IDF
-of the token id, else of the token's code). ``binary``: B-bit (default 64) centroid signatures
-give a Hamming first pass instead of the lookup table. ``special``: drop (default) or keep
-[CLS]/[SEP]-like tokens, for documents and queries alike.
+``multivector:KMeans4096,residual=PQ32`` (2-byte code + 32-byte residual + a float16
+1/|reconstruction| per token, which rescales decoded tokens to unit length like the
+originals: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
+(fraction, 0 < P <= 1) of each document's tokens by salience (attention received in the
+encoder's last layer; without attention the IDF of the token id, else of the token's code).
+``binary``: B-bit (default 64) centroid signatures give a Hamming first pass instead of the
+lookup table. ``special``: drop (default) or keep [CLS]/[SEP]-like tokens, for documents and
+queries alike.
 
 Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
 documents listed under them (per-segment inverted lists centroid -> documents); the first pass
@@ -22,8 +24,8 @@ the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``, ``ndoc
 mode).
 
 Per segment: ``multivector.tokens.arrow`` (one row per document: ``codes`` list<uint16> (uint8
-when K <= 256) and ``residual`` list<fixed_size_binary[M]>) and ``multivector.ivf.arrow`` (one
-row per centroid: ``docs`` list<int32>, ascending).
+when K <= 256), ``residual`` list<fixed_size_binary[M]> and ``scale`` list<float16>) and
+``multivector.ivf.arrow`` (one row per centroid: ``docs`` list<int32>, ascending).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from polyindex.config import DEFAULT_MODEL
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
 from polyindex.index.multivector_kernels import backend
+from polyindex.index.postings import half_lut
 from polyindex.index.protocol import (BuildBatch, DocTokens, IndexKind, Query, SegmentIndex,
                                       empty_result, option, parse_options, register)
 
@@ -47,6 +50,8 @@ FORMAT = 1
 DEFAULTS = {"k": 4096, "m": 32, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
             "niter": 10, "nprobe": 4, "ndocs": 256}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
+_HALF = half_lut()
+_NO_SCALE = np.zeros(0, np.uint16)
 
 
 def _parse(body: str) -> dict:
@@ -122,9 +127,11 @@ def _top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.n
 
 
 class MultivectorSegment(SegmentIndex):
-    def __init__(self, n_rows, offsets, codes, res, ivf_offsets, ivf_docs, kind, keep=()):
+    def __init__(self, n_rows, offsets, codes, res, scale, ivf_offsets, ivf_docs, kind,
+                 keep=()):
         self.n_rows = n_rows
         self.offsets, self.codes, self.res = offsets, codes, res
+        self.scale = _NO_SCALE if scale is None else scale  # float16 bits of 1/|decoded|
         self.ivf_offsets, self.ivf_docs = ivf_offsets, ivf_docs
         self.kind = kind
         self.nonempty = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)
@@ -134,7 +141,8 @@ class MultivectorSegment(SegmentIndex):
         kern, cb = self.kind.kernels, self.kind.codebook
         out = np.empty(len(cand), np.float32)
         if final and self.res is not None:
-            kern.final_pass_pq(q.lut_t, q.pq_t, self.offsets, self.codes, self.res, cand, out)
+            kern.final_pass_pq(q.lut_t, q.pq_t, self.offsets, self.codes, self.res, self.scale,
+                               _HALF, cand, out)
         elif not final and q.qsig is not None:
             kern.first_pass_hamming(q.qsig, cb.signatures, cb.bits, self.offsets, self.codes,
                                     cand, out)
@@ -361,6 +369,8 @@ class MultivectorKind(IndexKind):
             flat = pa.FixedSizeBinaryArray.from_buffers(
                 pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
             cols["residual"] = pa.ListArray.from_arrays(pa.array(offsets), flat)
+            cols["scale"] = pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(cb.inverse_norms(codes, res), pa.float16()))
         _write(folder / TOKENS_FILE, cols)
         # inverted lists: centroid -> documents having a token with that code (ascending)
         doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
@@ -371,6 +381,7 @@ class MultivectorKind(IndexKind):
         files = [TOKENS_FILE, IVF_FILE]
         sizes = {f: (folder / f).stat().st_size for f in files}
         return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
+                "scale": res is not None,
                 "tokens_in": n_in, "tokens_kept": n_kept, "tokens_stored": int(lengths.sum()),
                 "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source,
                 "ivf_entries": int(len(pairs)), "bytes": sizes, "files": files}
@@ -388,7 +399,12 @@ class MultivectorKind(IndexKind):
         codes_col = _list_column(tt, "codes", folder)
         offsets = codes_col.offsets.to_numpy()
         codes = codes_col.values.to_numpy(zero_copy_only=True)
-        res = None
+        res = scale = None
+        if m and info.get("scale"):
+            sc = _list_column(tt, "scale", folder)
+            if not pa.types.is_float16(sc.values.type) or len(sc.values) != len(codes):
+                raise Corrupt(f"{folder}: multivector scale column does not match its codes")
+            scale = sc.values.to_numpy(zero_copy_only=True).view(np.uint16)
         if m:
             res_col = _list_column(tt, "residual", folder)
             vals = res_col.values
@@ -407,7 +423,8 @@ class MultivectorKind(IndexKind):
             raise Corrupt(f"{folder}: multivector index files are inconsistent (rows "
                           f"{len(offsets) - 1} vs {n_rows}, centroids {len(ivf_off) - 1} vs "
                           f"{self.codebook.k})")
-        return MultivectorSegment(n_rows, offsets, codes, res, ivf_off, ivf_docs, self, (tt, it))
+        return MultivectorSegment(n_rows, offsets, codes, res, scale, ivf_off, ivf_docs, self,
+                                  (tt, it))
 
     # -- queries -----------------------------------------------------------------------------
     def _query_tokens(self, queries: Sequence[Query]) -> list[np.ndarray]:

@@ -101,6 +101,17 @@ class Codebook:
                 x[:, m * dsub:(m + 1) * dsub] += self.pq_centroids[m][rcodes[:, m]]
         return x
 
+    def inverse_norms(self, codes: np.ndarray, rcodes: np.ndarray) -> np.ndarray:
+        """float16 1 / |decoded token|: tokens are unit vectors, their reconstructions are
+        shorter (by ~7% on average, unevenly): rescaling them back to unit length costs 2
+        bytes per token and removed most of PQ32's nDCG loss on nfcorpus (0.975 -> 0.991 of
+        exact MaxSim, all documents scored)."""
+        out = np.empty(len(codes), np.float16)
+        for s in range(0, len(codes), ASSIGN_CHUNK):
+            x = self.decode(codes[s:s + ASSIGN_CHUNK], rcodes[s:s + ASSIGN_CHUNK])
+            out[s:s + len(x)] = 1.0 / np.maximum(np.linalg.norm(x, axis=1), 1e-6)
+        return out
+
     def signature(self, x: np.ndarray) -> np.ndarray:
         """b-bit signatures (uint64, bit j = sign of the j-th projection) of rows of ``x``."""
         bits = ((np.asarray(x, np.float32) - self.sig_mean) @ self.sig_proj) > 0

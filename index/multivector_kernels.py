@@ -6,7 +6,8 @@ tables, transposed so the values for one code are contiguous over query tokens:
 
 - ``lut_t`` (K, nqt): ``q_t . centroid`` (first pass: MaxSim over the codes alone);
 - ``pq_t`` (M, 256, nqt): ``q_t`` sub-vector . PQ sub-centroid (final pass: ``q_t . (c + r)``
-  summed from M lookups, which equals decoding the token and taking the dot product);
+  summed from M lookups, which equals decoding the token and taking the dot product, times
+  the token's stored 1 / |c + r| as float16 bits);
 - ``qsig`` (nqt,) uint64 and ``csig`` (K,) uint64: b-bit signatures (binary first pass, the
   Hamming similarity ``(b - 2 * popcount(q ^ c)) / b``).
 
@@ -86,9 +87,12 @@ def first_pass_hamming(qsig, csig, nbits, offsets, codes, cand, out):
 
 
 @numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
-def final_pass_pq(lut_t, pq_t, offsets, codes, res, cand, out):
-    """out[i] = sum_t max_{tokens} q_t . (centroid[code] + PQ_decode(res[token]))."""
+def final_pass_pq(lut_t, pq_t, offsets, codes, res, scale, half, cand, out):
+    """out[i] = sum_t max_{tokens} q_t . (centroid[code] + PQ_decode(res[token])) * s[token],
+    where s = half[scale[token]] (float16 bits: 1 / |decoded token|) when ``scale`` is not
+    empty: the stored tokens are unit vectors, their reconstructions are shorter."""
     nqt = lut_t.shape[1]
+    scaled = len(scale) > 0
     m_sub = pq_t.shape[0]
     nb = (len(cand) + BLOCK - 1) // BLOCK
     for b in prange(nb):
@@ -110,8 +114,9 @@ def final_pass_pq(lut_t, pq_t, offsets, codes, res, cand, out):
                     tab = pq_t[m, res[p, m]]
                     for t in range(nqt):
                         acc[t] += tab[t]
+                f = half[scale[p]] if scaled else np.float32(1.0)
                 for t in range(nqt):
-                    best[t] = max(best[t], acc[t])
+                    best[t] = max(best[t], acc[t] * f)
             tot = np.float32(0.0)
             for t in range(nqt):
                 tot += best[t]

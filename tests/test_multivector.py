@@ -9,6 +9,7 @@ from polyindex import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
 from polyindex.index import multivector_kernels as mk
 from polyindex.index.multivector import MultivectorKind, _keep_top
+from polyindex.index.postings import half_lut
 from polyindex.index.protocol import BuildBatch, DocTokens, Query, from_factory
 
 
@@ -92,10 +93,19 @@ def test_final_pass_matches_decoded_exact_maxsim():
     q = unit(np.random.default_rng(6).standard_normal((6, d)))
     cand = np.arange(len(docs), dtype=np.int64)[::-1].copy()
     out = np.empty(len(cand), np.float32)
-    mk.final_pass_pq(cb.lut(q), cb.pq_tables(q), offsets, codes.astype(np.uint16), res, cand, out)
+    half = half_lut()
+    mk.final_pass_pq(cb.lut(q), cb.pq_tables(q), offsets, codes.astype(np.uint16), res,
+                     np.zeros(0, np.uint16), half, cand, out)
     decoded = cb.decode(codes, res)  # plain numpy: centroid + PQ sub-centroids, then dot
     ref = ref_maxsim(decoded @ q.T, offsets, cand)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # with the stored float16 1/|decoded|: MaxSim over the decoded tokens rescaled to unit length
+    inv = cb.inverse_norms(codes, res)
+    mk.final_pass_pq(cb.lut(q), cb.pq_tables(q), offsets, codes.astype(np.uint16), res,
+                     inv.view(np.uint16), half, cand, out)
+    unit_dec = decoded * inv.astype(np.float32)[:, None]
+    np.testing.assert_allclose(np.linalg.norm(unit_dec, axis=1), 1.0, atol=2e-3)
+    np.testing.assert_allclose(out, ref_maxsim(unit_dec @ q.T, offsets, cand), rtol=1e-4, atol=1e-4)
     # the decoded tokens are close to the originals (the residual carries real information)
     err_codes = np.linalg.norm(x - cb.centroids[codes], axis=1).mean()
     err_res = np.linalg.norm(x - decoded, axis=1).mean()
@@ -169,6 +179,8 @@ def decoded_reference(kind, seg, q):
     """Exact MaxSim of q over the segment's decoded tokens (numpy)."""
     cb = kind.codebook
     x = cb.decode(seg.codes.astype(np.int64), seg.res)
+    if len(seg.scale):  # decoded tokens rescaled to unit length (stored float16 1/|x|)
+        x = x * seg.scale.view(np.float16).astype(np.float32)[:, None]
     return ref_maxsim(x @ q.T, seg.offsets, np.arange(seg.n_rows))
 
 
