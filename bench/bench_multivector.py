@@ -197,6 +197,8 @@ def variant_codebook(base, *, k256=None, m: int | None = None, bits: int = 0):
     from polyindex.index import multivector_codec as codec
     if k256 is not None:
         return CachedAssign.install(k256)
+    if base is None:  # a variant not built in this run (--variants default)
+        return None
     sig_proj, sig_mean = codec.signature_basis(base.centroids, bits)
     cb = codec.Codebook(base.centroids, base.pq_centroids if m else None, sig_proj, sig_mean,
                         {**base.meta, "m": m or 0, "bits_asked": bits})
