@@ -48,64 +48,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import ENGINE_DATA, WORK, console, median, table, verdict  # noqa: E402
+from common import WORK, console, median, table, verdict  # noqa: E402
 
 SPARSE = WORK / "sparse"
 KS = (16, 32, 64, 128)
 HEAD_K = 10  # k of the timed queries and of the postings counts
 
 
-# --------------------------------------------------------------------------------- data
-
-def _complete(folder: Path, n_docs: int) -> bool:
-    from polyindex.manifest import load_manifest
-    try:
-        m = load_manifest(folder)
-    except Exception:  # noqa: BLE001 - absent or being written: not usable
-        return False
-    return bool(m.ingest and m.ingest.get("done")) and sum(
-        s.n_rows - s.n_deleted for s in m.segments) == n_docs and "dense" in " ".join(
-        m.config.indexes)
-
-
-def collection_vectors(name: str):
-    """(doc ids, doc embeddings, query ids, query embeddings, qrels) or None."""
-    from polyindex.encoder import get_encoder
-    from polyindex.manifest import load_manifest
-    from polyindex.segment import Segment, read_tombstones
-    folder = common.collection_folder(name)
-    if folder is None:
-        return None
-    n_docs = len(common.read_corpus(folder)[0])
-    coll_dir = ENGINE_DATA / name
-    if not _complete(coll_dir, n_docs):  # never touch bench_quality's folder: build our own
-        common.ensure_collection(name, folder, n_docs, data=SPARSE / "engine")
-        coll_dir = SPARSE / "engine" / name
-    m = load_manifest(coll_dir)
-    ids, embs = [], []
-    for e in m.segments:
-        seg = Segment(coll_dir / "segments" / e.id, e.id, e.n_rows)
-        live = read_tombstones(coll_dir / e.tombstones, e.n_rows) if e.tombstones else \
-            np.ones(e.n_rows, bool)
-        ids += [i for i, ok in zip(seg.ids, live) if ok]
-        embs.append(seg.embeddings()[live])
-    x = np.ascontiguousarray(np.concatenate(embs), np.float32)
-    qrels = common.read_qrels(folder)
-    queries = common.judged(common.read_queries(folder), qrels)
-    qfile = folder / "queries.jsonl"
-    key = hashlib.sha1(f"{qfile.stat().st_size}:{qfile.stat().st_mtime_ns}:{m.config.model}:"
-                       f"{m.config.dtype}".encode()).hexdigest()[:12]
-    cache = SPARSE / "queries" / f"{name}.{key}.npy"
-    if cache.exists():
-        q = np.load(cache)
-    else:
-        q = get_encoder(m.config.model, m.config.dtype).encode([t for _, t in queries])
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.save(cache, q)
-    return ids, x, [qid for qid, _ in queries], q, qrels
-
-
 # ------------------------------------------------------------------------------ systems
+
+def _vectors(name: str):
+    """(doc ids, doc embeddings, query ids, query embeddings, qrels) or None."""
+    data = common.stored_collection(name, SPARSE / "engine")
+    if data is None:
+        return None
+    ids, _, _, x, qids, q, qrels = data
+    return ids, x, qids, q, qrels
+
 
 class CachedCodes:
     """A projector that encodes the corpus once per k (the float and binary indexes share it)."""
@@ -255,7 +214,7 @@ def timed(cands: dict, systems: dict, q, args) -> None:
 
 def quality(name: str, args) -> dict | None:
     from polyindex.index.dense import DenseKind
-    data = collection_vectors(name)
+    data = _vectors(name)
     if data is None:
         return None
     ids, x, qids, q, qrels = data
@@ -335,21 +294,10 @@ def engine_check(name, ids, x, qids, q, qrels, args, art) -> dict:
 
 # ---------------------------------------------------------------------------- synthetic
 
-def synthetic_vectors(centres: np.ndarray, n: int, sigma: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    out = np.empty((n, centres.shape[1]), np.float32)
-    for s in range(0, n, 50_000):
-        m = min(50_000, n - s)
-        v = centres[rng.integers(len(centres), size=m)] + sigma * rng.standard_normal(
-            (m, centres.shape[1]), np.float32)
-        out[s:s + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
-    return out
-
-
 def centres(names) -> np.ndarray:
     parts = []
     for name in names:
-        data = collection_vectors(name)
+        data = _vectors(name)
         if data is not None:
             parts.append(data[1])
     if not parts:
@@ -360,7 +308,7 @@ def centres(names) -> np.ndarray:
 def train_part(args, cen) -> dict:
     out = {}
     for n in (10_000, 100_000):
-        x = synthetic_vectors(cen, n, args.sigma, seed=n)
+        x = common.synthetic_vectors(cen, n, args.sigma, seed=n)
         art = SPARSE / "artifacts" / f"synthetic{n}-{args.dim}"
         seconds, meta = train_projector(x, args.dim, args.epochs, art, retrain=True)
         out[str(n)] = {"minutes": seconds / 60, "train_rows": meta["train_rows"],
@@ -372,13 +320,13 @@ def train_part(args, cen) -> dict:
 def synthetic_part(args, cen) -> dict:
     from polyindex.index.dense import DenseKind
     n = args.synthetic
-    x = synthetic_vectors(cen, n, args.sigma, seed=1)
-    q = synthetic_vectors(cen, 200, args.sigma, seed=2)
+    x = common.synthetic_vectors(cen, n, args.sigma, seed=1)
+    q = common.synthetic_vectors(cen, 200, args.sigma, seed=2)
     tmp = SPARSE / "tmp" / "synthetic"
     shutil.rmtree(tmp, ignore_errors=True)
     art = SPARSE / "artifacts" / f"synthetic100000-{args.dim}"
     if not art.exists():
-        train_projector(synthetic_vectors(cen, 100_000, args.sigma, seed=100_000), args.dim,
+        train_projector(common.synthetic_vectors(cen, 100_000, args.sigma, seed=100_000), args.dim,
                         args.epochs, art)
     dense = System(DenseKind("Flat"), x, tmp / "dense")
     _, truth, _ = dense.search(q, 10)

@@ -6,7 +6,7 @@ Parts (``--parts quality,degraded,scaling,engine``):
   embeddings (and titles/texts, for the node labels) are read from the engine collection
   bench_quality builds (``bench/.work/engine/<name>``; built with ``polyindex index`` under
   ``bench/.work/tree/engine`` when absent) and the judged test queries are encoded with the
-  engine's encoder (cached under ``bench/.work/tree/queries``). One tree per collection
+  engine's encoder (cached under ``bench/.work/queries``). One tree per collection
   (``--factory``) is built at the kind level (``IndexKind`` protocol, one segment) beside
   ``dense`` flat (``DenseKind("Flat")``). nDCG@10 with ir-measures on TREC runs (top 100,
   judged queries) for best-first (``rank=best``) and path-sum (``rank=path``) at several node
@@ -36,7 +36,6 @@ Usage: ``python bench/bench_tree.py [--parts quality,degraded,scaling] [--collec
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -47,67 +46,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from common import ENGINE_DATA, WORK, console, table, verdict
+from common import WORK, console, table, verdict
 
 TREE = WORK / "tree"
 COLLECTIONS = "cranfield,nfcorpus,arguana,cisi,medline,npl"
 HEAD_K = 10
 HEAD_BUDGET = 256  # the node budget of the quality target for best-first
-
-
-# --------------------------------------------------------------------------------- data
-
-def _complete(folder: Path, n_docs: int) -> bool:
-    from polyindex.manifest import load_manifest
-    try:
-        m = load_manifest(folder)
-    except Exception:  # noqa: BLE001 - absent or being written: not usable
-        return False
-    return bool(m.ingest and m.ingest.get("done")) and sum(
-        s.n_rows - s.n_deleted for s in m.segments) == n_docs and "dense" in " ".join(
-        m.config.indexes)
-
-
-def collection_data(name: str):
-    """(doc ids, titles, texts, doc embeddings, query ids, query embeddings, qrels) or None."""
-    from polyindex.encoder import get_encoder
-    from polyindex.manifest import load_manifest
-    from polyindex.segment import Segment, read_tombstones
-    folder = common.collection_folder(name)
-    if folder is None:
-        return None
-    n_docs = len(common.read_corpus(folder)[0])
-    coll_dir = ENGINE_DATA / name
-    if not _complete(coll_dir, n_docs):  # never touch bench_quality's folder: build our own
-        common.ensure_collection(name, folder, n_docs, data=TREE / "engine")
-        coll_dir = TREE / "engine" / name
-    m = load_manifest(coll_dir)
-    ids, titles, texts, embs = [], [], [], []
-    for e in m.segments:
-        seg = Segment(coll_dir / "segments" / e.id, e.id, e.n_rows)
-        live = read_tombstones(coll_dir / e.tombstones, e.n_rows) if e.tombstones else \
-            np.ones(e.n_rows, bool)
-        keep = np.flatnonzero(live)
-        ids += [seg.ids[i] for i in keep]
-        t = seg.table.select(["title", "text"]).take(keep).to_pydict()
-        titles += [x or "" for x in t["title"]]
-        texts += [x or "" for x in t["text"]]
-        embs.append(seg.embeddings()[keep])
-    x = np.ascontiguousarray(np.concatenate(embs), np.float32)
-    qrels = common.read_qrels(folder)
-    queries = common.judged(common.read_queries(folder), qrels)
-    qfile = folder / "queries.jsonl"
-    key = hashlib.sha1(f"{qfile.stat().st_size}:{qfile.stat().st_mtime_ns}:{m.config.model}:"
-                       f"{m.config.dtype}".encode()).hexdigest()[:12]
-    cache = TREE / "queries" / f"{name}.{key}.npy"
-    shared = WORK / "sparse" / "queries" / cache.name  # bench_sparse's cache: same key
-    if cache.exists() or shared.exists():
-        q = np.load(cache if cache.exists() else shared)
-    else:
-        q = get_encoder(m.config.model, m.config.dtype).encode([t for _, t in queries])
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.save(cache, q)
-    return ids, titles, texts, x, [qid for qid, _ in queries], q, qrels
 
 
 # ------------------------------------------------------------------------------ systems
@@ -184,7 +128,7 @@ def run_variants(name, tag, tree: System, ids, qids, q, qrels, extra: dict, args
 def quality(name: str, args) -> dict | None:
     from polyindex.index.dense import DenseKind
     from polyindex.index.protocol import from_factory
-    data = collection_data(name)
+    data = common.stored_collection(name, TREE / "engine")
     if data is None:
         return None
     ids, titles, texts, x, qids, q, qrels = data
@@ -231,7 +175,7 @@ def degrade(x: np.ndarray, c: np.ndarray, shift: float, noise: float, seed: int)
 def degraded(name: str, args) -> dict | None:
     from polyindex.index.dense import DenseKind
     from polyindex.index.protocol import from_factory
-    data = collection_data(name)
+    data = common.stored_collection(name, TREE / "engine")
     if data is None:
         return None
     ids, titles, texts, x, qids, q, qrels = data
@@ -268,17 +212,6 @@ def degraded(name: str, args) -> dict | None:
 
 # ------------------------------------------------------------------------------ scaling
 
-def synthetic_vectors(centres: np.ndarray, n: int, sigma: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    out = np.empty((n, centres.shape[1]), np.float32)
-    for s in range(0, n, 50_000):
-        m = min(50_000, n - s)
-        v = centres[rng.integers(len(centres), size=m)] + sigma * rng.standard_normal(
-            (m, centres.shape[1]), np.float32)
-        out[s:s + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
-    return out
-
-
 def _reset_peak() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
@@ -301,7 +234,7 @@ def scale_one(n: int, cen: np.ndarray, q: np.ndarray, args) -> dict:
     from polyindex.segment import write_docs
     from polyindex.sources import Document
     console.rule(f"scaling: {n:,} generated documents")
-    x = synthetic_vectors(cen, n, args.sigma, seed=n)
+    x = common.synthetic_vectors(cen, n, args.sigma, seed=n)
     tmp = TREE / "tmp" / f"scale-{n}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -349,13 +282,13 @@ def scale_one(n: int, cen: np.ndarray, q: np.ndarray, args) -> dict:
 def scaling(args, names) -> dict:
     parts = []
     for name in names:
-        data = collection_data(name)
+        data = common.stored_collection(name, TREE / "engine")
         if data is not None:
             parts.append(data[3])
     if not parts:
         raise SystemExit("no collection available for the synthetic corpus's centres")
     cen = np.concatenate(parts)
-    q = synthetic_vectors(cen, args.scale_queries, args.sigma, seed=2)
+    q = common.synthetic_vectors(cen, args.scale_queries, args.sigma, seed=2)
     out = {"sigma": args.sigma, "centres": len(cen), "budget": args.scale_budget,
            "factory": args.factory, "queries": len(q),
            "sizes": [scale_one(int(n), cen, q, args) for n in common.parse_list(args.sizes)]}

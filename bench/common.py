@@ -383,3 +383,80 @@ def verdict(ok: bool | None) -> str:
 
 def parse_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+# ----------------------------------------------------------------- stored collection data
+
+def _complete(folder: Path, n_docs: int) -> bool:
+    """A fully indexed engine collection with ``n_docs`` live rows and a dense index."""
+    from polyindex.manifest import load_manifest
+    try:
+        m = load_manifest(folder)
+    except Exception:  # noqa: BLE001 - absent or being written: not usable
+        return False
+    return bool(m.ingest and m.ingest.get("done")) and sum(
+        s.n_rows - s.n_deleted for s in m.segments) == n_docs and "dense" in " ".join(
+        m.config.indexes)
+
+
+def stored_collection(name: str, fallback: Path):
+    """(doc ids, titles, texts, doc embeddings, query ids, query embeddings, qrels) of a
+    collection, read from the engine collection bench_quality builds (its stored embeddings,
+    live rows) or, when that is absent or incomplete, from one built under ``fallback`` (never
+    touching bench_quality's folder); judged test queries encoded with the collection's model,
+    cached in ``WORK/queries``. None when the collection is not in the data folder."""
+    import hashlib
+
+    import numpy as np
+
+    from polyindex.encoder import get_encoder
+    from polyindex.manifest import load_manifest
+    from polyindex.segment import Segment, read_tombstones
+    folder = collection_folder(name)
+    if folder is None:
+        return None
+    n_docs = len(read_corpus(folder)[0])
+    coll_dir = ENGINE_DATA / name
+    if not _complete(coll_dir, n_docs):
+        ensure_collection(name, folder, n_docs, data=fallback)
+        coll_dir = fallback / name
+    m = load_manifest(coll_dir)
+    ids, titles, texts, embs = [], [], [], []
+    for e in m.segments:
+        seg = Segment(coll_dir / "segments" / e.id, e.id, e.n_rows)
+        live = read_tombstones(coll_dir / e.tombstones, e.n_rows) if e.tombstones else \
+            np.ones(e.n_rows, bool)
+        keep = np.flatnonzero(live)
+        ids += [seg.ids[i] for i in keep]
+        t = seg.table.select(["title", "text"]).take(keep).to_pydict()
+        titles += [x or "" for x in t["title"]]
+        texts += [x or "" for x in t["text"]]
+        embs.append(seg.embeddings()[keep])
+    x = np.ascontiguousarray(np.concatenate(embs), np.float32)
+    qrels = read_qrels(folder)
+    queries = judged(read_queries(folder), qrels)
+    qfile = folder / "queries.jsonl"
+    key = hashlib.sha1(f"{qfile.stat().st_size}:{qfile.stat().st_mtime_ns}:{m.config.model}:"
+                       f"{m.config.dtype}".encode()).hexdigest()[:12]
+    cache = WORK / "queries" / f"{name}.{key}.npy"
+    if cache.exists():
+        q = np.load(cache)
+    else:
+        q = get_encoder(m.config.model, m.config.dtype).encode([t for _, t in queries])
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cache, q)
+    return ids, titles, texts, x, [qid for qid, _ in queries], q, qrels
+
+
+def synthetic_vectors(centres, n: int, sigma: float, seed: int):
+    """``n`` unit vectors drawn around random ``centres`` (Gaussian noise ``sigma`` per
+    dimension), generated in chunks so memory stays bounded at 1M rows."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = np.empty((n, centres.shape[1]), np.float32)
+    for s in range(0, n, 50_000):
+        m = min(50_000, n - s)
+        v = centres[rng.integers(len(centres), size=m)] + sigma * rng.standard_normal(
+            (m, centres.shape[1]), np.float32)
+        out[s:s + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
