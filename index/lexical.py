@@ -31,8 +31,8 @@ import pyarrow as pa
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings
 from polyindex.index.analyzer import Analyzer
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
-                                      option, parse_options, register)
+from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, check_format,
+                                      empty_result, option, parse_options, register)
 
 VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
@@ -228,9 +228,7 @@ class LexicalKind(IndexKind):
 
     def open(self, folder: Path, info: dict) -> LexicalSegment:
         folder = Path(folder)
-        if info.get("format", FORMAT) > FORMAT:
-            raise Corrupt(f"{folder}: lexical index format {info['format']} is newer than "
-                          f"this version reads ({FORMAT})")
+        check_format(folder, info, "lexical", FORMAT)
         vt, vocab = postings.read_arrow(folder / VOCAB_FILE, _VOCAB_SCHEMA)
         pt, post = postings.read_arrow(folder / POSTINGS_FILE, _POSTINGS_SCHEMA)
         dt, dl = postings.read_arrow(folder / DOCLEN_FILE, _DOCLEN_SCHEMA)

@@ -42,7 +42,7 @@ from polyindex.index import multivector_codec as codec
 from polyindex.index.multivector_kernels import backend
 from polyindex.index.postings import half_lut
 from polyindex.index.protocol import (BuildBatch, DocTokens, IndexKind, Query, SegmentIndex,
-                                      empty_result, option, parse_options, register)
+                                      check_format, empty_result, option, parse_options, register)
 
 TOKENS_FILE = "multivector.tokens.arrow"
 IVF_FILE = "multivector.ivf.arrow"
@@ -388,9 +388,7 @@ class MultivectorKind(IndexKind):
 
     def open(self, folder: Path, info: dict) -> MultivectorSegment:
         folder = Path(folder)
-        if info.get("format", FORMAT) > FORMAT:
-            raise Corrupt(f"{folder}: multivector index format {info['format']} is newer than "
-                          f"this version reads ({FORMAT})")
+        check_format(folder, info, "multivector", FORMAT)
         if self.codebook is None:
             raise Corrupt(f"{folder}: a multivector segment exists but the collection has no "
                           f"codebook artifact")

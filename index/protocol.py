@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import Corrupt, InvalidArgument
 
 
 def parse_options(text: str, *, where: str) -> dict[str, str]:
@@ -169,6 +169,13 @@ def from_factory(factory: str) -> IndexKind:
         raise InvalidArgument(f"unknown index kind {kind!r} in factory string {factory!r}; "
                               f"known kinds: {', '.join(sorted(_REGISTRY))}")
     return cls(body.strip())
+
+
+def check_format(folder: Path, info: dict, kind: str, supported: int) -> None:
+    """Refuse a segment index written by a newer version (its build info's ``format``)."""
+    if info.get("format", supported) > supported:
+        raise Corrupt(f"{folder}: {kind} index format {info['format']} is newer than this "
+                      f"version reads ({supported})")
 
 
 def empty_result(nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:

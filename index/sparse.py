@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
-                                      option, parse_options, register)
+from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, check_format,
+                                      empty_result, option, parse_options, register)
 from polyindex.index.sparse_projector import Projector, TrainConfig, train
 
 TERMS_FILE = "sparse.terms.arrow"
@@ -235,9 +235,7 @@ class SparseKind(IndexKind):
 
     def open(self, folder: Path, info: dict) -> SparseSegment:
         folder = Path(folder)
-        if info.get("format", FORMAT) > FORMAT:
-            raise Corrupt(f"{folder}: sparse index format {info['format']} is newer than "
-                          f"this version reads ({FORMAT})")
+        check_format(folder, info, "sparse", FORMAT)
         binary = bool(info.get("binary", self.binary))
         tt, terms = postings.read_arrow(folder / TERMS_FILE, _TERMS_SCHEMA)
         schema = {"doc": pa.int32()} if binary else {"doc": pa.int32(), "w": pa.float16()}

@@ -34,6 +34,7 @@ from polyindex.index.protocol import (
     IndexKind,
     Query,
     SegmentIndex,
+    check_format,
     empty_result,
     option,
     parse_options,
@@ -358,9 +359,7 @@ class TreeKind(IndexKind):
 
     def open(self, folder: Path, info: dict) -> TreeSegment:
         folder = Path(folder)
-        if info.get("format", FORMAT) > FORMAT:
-            raise Corrupt(f"{folder}: tree index format {info['format']} is newer than this "
-                          f"version reads ({FORMAT})")
+        check_format(folder, info, "tree", FORMAT)
         return read_tree(folder, int(info.get("n_rows", -1)))
 
     # -- queries -------------------------------------------------------------------------
