@@ -8,14 +8,8 @@ import polyindex
 from polyindex import InvalidArgument
 from polyindex.rerank import schema
 from polyindex.rerank.train import collect
+from topic_docs import TOPIC_DOCS as DOCS
 
-DOCS = [
-    {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed."},
-    {"_id": "heat", "title": "Heat transfer", "text": "Heat transfer to a blunt body in hypersonic flow."},
-    {"_id": "cake", "title": "Chocolate cake", "text": "Bake the chocolate cake for forty minutes with butter and sugar."},
-    {"_id": "pasta", "title": "Pasta", "text": "Boil the spaghetti in salted water, add tomato sauce."},
-    {"_id": "soccer", "title": "Football", "text": "The striker scored a late goal in the cup final."},
-]
 HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
           "fuse": {"method": "rrf", "k": 60}}
 

@@ -14,6 +14,7 @@ from polyindex.index.sparse import SparseKind
 from polyindex.index.sparse_projector import Projector, TrainConfig, train
 from polyindex.segment import write_docs
 from polyindex.sources import Document
+from topic_docs import TOPIC_DOCS as DOCS
 
 LUT = postings.half_lut()
 
@@ -196,16 +197,6 @@ def test_kind_build_open_search(tmp_path):
         kind.prepare([Query(vector=v) for v in q], [seg], [None], {"bogus": "1"}, {})
     with pytest.raises(InvalidArgument):
         kind.prepare([Query(vector=np.ones(7, np.float32))], [seg], [None], {}, {})
-
-
-DOCS = [
-    {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed."},
-    {"_id": "heat", "title": "Heat transfer", "text": "Heat transfer to a blunt body in hypersonic flow."},
-    {"_id": "cake", "title": "Chocolate cake", "text": "Bake the chocolate cake for forty minutes with butter and sugar."},
-    {"_id": "pasta", "title": "Pasta", "text": "Boil the spaghetti in salted water, add tomato sauce."},
-    {"_id": "soccer", "title": "Football", "text": "The striker scored a late goal in the cup final."},
-    {"_id": "chess", "title": "Chess openings", "text": "The Sicilian defence is a sharp reply to the king pawn opening."},
-]
 
 
 def test_end_to_end_collection(tmp_path, corpus):

@@ -10,6 +10,7 @@ from polyindex.index.tree import TreeKind, effective_variance
 from polyindex.index.tree_build import TreeBuilder
 from polyindex.segment import write_docs
 from polyindex.sources import Document
+from topic_docs import TOPIC_DOCS as DOCS
 
 
 def clustered(n, d=16, centres=12, spread=0.25, seed=0):
@@ -248,16 +249,6 @@ def test_factory_and_params():
             kind.search_config(bad)
     with pytest.raises(InvalidArgument):
         kind.build(BuildBatch(["a"], [""], [""], None), ".")
-
-
-DOCS = [
-    {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed."},
-    {"_id": "heat", "title": "Heat transfer", "text": "Heat transfer to a blunt body in hypersonic flow."},
-    {"_id": "cake", "title": "Chocolate cake", "text": "Bake the chocolate cake for forty minutes with butter and sugar."},
-    {"_id": "pasta", "title": "Pasta", "text": "Boil the spaghetti in salted water, add tomato sauce."},
-    {"_id": "soccer", "title": "Football", "text": "The striker scored a late goal in the cup final."},
-    {"_id": "chess", "title": "Chess openings", "text": "The Sicilian defence is a sharp reply to the king pawn opening."},
-]
 
 
 def test_end_to_end_collection(tmp_path, corpus):
