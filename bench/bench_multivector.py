@@ -218,7 +218,7 @@ class KindSystem:
     def bytes_per_token(self) -> dict:
         b = self.info["bytes"]
         tokens_in, stored = self.info["tokens_in"], self.info["tokens_stored"]
-        codes = b["multivector.tokens.arrow"]
+        codes = b["multivector.tokens.arrow"] + b.get("multivector.docs.arrow", 0)
         return {"codes_residuals_offsets": codes / max(tokens_in, 1),
                 "per_stored_token": codes / max(stored, 1),
                 "with_inverted_lists": (codes + b["multivector.ivf.arrow"]) / max(tokens_in, 1)}

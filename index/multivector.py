@@ -23,9 +23,12 @@ the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``, ``ndoc
 ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank
 mode).
 
-Per segment: ``multivector.tokens.arrow`` (one row per document: ``codes`` list<uint16> (uint8
-when K <= 256), ``residual`` list<fixed_size_binary[M]> and ``scale`` list<float16>) and
-``multivector.ivf.arrow`` (one row per centroid: ``docs`` list<int32>, ascending).
+Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
+uint16, uint8 when K <= 256; ``residual`` fixed_size_binary[M] and ``scale`` float16 unless
+pure-code), ``multivector.docs.arrow`` (one row per document: ``n_tokens`` uint16, uint32 for
+documents over 65,535 tokens; offsets are their running sum, computed at open) and
+``multivector.ivf.arrow`` (one row per centroid: ``docs`` list<int32>, ascending). Format 1
+(per-document list columns with int32 offsets in the tokens file) is still read.
 """
 from __future__ import annotations
 
@@ -45,8 +48,9 @@ from polyindex.index.protocol import (BuildBatch, DocTokens, IndexKind, Query, S
                                       check_format, empty_result, option, parse_options, register)
 
 TOKENS_FILE = "multivector.tokens.arrow"
+DOCS_FILE = "multivector.docs.arrow"
 IVF_FILE = "multivector.ivf.arrow"
-FORMAT = 1
+FORMAT = 2  # 1: per-document list columns in the tokens file (still read)
 DEFAULTS = {"k": 4096, "m": 32, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
             "niter": 10, "nprobe": 4, "ndocs": 256}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
@@ -361,24 +365,24 @@ class MultivectorKind(IndexKind):
             doc, codes = pairs // cb.k, pairs % cb.k
             lengths = np.bincount(doc, minlength=n).astype(np.int64)
             res = None
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         code_type = pa.uint8() if cb.k <= 256 else pa.uint16()
-        cols = {"codes": pa.ListArray.from_arrays(
-            pa.array(offsets), pa.array(codes.astype(code_type.to_pandas_dtype()), code_type))}
+        cols = {"codes": pa.array(codes.astype(code_type.to_pandas_dtype()), code_type)}
         if res is not None:
-            flat = pa.FixedSizeBinaryArray.from_buffers(
+            cols["residual"] = pa.FixedSizeBinaryArray.from_buffers(
                 pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
-            cols["residual"] = pa.ListArray.from_arrays(pa.array(offsets), flat)
-            cols["scale"] = pa.ListArray.from_arrays(
-                pa.array(offsets), pa.array(cb.inverse_norms(codes, res), pa.float16()))
+            cols["scale"] = pa.array(cb.inverse_norms(codes, res), pa.float16())
         _write(folder / TOKENS_FILE, cols)
+        # token counts, not offsets: 2 bytes per document instead of 4 (pure-code documents
+        # hold few distinct codes, so this is part of their bytes per token)
+        len_type = pa.uint16() if lengths.max(initial=0) < 65536 else pa.uint32()
+        _write(folder / DOCS_FILE, {"n_tokens": pa.array(lengths, len_type)})
         # inverted lists: centroid -> documents having a token with that code (ascending)
         doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
         pairs = np.unique(codes.astype(np.int64) * max(n, 1) + doc)
         ivf_off = np.concatenate([[0], np.cumsum(np.bincount(pairs // max(n, 1), minlength=cb.k))])
         _write(folder / IVF_FILE, {"docs": pa.ListArray.from_arrays(
             pa.array(ivf_off.astype(np.int32)), pa.array((pairs % max(n, 1)).astype(np.int32)))})
-        files = [TOKENS_FILE, IVF_FILE]
+        files = [TOKENS_FILE, DOCS_FILE, IVF_FILE]
         sizes = {f: (folder / f).stat().st_size for f in files}
         return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
                 "scale": res is not None,
@@ -393,25 +397,10 @@ class MultivectorKind(IndexKind):
             raise Corrupt(f"{folder}: a multivector segment exists but the collection has no "
                           f"codebook artifact")
         n_rows, m = int(info.get("n_rows", -1)), int(info.get("m", self.m))
-        tt = _read(folder / TOKENS_FILE)
-        codes_col = _list_column(tt, "codes", folder)
-        offsets = codes_col.offsets.to_numpy()
-        codes = codes_col.values.to_numpy(zero_copy_only=True)
-        res = scale = None
-        if m and info.get("scale"):
-            sc = _list_column(tt, "scale", folder)
-            if not pa.types.is_float16(sc.values.type) or len(sc.values) != len(codes):
-                raise Corrupt(f"{folder}: multivector scale column does not match its codes")
-            scale = sc.values.to_numpy(zero_copy_only=True).view(np.uint16)
-        if m:
-            res_col = _list_column(tt, "residual", folder)
-            vals = res_col.values
-            if not pa.types.is_fixed_size_binary(vals.type) or vals.type.byte_width != m \
-                    or not np.array_equal(res_col.offsets.to_numpy(), offsets):
-                raise Corrupt(f"{folder}: multivector residual column does not match its codes")
-            res = np.frombuffer(vals.buffers()[1], np.uint8, count=len(vals) * m,
-                                offset=vals.offset * m).reshape(-1, m) if len(vals) \
-                else np.zeros((0, m), np.uint8)
+        if int(info.get("format", 1)) == 1:
+            offsets, codes, res, scale, tt = _open_v1(folder, info, m)
+        else:
+            offsets, codes, res, scale, tt = _open_v2(folder, info, m)
         it = _read(folder / IVF_FILE)
         ivf_col = _list_column(it, "docs", folder)
         ivf_off, ivf_docs = ivf_col.offsets.to_numpy(), ivf_col.values.to_numpy(zero_copy_only=True)
@@ -517,4 +506,68 @@ def _list_column(table: pa.Table, name: str, folder: Path):
     col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     if col.null_count or col.offset:
         raise Corrupt(f"{folder}: multivector column {name!r} has nulls or a slice offset")
+    return col
+
+
+def _open_v2(folder: Path, info: dict, m: int):
+    """Format 2: token-level columns in the tokens file, token counts in the docs file."""
+    tt = _read(folder / TOKENS_FILE)
+    counts = _column(_read(folder / DOCS_FILE), "n_tokens", folder)
+    if not pa.types.is_unsigned_integer(counts.type):
+        raise Corrupt(f"{folder}: multivector n_tokens column has type {counts.type}")
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts.to_numpy(zero_copy_only=True), out=offsets[1:])
+    codes = _column(tt, "codes", folder).to_numpy(zero_copy_only=True)
+    if offsets[-1] != len(codes):
+        raise Corrupt(f"{folder}: multivector documents count {offsets[-1]} tokens, the tokens "
+                      f"file holds {len(codes)}")
+    res = scale = None
+    if m and info.get("scale"):
+        sc = _column(tt, "scale", folder)
+        if not pa.types.is_float16(sc.type):
+            raise Corrupt(f"{folder}: multivector scale column has type {sc.type}")
+        scale = sc.to_numpy(zero_copy_only=True).view(np.uint16)
+    if m:
+        res = _residuals(_column(tt, "residual", folder), m, folder)
+    return offsets, codes, res, scale, tt
+
+
+def _open_v1(folder: Path, info: dict, m: int):
+    """Format 1: one row per document, list columns sharing int32 offsets."""
+    tt = _read(folder / TOKENS_FILE)
+    codes_col = _list_column(tt, "codes", folder)
+    offsets = codes_col.offsets.to_numpy()
+    codes = codes_col.values.to_numpy(zero_copy_only=True)
+    res = scale = None
+    if m and info.get("scale"):
+        sc = _list_column(tt, "scale", folder)
+        if not pa.types.is_float16(sc.values.type) or len(sc.values) != len(codes):
+            raise Corrupt(f"{folder}: multivector scale column does not match its codes")
+        scale = sc.values.to_numpy(zero_copy_only=True).view(np.uint16)
+    if m:
+        res_col = _list_column(tt, "residual", folder)
+        if not np.array_equal(res_col.offsets.to_numpy(), offsets):
+            raise Corrupt(f"{folder}: multivector residual column does not match its codes")
+        res = _residuals(res_col.values, m, folder)
+    return offsets, codes, res, scale, tt
+
+
+def _residuals(vals, m: int, folder: Path) -> np.ndarray:
+    """(n, M) uint8 view of a fixed_size_binary[M] array (zero copy)."""
+    if not pa.types.is_fixed_size_binary(vals.type) or vals.type.byte_width != m:
+        raise Corrupt(f"{folder}: multivector residual column has type {vals.type}, "
+                      f"expected fixed_size_binary[{m}]")
+    if not len(vals):
+        return np.zeros((0, m), np.uint8)
+    return np.frombuffer(vals.buffers()[1], np.uint8, count=len(vals) * m,
+                         offset=vals.offset * m).reshape(-1, m)
+
+
+def _column(table: pa.Table, name: str, folder: Path):
+    if name not in table.column_names:
+        raise Corrupt(f"{folder}: multivector file lacks column {name!r} (schema {table.schema})")
+    col = table.column(name)
+    col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if col.null_count:
+        raise Corrupt(f"{folder}: multivector column {name!r} has nulls")
     return col
