@@ -4,9 +4,9 @@ Every document token is stored as a k-means centroid code (HPC-ColPali) plus a P
 residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only, deduplicated per
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
-Factory: ``multivector[:KMeans<K>][,residual=PQ<M>|none][,prune=P][,binary[=B]]
+Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>|PQ<M>|none][,prune=P][,binary[=B]]
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
-``multivector:KMeans4096,residual=PQ32`` (2-byte code + 32-byte residual + a float16
+``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
 1/|reconstruction| per token, which rescales decoded tokens to unit length like the
 originals: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
 (fraction, 0 < P <= 1) of each document's tokens by salience (attention received in the
@@ -51,7 +51,7 @@ TOKENS_FILE = "multivector.tokens.arrow"
 DOCS_FILE = "multivector.docs.arrow"
 IVF_FILE = "multivector.ivf.arrow"
 FORMAT = 2  # 1: per-document list columns in the tokens file (still read)
-DEFAULTS = {"k": 4096, "m": 32, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
+DEFAULTS = {"k": 4096, "m": 32, "opq": True, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
             "niter": 10, "nprobe": 4, "ndocs": 256}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
 _HALF = half_lut()
@@ -76,13 +76,16 @@ def _parse(body: str) -> dict:
     if unknown:
         raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the multivector "
                               f"index knows {', '.join(sorted(known))}")
-    res = opts.get("residual", f"PQ{cfg['m']}")
-    if res.lower() == "none":
-        cfg["m"] = 0
-    elif res.upper().startswith("PQ") and res[2:].isdigit() and int(res[2:]) > 0:
-        cfg["m"] = int(res[2:])
+    res = opts.get("residual", f"OPQ{cfg['m']}").upper()
+    cfg["opq"] = res.startswith("OPQ")
+    digits = res[3:] if cfg["opq"] else res[2:]
+    if res == "NONE":
+        cfg["m"], cfg["opq"] = 0, False
+    elif res.startswith(("PQ", "OPQ")) and digits.isdigit() and int(digits) > 0:
+        cfg["m"] = int(digits)
     else:
-        raise InvalidArgument(f"{where}: residual must be PQ<M> (e.g. PQ32) or none, got {res!r}")
+        raise InvalidArgument(f"{where}: residual must be OPQ<M> (e.g. OPQ32), PQ<M> or none, "
+                              f"got {opts['residual']!r}")
     cfg["prune"] = option(opts, "prune", float, 1.0, where=where)
     cfg["bits"] = option(opts, "binary", int, cfg["bits"], where=where)
     for key in ("seed", "niter", "nprobe", "ndocs"):
@@ -237,6 +240,7 @@ class MultivectorKind(IndexKind):
     def __init__(self, body: str):
         cfg = _parse(body)
         self.k, self.m, self.prune, self.bits = cfg["k"], cfg["m"], cfg["prune"], cfg["bits"]
+        self.opq = cfg["opq"]
         self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
         self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
         self.codebook: codec.Codebook | None = None
@@ -244,7 +248,8 @@ class MultivectorKind(IndexKind):
         self._saved = False
         self.device = "cpu"
         self.model_config = (DEFAULT_MODEL, "bfloat16")  # the collection sets its own
-        text = f"KMeans{self.k},residual=" + (f"PQ{self.m}" if self.m else "none")
+        text = f"KMeans{self.k},residual=" + (
+            f"{'OPQ' if self.opq else 'PQ'}{self.m}" if self.m else "none")
         if self.prune < 1:
             text += f",prune={self.prune:g}"
         if self.bits:
@@ -313,7 +318,7 @@ class MultivectorKind(IndexKind):
         if not np.isfinite(x).all():
             raise InvalidArgument("multivector: token vectors contain NaN or infinity")
         self.codebook = codec.train(x, self.k, self.m, seed=self.seed, niter=self.niter,
-                                    bits=self.bits)
+                                    bits=self.bits, opq=self.opq)
 
     def save_artifacts(self, folder: Path) -> list[str]:
         if self.codebook is None:
@@ -325,9 +330,12 @@ class MultivectorKind(IndexKind):
         cb = codec.Codebook.load(Path(folder))
         if cb is None:
             return
-        if cb.m != self.m or cb.meta.get("bits_asked", cb.bits) != self.bits:
-            raise Corrupt(f"{folder}: the multivector codebook has residual PQ{cb.m} and "
-                          f"{cb.bits}-bit signatures, the factory string says {self.describe()!r}")
+        opq = cb.rotation is not None
+        if cb.m != self.m or cb.meta.get("bits_asked", cb.bits) != self.bits \
+                or (opq != self.opq and self.m):
+            raise Corrupt(f"{folder}: the multivector codebook has residual "
+                          f"{'OPQ' if opq else 'PQ'}{cb.m} and {cb.bits}-bit signatures, the "
+                          f"factory string says {self.describe()!r}")
         self.codebook, self._saved = cb, True
 
     # -- segments ----------------------------------------------------------------------------

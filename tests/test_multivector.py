@@ -82,11 +82,15 @@ def test_first_pass_hamming_matches_numpy():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_final_pass_matches_decoded_exact_maxsim():
+@pytest.mark.parametrize("opq", [False, True])
+def test_final_pass_matches_decoded_exact_maxsim(opq):
     d, m = 32, 8
     docs = clustered_tokens(120, d=d, seed=5)
     x = np.concatenate([t.vectors for t in docs]).astype(np.float32)
-    cb = codec.train(x, 16, m, seed=0)
+    cb = codec.train(x, 16, m, seed=0, opq=opq)
+    if opq:  # an orthogonal rotation, and not the identity
+        np.testing.assert_allclose(cb.rotation @ cb.rotation.T, np.eye(d), atol=1e-4)
+        assert not np.allclose(cb.rotation, np.eye(d), atol=1e-2)
     codes = cb.assign(x)
     res = cb.residual_codes(x, codes)
     offsets = np.concatenate([[0], np.cumsum([len(t.vectors) for t in docs])]).astype(np.int32)
@@ -138,21 +142,23 @@ def test_gather_candidates_matches_numpy():
 
 def test_codebook_training_is_deterministic_for_a_seed():
     x = np.concatenate([t.vectors for t in clustered_tokens(150, seed=8)]).astype(np.float32)
-    a = codec.train(x, 32, 8, seed=3, bits=16)
-    b = codec.train(x, 32, 8, seed=3, bits=16)
-    c = codec.train(x, 32, 8, seed=4, bits=16)
+    a = codec.train(x, 32, 8, seed=3, bits=16, opq=True)
+    b = codec.train(x, 32, 8, seed=3, bits=16, opq=True)
+    c = codec.train(x, 32, 8, seed=4, bits=16, opq=True)
     assert np.array_equal(a.centroids, b.centroids)
     assert np.array_equal(a.pq_centroids, b.pq_centroids)
+    assert np.array_equal(a.rotation, b.rotation)
     assert np.array_equal(a.signatures, b.signatures)
     assert not np.array_equal(a.centroids, c.centroids)
 
 
 def test_codebook_save_load_roundtrip(tmp_path):
     x = np.concatenate([t.vectors for t in clustered_tokens(80, seed=9)]).astype(np.float32)
-    a = codec.train(x, 16, 4, seed=0, bits=8)
+    a = codec.train(x, 16, 4, seed=0, bits=8, opq=True)
     a.save(tmp_path)
     b = codec.Codebook.load(tmp_path)
     assert np.array_equal(a.centroids, b.centroids) and np.array_equal(a.signatures, b.signatures)
+    assert np.array_equal(a.rotation, b.rotation)
     assert np.array_equal(a.residual_codes(x, a.assign(x)), b.residual_codes(x, b.assign(x)))
 
 
@@ -186,7 +192,8 @@ def decoded_reference(kind, seg, q):
 
 def test_search_and_score_equal_maxsim_over_decoded_tokens(tmp_path):
     docs = clustered_tokens(200, seed=12)
-    kind, seg, info = built(tmp_path, "KMeans32,residual=PQ8", docs)
+    kind, seg, info = built(tmp_path, "KMeans32,residual=OPQ8", docs)
+    assert kind.codebook.rotation is not None
     assert info["tokens_in"] == sum(len(t.vectors) - 1 for t in docs)  # [CLS]-like dropped
     qs = queries(4)
     prep = kind.prepare(qs, [seg], [None], {"exhaustive": "1", "ndocs": "1000"}, {})
@@ -300,11 +307,12 @@ def test_format_1_segments_are_still_read(tmp_path):
 
 
 def test_factory_strings():
-    assert MultivectorKind("").describe() == "multivector:KMeans4096,residual=PQ32"
+    assert MultivectorKind("").describe() == "multivector:KMeans4096,residual=OPQ32"
+    assert MultivectorKind("residual=pq32").describe() == "multivector:KMeans4096,residual=PQ32"
     k = from_factory("multivector:KMeans256,residual=none,prune=0.5,binary,special=keep")
     assert k.describe() == "multivector:KMeans256,residual=none,prune=0.5,binary,special=keep"
     assert from_factory(k.describe()).describe() == k.describe()
-    for bad in ("multivector:Kmeans", "multivector:residual=OPQ4", "multivector:prune=0",
+    for bad in ("multivector:Kmeans", "multivector:residual=RQ4", "multivector:residual=OPQ", "multivector:prune=0",
                 "multivector:prune=1.5", "multivector:special=maybe", "multivector:colour=red",
                 "multivector:KMeans1", "multivector:nprobe=x"):
         with pytest.raises(InvalidArgument):
@@ -319,6 +327,9 @@ def test_codebook_mismatch_is_corrupt(tmp_path):
     codec.train(x, 16, 4, seed=0).save(tmp_path)
     with pytest.raises(Corrupt):
         MultivectorKind("KMeans16,residual=PQ8").load_artifacts(tmp_path)
+    with pytest.raises(Corrupt, match="residual PQ4"):  # no rotation in a PQ codebook
+        MultivectorKind("KMeans16,residual=OPQ4").load_artifacts(tmp_path)
+    MultivectorKind("KMeans16,residual=PQ4").load_artifacts(tmp_path)
 
 
 # ---------------------------------------------------------------------------- collection
@@ -332,7 +343,7 @@ def test_collection_with_multivector_survives_reopen(tmp_path):
     docs = [{"_id": f"d{i}", "title": f"t{i}", "text": " ".join(rng.choice(WORDS, 25))}
             for i in range(60)]
     eng = polyindex.open(tmp_path)
-    coll = eng.create_collection("c", ["lexical", "dense", "multivector:KMeans32,residual=PQ8"])
+    coll = eng.create_collection("c", ["lexical", "dense", "multivector:KMeans32,residual=OPQ8"])
     coll.add(docs)
     assert "hybrid-mv" in coll.profiles() and "multivector" in coll.profiles()
     text = "supersonic shock wave over a wing"
