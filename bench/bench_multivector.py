@@ -50,7 +50,7 @@ from common import WORK, console, median, table, verdict  # noqa: E402
 
 MV = WORK / "multivector"
 K_EVAL = 100
-DEFAULT = "KMeans4096,residual=PQ32"
+DEFAULT = "KMeans4096,residual=OPQ32"
 
 
 # ------------------------------------------------------------------------------ encodings
@@ -62,8 +62,9 @@ def encoded(name: str, te) -> dict | None:
     if folder is None:
         return None
     corpus, qfile = common.corpus_file(folder), folder / "queries.jsonl"
-    stamp = f"{corpus.stat().st_size}:{corpus.stat().st_mtime_ns}:{qfile.stat().st_size}"
-    key = hashlib.sha1(f"{stamp}:{te.name}:v1".encode()).hexdigest()[:12]
+    # content, not mtimes: a re-copied data folder must not cost a re-encode
+    stamp = hashlib.sha1(corpus.read_bytes() + b"\0" + qfile.read_bytes()).hexdigest()
+    key = hashlib.sha1(f"{stamp}:{te.name}:v2".encode()).hexdigest()[:12]
     path = MV / "tokens" / f"{name}.{key}.npz"
     ids, titles, texts = common.read_corpus(folder)
     qrels = common.read_qrels(folder)
@@ -201,7 +202,8 @@ def variant_codebook(base, *, k256=None, m: int | None = None, bits: int = 0):
         return None
     sig_proj, sig_mean = codec.signature_basis(base.centroids, bits)
     cb = codec.Codebook(base.centroids, base.pq_centroids if m else None, sig_proj, sig_mean,
-                        {**base.meta, "m": m or 0, "bits_asked": bits})
+                        {**base.meta, "m": m or 0, "bits_asked": bits},
+                        base.rotation if m else None)
     return CachedAssign.install(cb)
 
 
@@ -392,7 +394,7 @@ def speed_case(label: str, docs, qtok, args, kind_sys=None) -> dict:
         # the generated documents are i.i.d.: the first 20k give a large enough sample
         x = np.concatenate([d.vectors[~d.special] for d in docs[:20_000]])
         t0 = time.perf_counter()
-        cb = codec.train(x, 4096, 32, seed=0)
+        cb = codec.train(x, 4096, 32, seed=0, opq=True)
         del x
         out["train_s"] = time.perf_counter() - t0
         data = {"ids": [str(i) for i in range(len(docs))], "docs": docs}

@@ -436,8 +436,8 @@ def stored_collection(name: str, fallback: Path):
     qrels = read_qrels(folder)
     queries = judged(read_queries(folder), qrels)
     qfile = folder / "queries.jsonl"
-    key = hashlib.sha1(f"{qfile.stat().st_size}:{qfile.stat().st_mtime_ns}:{m.config.model}:"
-                       f"{m.config.dtype}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(qfile.read_bytes() + f"\0{m.config.model}:{m.config.dtype}".encode()
+                       ).hexdigest()[:12]  # content, not mtime: data folders get re-copied
     cache = WORK / "queries" / f"{name}.{key}.npy"
     if cache.exists():
         q = np.load(cache)
