@@ -176,11 +176,12 @@ class Codebook:
 
 
 def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
-          points_per_centroid: int = 8, bits: int = 0, opq: bool = False) -> Codebook:
+          points_per_centroid: int = 32, bits: int = 0, opq: bool = False) -> Codebook:
     """Train centroids (and the residual PQ with ``m`` bytes, rotated first with ``opq``, and
     ``bits``-bit signatures) on
     token vectors ``x`` (n, d). At most ``points_per_centroid * K`` tokens are used (drawn with
-    ``seed``); K shrinks to n // 4 on tiny samples (recorded in the meta)."""
+    ``seed``; 8 per centroid left arguana's OPQ32 residual error at 0.182, 64 gave 0.155, 32 is
+    the middle in training time); K shrinks to n // 4 on tiny samples (recorded in the meta)."""
     t0 = time.perf_counter()
     n, d = x.shape
     rotation = None
