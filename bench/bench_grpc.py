@@ -7,14 +7,19 @@ queries/s and p50/p99 latency at 1, 4 and 16 concurrent clients, through `polyin
 `Collection.query` on the same data). Reports the added p50 latency of gRPC at 1 client
 (goal: <= 1 ms for `dense` and `lexical`).
 
-Then a load run (default 60 s): 16 clients, 90% queries / 10% upserts; target: zero errors
-and the server's RSS at the end within 20% of its RSS after warm-up.
+Two setups (``--setups``): ``pinned`` runs the server with ``--cpus LAST`` and pins this
+process (clients and the in-process reference) to the other CPUs, so no call pays for waking a
+thread on another vCPU inside the server; ``free`` pins nothing. The goal is checked in both.
 
-    python bench/bench_grpc.py [--seconds 5] [--load-seconds 60] [--fresh]
+Then, in the last setup, a load run (default 60 s): 16 clients, 90% queries / 10% upserts;
+target: zero errors and the server's RSS at the end within 20% of its RSS after warm-up.
+
+    python bench/bench_grpc.py [--seconds 5] [--load-seconds 60] [--setups pinned,free] [--fresh]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import shutil
@@ -34,15 +39,40 @@ from common import (ENGINE_DATA, collection_folder, console, ensure_collection, 
 CONCURRENCY = (1, 4, 16)
 
 
-def start_server(data: Path, workers: int = 32) -> tuple[subprocess.Popen, str]:
+def start_server(data: Path, workers: int = 32, cpus: str | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    extra = ["--cpus", cpus] if cpus is not None else []
     proc = subprocess.Popen([*polyindex_cmd(), "serve", "--data", str(data), "--port", "0",
-                             "--workers", str(workers)], stdout=subprocess.PIPE, text=True)
+                             "--workers", str(workers), *extra], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"serving on (\S+)", line)
     if not m:
         proc.kill()
         raise RuntimeError(f"server did not start: {line!r}")
     return proc, m.group(1)
+
+
+def stop_server(proc: subprocess.Popen):
+    proc.terminate()
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+def setups(arg: str) -> dict[str, tuple[str | None, set[int]]]:
+    """name -> (the server's --cpus, the CPUs of this process: clients and in-process)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    out = {}
+    for name in arg.split(","):
+        if name == "pinned" and len(cpus) >= 2:  # the server on the last CPU, clients elsewhere
+            out[name] = (str(cpus[-1]), set(cpus[:-1]))
+        elif name == "free":
+            out[name] = (None, set(cpus))
+        elif name != "pinned":
+            raise SystemExit(f"unknown setup {name!r} (pinned, free)")
+    return out
 
 
 def rss_mib(pid: int) -> float:
@@ -97,12 +127,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     ap.add_argument("--load-seconds", type=float, default=60.0)
+    ap.add_argument("--setups", default="pinned,free",
+                    help="pinned: server --cpus LAST, clients on the other CPUs; free: no pinning")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
     folder = collection_folder("npl")
     if folder is None:
         return
     import polyindex
+    from polyindex.affinity import pin_process
     from polyindex.client import Client
     ids, _, _ = read_corpus(folder)
     ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
@@ -112,44 +145,58 @@ def main() -> None:
     queries = [t for _, t in read_queries(folder)]
     local = polyindex.open(data).collection("npl")
     vectors = local.encoder.encode(queries)
-    proc, address = start_server(data)
-    results: dict = {"address": address, "seconds": args.seconds, "profiles": {}}
+    all_cpus = os.sched_getaffinity(0)
+    results: dict = {"seconds": args.seconds, "setups": {}}
+    plan = setups(args.setups)
     try:
-        clients = [Client(address) for _ in range(max(CONCURRENCY))]
-        for c in [local] + [cl.collection("npl") for cl in clients]:  # warm both sides
-            for q, v in zip(queries[:5], vectors[:5]):
-                c.query(q, profile="lexical")
-                c.query(vector=v, profile="dense")
-        for profile in ("lexical", "dense"):
-            rows = {}
-            for n in CONCURRENCY:
-                rows[n] = {
-                    "in_process": drive(query_calls(local, queries, vectors, profile), n, args.seconds),
-                    "grpc": drive(lambda i: query_calls(clients[i].collection("npl"), queries,
-                                                        vectors, profile)(i), n, args.seconds)}
-            added = rows[1]["grpc"]["p50_ms"] - rows[1]["in_process"]["p50_ms"]
-            results["profiles"][profile] = {"by_clients": rows, "added_p50_ms": added,
-                                            "pass": added <= 1.0}
-            console.print(table(
-                f"npl · {profile}: gRPC over loopback vs in-process",
-                ["clients", "in-proc q/s", "in-proc p50", "in-proc p99", "gRPC q/s", "gRPC p50",
-                 "gRPC p99", "errors"],
-                [[n, f"{r['in_process']['qps']:.0f}", f"{r['in_process']['p50_ms']:.3f}",
-                  f"{r['in_process']['p99_ms']:.3f}", f"{r['grpc']['qps']:.0f}",
-                  f"{r['grpc']['p50_ms']:.3f}", f"{r['grpc']['p99_ms']:.3f}",
-                  r["grpc"]["errors"] + r["in_process"]["errors"]] for n, r in rows.items()]))
-            console.print(f"added p50 latency of gRPC at 1 client: {added:.3f} ms (goal <= 1 ms) "
-                          f"{verdict(added <= 1.0)}")
-        results["load"] = load_run(clients, queries, vectors, proc.pid, args.load_seconds)
+        for i, (name, (server_cpus, client_cpus)) in enumerate(plan.items()):
+            pin_process(client_cpus)
+            proc, address = start_server(data, cpus=server_cpus)
+            res: dict = {"server_cpus": server_cpus, "client_cpus": sorted(client_cpus)}
+            try:
+                console.rule(f"setup {name}: server CPUs {server_cpus or 'all'}, clients and "
+                             f"in-process on CPUs {sorted(client_cpus)}")
+                clients = [Client(address) for _ in range(max(CONCURRENCY))]
+                res["profiles"] = latency(local, clients, queries, vectors, args.seconds, name)
+                if i == len(plan) - 1:  # once, in the last setup (the default deployment: free)
+                    res["load"] = load_run(clients, queries, vectors, proc.pid, args.load_seconds)
+                for c in clients:
+                    c.close()
+            finally:
+                res["server_exit_code"] = stop_server(proc)
+            results["setups"][name] = res
     finally:
-        proc.terminate()
-        try:
-            results["server_exit_code"] = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            results["server_exit_code"] = None
+        pin_process(all_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
     save_results("bench_grpc", results)
+
+
+def latency(local, clients, queries, vectors, seconds: float, setup: str) -> dict:
+    for c in [local] + [cl.collection("npl") for cl in clients]:  # warm both sides
+        for q, v in zip(queries[:5], vectors[:5]):
+            c.query(q, profile="lexical")
+            c.query(vector=v, profile="dense")
+    out = {}
+    for profile in ("lexical", "dense"):
+        rows = {}
+        for n in CONCURRENCY:
+            rows[n] = {
+                "in_process": drive(query_calls(local, queries, vectors, profile), n, seconds),
+                "grpc": drive(lambda i: query_calls(clients[i].collection("npl"), queries,
+                                                    vectors, profile)(i), n, seconds)}
+        added = rows[1]["grpc"]["p50_ms"] - rows[1]["in_process"]["p50_ms"]
+        out[profile] = {"by_clients": rows, "added_p50_ms": added, "pass": added <= 1.0}
+        console.print(table(
+            f"npl · {profile} · {setup}: gRPC over loopback vs in-process",
+            ["clients", "in-proc q/s", "in-proc p50", "in-proc p99", "gRPC q/s", "gRPC p50",
+             "gRPC p99", "errors"],
+            [[n, f"{r['in_process']['qps']:.0f}", f"{r['in_process']['p50_ms']:.3f}",
+              f"{r['in_process']['p99_ms']:.3f}", f"{r['grpc']['qps']:.0f}",
+              f"{r['grpc']['p50_ms']:.3f}", f"{r['grpc']['p99_ms']:.3f}",
+              r["grpc"]["errors"] + r["in_process"]["errors"]] for n, r in rows.items()]))
+        console.print(f"added p50 latency of gRPC at 1 client ({setup}): {added:.3f} ms "
+                      f"(goal <= 1 ms) {verdict(added <= 1.0)}")
+    return out
 
 
 def load_run(clients, queries, vectors, pid: int, seconds: float) -> dict:

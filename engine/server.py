@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from polyindex.affinity import parse_cpus, pin_process
 from polyindex.auth import TokenAuth
 from polyindex.convert import MAX_MESSAGE_BYTES
 from polyindex.errors import Internal, InvalidArgument
@@ -105,8 +106,11 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
                   bound_metrics)
 
 
-def run(data_dir, *, token_file=None, grace: float = 5.0, **kw) -> None:
-    """Serve until SIGTERM/SIGINT, then stop gracefully (``polyindex serve``)."""
+def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = None, **kw) -> None:
+    """Serve until SIGTERM/SIGINT, then stop gracefully (``polyindex serve``). ``cpus``
+    (e.g. ``"1"`` or ``"0-3"``) pins the process before any server thread starts."""
+    if cpus is not None:
+        pin_process(parse_cpus(cpus))
     token = None
     if token_file is not None:
         token = Path(token_file).read_text().strip()
@@ -114,6 +118,7 @@ def run(data_dir, *, token_file=None, grace: float = 5.0, **kw) -> None:
             raise InvalidArgument(f"token file {token_file} is empty")
     srv = serve(data_dir, token=token, **kw)
     extras = [x for x in ("tls" if srv.tls else "", "token" if token else "",
+                          f"cpus {cpus}" if cpus is not None else "",
                           f"metrics on 127.0.0.1:{srv.metrics_port}" if srv.metrics_port else "") if x]
     print(f"polyindex serving on {srv.address}" + (f" ({', '.join(extras)})" if extras else ""),
           flush=True)

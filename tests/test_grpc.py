@@ -3,6 +3,7 @@ grpcurl through reflection, and ``polyindex serve`` stopping cleanly on SIGTERM.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -377,6 +378,30 @@ def test_serve_command_stops_on_sigterm(tmp_path, cli):
             proc.wait()
     eng = polyindex.open(tmp_path)
     assert eng.collection("kept").get(["a"])[0].text == "durable write"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
+def test_serve_command_pins_every_thread_with_cpus(tmp_path, cli):
+    cpu = min(os.sched_getaffinity(0))
+    proc = subprocess.Popen(cli.command("serve", "--data", tmp_path, "--port", "0", "--cpus", str(cpu)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"serving on (127\.0\.0\.1:\d+) \(cpus (\d+)\)", line)
+        assert m and m.group(2) == str(cpu), line
+        with Client(m.group(1)) as c:  # a call, so gRPC's lazily started threads exist too
+            c.create_collection("p", ["lexical"]).add([{"id": "a", "text": "pinned"}])
+            assert [h.id for h in c.collection("p").query("pinned")] == ["a"]
+        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+        assert len(tasks) > 3  # gRPC's and the worker threads, not only the main one
+        assert {os.sched_getaffinity(int(t.name)) == {cpu} for t in tasks} == {True}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    r = cli("serve", "--data", tmp_path, "--port", "0", "--cpus", "4096", timeout=60)
+    assert r.returncode == 2 and "not available" in r.stderr, r.stderr
+    r = cli("serve", "--data", tmp_path, "--port", "0", "--cpus", "1-x", timeout=60)
+    assert r.returncode == 2 and "expected CPU numbers" in r.stderr, r.stderr
 
 
 def test_serve_command_rejects_half_tls(tmp_path, cli):
