@@ -27,10 +27,11 @@ def parse_cpus(text: str) -> set[int]:
     except ValueError:
         raise InvalidArgument(f"--cpus: expected CPU numbers like 1, 0,2 or 0-3, got {text!r}") \
             from None
-    allowed = available_cpus()
-    if not cpus <= allowed:
-        raise InvalidArgument(f"--cpus {text}: CPU(s) {sorted(cpus - allowed)} are not available "
-                              f"to this process (available: {sorted(allowed)})")
+    available_cpus()  # the platform check
+    missing = sorted(c for c in cpus if c >= (os.cpu_count() or 1))
+    if missing:
+        raise InvalidArgument(f"--cpus {text}: this machine has no CPU {missing} "
+                              f"(CPUs 0-{(os.cpu_count() or 1) - 1})")
     return cpus
 
 
@@ -49,3 +50,6 @@ def pin_process(cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
         except ProcessLookupError:  # the thread ended meanwhile
             pass
+        except OSError as e:  # e.g. CPUs outside this container's cpuset
+            raise InvalidArgument(f"--cpus: cannot run on CPUs {sorted(cpus)}: {e.strerror}") \
+                from None
