@@ -42,6 +42,39 @@ def test_auto_is_flat_and_exact(tmp_path):
     assert np.allclose(seg.score(prepared, rows[0]), q @ x[rows[0]].T, atol=1e-5)
 
 
+def test_search_is_single_threaded_in_any_thread(tmp_path):
+    """OpenMP's thread count is per thread: a search from a fresh thread (a server worker) must
+    use QUERY_THREADS too, and leave the thread's own setting as it was."""
+    import threading
+    from polyindex.index import dense
+    x, q = unit(300), unit(2, seed=3)
+    kind = from_factory("dense")
+    seg, _ = build_open(kind, x, tmp_path)
+    prepared = kind.prepare([Query(vector=v) for v in q], [seg], [None], {}, {})
+    seen = {}
+
+    class Recording:  # the real index, recording OpenMP's thread count during its search
+        def __init__(self, index):
+            self.index = index
+
+        def search(self, *args, **kw):
+            seen["during"] = faiss.omp_get_max_threads()
+            return self.index.search(*args, **kw)
+
+    seg.index = Recording(seg.index)
+
+    def worker():
+        faiss.omp_set_num_threads(2)  # what a new thread gets on a 2-core machine
+        seen["result"] = seg.search(prepared, 5, {}, None)
+        seen["after"] = faiss.omp_get_max_threads()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["during"] == dense.QUERY_THREADS and seen["after"] == 2
+    assert np.array_equal(seen["result"][1], exact_topk(x, q, 5)[1])
+
+
 def test_allow_mask_and_padding(tmp_path):
     x, q = unit(50), unit(2, seed=3)
     kind = DenseKind("Flat")
