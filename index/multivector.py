@@ -51,7 +51,7 @@ TOKENS_FILE = "multivector.tokens.arrow"
 DOCS_FILE = "multivector.docs.arrow"
 IVF_FILE = "multivector.ivf.arrow"
 FORMAT = 2  # 1: per-document list columns in the tokens file (still read)
-DEFAULTS = {"k": 4096, "m": 32, "opq": True, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
+DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
             "niter": 10, "nprobe": 4, "ndocs": 256}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
 _HALF = half_lut()
@@ -78,13 +78,15 @@ def _parse(body: str) -> dict:
                               f"index knows {', '.join(sorted(known))}")
     res = opts.get("residual", f"OPQ{cfg['m']}").upper()
     cfg["opq"] = res.startswith("OPQ")
-    digits = res[3:] if cfg["opq"] else res[2:]
+    m_text, _, dim_text = (res[3:] if cfg["opq"] else res[2:]).partition("_")
     if res == "NONE":
         cfg["m"], cfg["opq"] = 0, False
-    elif res.startswith(("PQ", "OPQ")) and digits.isdigit() and int(digits) > 0:
-        cfg["m"] = int(digits)
+    elif res.startswith(("PQ", "OPQ")) and m_text.isdigit() and int(m_text) > 0 \
+            and (not dim_text or (cfg["opq"] and dim_text.isdigit() and int(dim_text) > 0)):
+        cfg["m"], cfg["opq_dim"] = int(m_text), int(dim_text or 0)
     else:
-        raise InvalidArgument(f"{where}: residual must be OPQ<M> (e.g. OPQ32), PQ<M> or none, "
+        raise InvalidArgument(f"{where}: residual must be OPQ<M>[_<D>] (e.g. OPQ32, OPQ40_320: "
+                              f"rotated and reduced to D dimensions), PQ<M> or none, "
                               f"got {opts['residual']!r}")
     cfg["prune"] = option(opts, "prune", float, 1.0, where=where)
     cfg["bits"] = option(opts, "binary", int, cfg["bits"], where=where)
@@ -240,7 +242,7 @@ class MultivectorKind(IndexKind):
     def __init__(self, body: str):
         cfg = _parse(body)
         self.k, self.m, self.prune, self.bits = cfg["k"], cfg["m"], cfg["prune"], cfg["bits"]
-        self.opq = cfg["opq"]
+        self.opq, self.opq_dim = cfg["opq"], cfg["opq_dim"]
         self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
         self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
         self.codebook: codec.Codebook | None = None
@@ -250,6 +252,8 @@ class MultivectorKind(IndexKind):
         self.model_config = (DEFAULT_MODEL, "bfloat16")  # the collection sets its own
         text = f"KMeans{self.k},residual=" + (
             f"{'OPQ' if self.opq else 'PQ'}{self.m}" if self.m else "none")
+        if self.opq_dim and self.m:
+            text += f"_{self.opq_dim}"
         if self.prune < 1:
             text += f",prune={self.prune:g}"
         if self.bits:
@@ -318,7 +322,7 @@ class MultivectorKind(IndexKind):
         if not np.isfinite(x).all():
             raise InvalidArgument("multivector: token vectors contain NaN or infinity")
         self.codebook = codec.train(x, self.k, self.m, seed=self.seed, niter=self.niter,
-                                    bits=self.bits, opq=self.opq)
+                                    bits=self.bits, opq=self.opq, opq_dim=self.opq_dim)
 
     def save_artifacts(self, folder: Path) -> list[str]:
         if self.codebook is None:
@@ -332,9 +336,11 @@ class MultivectorKind(IndexKind):
             return
         opq = cb.rotation is not None
         if cb.m != self.m or cb.meta.get("bits_asked", cb.bits) != self.bits \
-                or (opq != self.opq and self.m):
+                or (opq != self.opq and self.m) \
+                or (opq and cb.d_res != (self.opq_dim or cb.d)):
             raise Corrupt(f"{folder}: the multivector codebook has residual "
-                          f"{'OPQ' if opq else 'PQ'}{cb.m} and {cb.bits}-bit signatures, the "
+                          f"{'OPQ' if opq else 'PQ'}{cb.m} ({cb.d_res}-d) and {cb.bits}-bit "
+                          f"signatures, the "
                           f"factory string says {self.describe()!r}")
         self.codebook, self._saved = cb, True
 

@@ -58,6 +58,8 @@ class Codebook:
             np.ascontiguousarray(rotation, dtype=np.float32)  # (d, d): y = R r
         self.centroids = np.ascontiguousarray(centroids, dtype=np.float32)  # (K, d)
         self.k, self.d = self.centroids.shape
+        # the residual quantizer's space: R's output (OPQ may reduce the dimension) or x's own
+        self.d_res = self.d if self.rotation is None else self.rotation.shape[0]
         self.pq_centroids = None if pq_centroids is None else \
             np.ascontiguousarray(pq_centroids, dtype=np.float32)  # (M, 256, d/M)
         self.m = 0 if self.pq_centroids is None else self.pq_centroids.shape[0]
@@ -88,7 +90,7 @@ class Codebook:
 
     def _product_quantizer(self):
         if self._pq is None:
-            pq = faiss.ProductQuantizer(self.d, self.m, 8)
+            pq = faiss.ProductQuantizer(self.d_res, self.m, 8)
             faiss.copy_array_to_vector(self.pq_centroids.ravel(), pq.centroids)
             self._pq = pq
         return self._pq
@@ -107,8 +109,8 @@ class Codebook:
         """Reconstructed token vectors (the reference the scoring kernels must agree with)."""
         x = self.centroids[codes].copy()
         if self.m and rcodes is not None:
-            y = np.empty_like(x)
-            dsub = self.d // self.m
+            y = np.empty((len(x), self.d_res), np.float32)
+            dsub = self.d_res // self.m
             for m in range(self.m):
                 y[:, m * dsub:(m + 1) * dsub] = self.pq_centroids[m][rcodes[:, m]]
             x += y if self.rotation is None else y @ self.rotation
@@ -142,7 +144,7 @@ class Codebook:
 
     def pq_tables(self, q: np.ndarray) -> np.ndarray:
         """(M, 256, nq_tokens) float32: q_t's sub-vector . each PQ sub-centroid."""
-        dsub = self.d // self.m
+        dsub = self.d_res // self.m
         qs = self._rotate(np.asarray(q, np.float32)).reshape(len(q), self.m, dsub)
         return np.ascontiguousarray(np.einsum("mjs,tms->mjt", self.pq_centroids, qs,
                                               optimize=True), dtype=np.float32)
@@ -176,7 +178,8 @@ class Codebook:
 
 
 def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
-          points_per_centroid: int = 32, bits: int = 0, opq: bool = False) -> Codebook:
+          points_per_centroid: int = 32, bits: int = 0, opq: bool = False,
+          opq_dim: int = 0) -> Codebook:
     """Train centroids (and the residual PQ with ``m`` bytes, rotated first with ``opq``, and
     ``bits``-bit signatures) on
     token vectors ``x`` (n, d). At most ``points_per_centroid * K`` tokens are used (drawn with
@@ -188,9 +191,13 @@ def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
     bits_asked = bits
     if n < 8:
         raise InvalidArgument(f"multivector: training needs at least 8 token vectors, got {n}")
-    if m and d % m:
-        raise InvalidArgument(f"multivector: residual=PQ{m} needs a dimension divisible by {m}, "
-                              f"the token vectors have dimension {d}")
+    d_res = (opq_dim or d) if opq else d
+    if d_res > d:
+        raise InvalidArgument(f"multivector: residual=OPQ{m}_{d_res} cannot raise the dimension "
+                              f"of {d}-d token vectors")
+    if m and d_res % m:
+        raise InvalidArgument(f"multivector: a {m}-byte residual PQ needs a dimension divisible "
+                              f"by {m}, the residual has dimension {d_res}")
     k_eff = int(min(k, max(2, n // 4)))
     rng = np.random.default_rng(seed)
     take = min(n, points_per_centroid * k_eff)
@@ -211,26 +218,27 @@ def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 10,
             codes = Codebook(centroids, None, None, None, {}).assign(pq_sample)
             resid = np.ascontiguousarray(pq_sample - centroids[codes])
             if opq:
-                rotation = _train_rotation(resid, m)
+                rotation = _train_rotation(resid, m, d_res)
                 resid = np.ascontiguousarray(resid @ rotation.T)
-            pq = faiss.ProductQuantizer(d, m, 8)
+            pq = faiss.ProductQuantizer(d_res, m, 8)
             pq.cp.seed = seed
             pq.cp.min_points_per_centroid = 1  # tiny collections: no warning, fewer points
             pq.verbose = False
             pq.train(resid)
-            pq_centroids = faiss.vector_to_array(pq.centroids).reshape(m, 256, d // m).copy()
+            pq_centroids = faiss.vector_to_array(pq.centroids).reshape(m, 256, d_res // m).copy()
     sig_proj = sig_mean = None
     sig_proj, sig_mean = signature_basis(centroids, bits)
-    meta = {"k": k_eff, "k_asked": k, "m": m, "opq": rotation is not None, "bits": 0 if sig_proj is None else sig_proj.shape[1],
+    meta = {"k": k_eff, "k_asked": k, "m": m, "opq": rotation is not None,
+            "residual_dim": d_res if m else 0, "bits": 0 if sig_proj is None else sig_proj.shape[1],
             "bits_asked": bits_asked, "seed": seed, "niter": niter, "dim": d,
             "train_tokens": int(take), "tokens_seen": int(n),
             "seconds": round(time.perf_counter() - t0, 2)}
     return Codebook(centroids, pq_centroids, sig_proj, sig_mean, meta, rotation)
 
 
-def _train_rotation(resid: np.ndarray, m: int) -> np.ndarray:
-    """OPQ's orthogonal rotation for an M-byte PQ of ``resid`` ((n, d) float32)."""
-    opq = faiss.OPQMatrix(resid.shape[1], m)
+def _train_rotation(resid: np.ndarray, m: int, d_out: int) -> np.ndarray:
+    """OPQ's rotation (d_out x d, orthonormal rows) for an M-byte PQ of ``resid`` ((n, d))."""
+    opq = faiss.OPQMatrix(resid.shape[1], m, d_out)
     opq.niter = OPQ_NITER
     opq.verbose = False  # starts from the identity, its inner PQ has a fixed seed: deterministic
     opq.train(resid)

@@ -82,15 +82,17 @@ def test_first_pass_hamming_matches_numpy():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("opq", [False, True])
-def test_final_pass_matches_decoded_exact_maxsim(opq):
+@pytest.mark.parametrize("opq,opq_dim", [(False, 0), (True, 0), (True, 24)])
+def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
     d, m = 32, 8
     docs = clustered_tokens(120, d=d, seed=5)
     x = np.concatenate([t.vectors for t in docs]).astype(np.float32)
-    cb = codec.train(x, 16, m, seed=0, opq=opq)
-    if opq:  # an orthogonal rotation, and not the identity
-        np.testing.assert_allclose(cb.rotation @ cb.rotation.T, np.eye(d), atol=1e-4)
-        assert not np.allclose(cb.rotation, np.eye(d), atol=1e-2)
+    cb = codec.train(x, 16, m, seed=0, opq=opq, opq_dim=opq_dim)
+    if opq:  # orthonormal rows (a rotation, reducing to opq_dim), and not the identity
+        out_dim = opq_dim or d
+        assert cb.rotation.shape == (out_dim, d) and cb.pq_centroids.shape[2] == out_dim // m
+        np.testing.assert_allclose(cb.rotation @ cb.rotation.T, np.eye(out_dim), atol=1e-4)
+        assert not np.allclose(cb.rotation[:, :out_dim], np.eye(out_dim), atol=1e-2)
     codes = cb.assign(x)
     res = cb.residual_codes(x, codes)
     offsets = np.concatenate([[0], np.cumsum([len(t.vectors) for t in docs])]).astype(np.int32)
@@ -309,10 +311,13 @@ def test_format_1_segments_are_still_read(tmp_path):
 def test_factory_strings():
     assert MultivectorKind("").describe() == "multivector:KMeans4096,residual=OPQ32"
     assert MultivectorKind("residual=pq32").describe() == "multivector:KMeans4096,residual=PQ32"
+    assert MultivectorKind("residual=OPQ40_320").describe() == \
+        "multivector:KMeans4096,residual=OPQ40_320"
     k = from_factory("multivector:KMeans256,residual=none,prune=0.5,binary,special=keep")
     assert k.describe() == "multivector:KMeans256,residual=none,prune=0.5,binary,special=keep"
     assert from_factory(k.describe()).describe() == k.describe()
-    for bad in ("multivector:Kmeans", "multivector:residual=RQ4", "multivector:residual=OPQ", "multivector:prune=0",
+    for bad in ("multivector:Kmeans", "multivector:residual=RQ4", "multivector:residual=OPQ",
+                "multivector:residual=PQ8_4", "multivector:residual=OPQ8_x", "multivector:prune=0",
                 "multivector:prune=1.5", "multivector:special=maybe", "multivector:colour=red",
                 "multivector:KMeans1", "multivector:nprobe=x"):
         with pytest.raises(InvalidArgument):
