@@ -4,7 +4,7 @@ Every document token is stored as a k-means centroid code (HPC-ColPali) plus a P
 residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only, deduplicated per
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
-Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>|PQ<M>|none][,prune=P][,binary[=B]]
+Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
 ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
 1/|reconstruction| per token, which rescales decoded tokens to unit length like the
