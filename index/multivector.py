@@ -51,8 +51,8 @@ TOKENS_FILE = "multivector.tokens.arrow"
 DOCS_FILE = "multivector.docs.arrow"
 IVF_FILE = "multivector.ivf.arrow"
 FORMAT = 2  # 1: per-document list columns in the tokens file (still read)
-DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0, "special": "drop", "seed": 0,
-            "niter": 10, "nprobe": 4, "ndocs": 256}
+DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
+            "special": "drop", "seed": 0, "niter": 10, "nprobe": 4, "ndocs": 256}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
 _HALF = half_lut()
 _NO_SCALE = np.zeros(0, np.uint16)
