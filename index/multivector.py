@@ -340,8 +340,7 @@ class MultivectorKind(IndexKind):
                 or (opq and cb.d_res != (self.opq_dim or cb.d)):
             raise Corrupt(f"{folder}: the multivector codebook has residual "
                           f"{'OPQ' if opq else 'PQ'}{cb.m} ({cb.d_res}-d) and {cb.bits}-bit "
-                          f"signatures, the "
-                          f"factory string says {self.describe()!r}")
+                          f"signatures, the factory string says {self.describe()!r}")
         self.codebook, self._saved = cb, True
 
     # -- segments ----------------------------------------------------------------------------
