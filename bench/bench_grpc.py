@@ -136,7 +136,6 @@ def main() -> None:
         return
     import polyindex
     from polyindex.affinity import pin_process
-    from polyindex.client import Client
     ids, _, _ = read_corpus(folder)
     ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
@@ -156,10 +155,8 @@ def main() -> None:
             try:
                 console.rule(f"setup {name}: server CPUs {server_cpus or 'all'}, clients and "
                              f"in-process on CPUs {sorted(client_cpus)}")
-                clients: list = []
-                res["profiles"] = latency(local, lambda: clients.extend(
-                    Client(address) for _ in range(max(CONCURRENCY))) or clients,
-                    queries, vectors, args.seconds, name)
+                res["profiles"], clients = latency(local, address, queries, vectors,
+                                                   args.seconds, name)
                 if i == len(plan) - 1:  # once, in the last setup (the default deployment: free)
                     res["load"] = load_run(clients, queries, vectors, proc.pid, args.load_seconds)
                 for c in clients:
@@ -180,15 +177,16 @@ def warm(colls, queries, vectors) -> None:
             c.query(vector=v, profile="dense")
 
 
-def latency(local, make_clients, queries, vectors, seconds: float, setup: str) -> dict:
-    """In-process first, before this process has any gRPC channel: the channels' threads
-    must not share the CPU with the reference (with one pinned CPU they cost it up to 15 ms)."""
+def latency(local, address: str, queries, vectors, seconds: float, setup: str):
+    """Per profile and concurrency, in-process then gRPC; returns (results, the clients).
+    The in-process reference runs first, while this process holds no gRPC channel yet."""
+    from polyindex.client import Client
     profiles = ("lexical", "dense")
     warm([local], queries, vectors)
     by_profile: dict = {p: {n: {"in_process": drive(query_calls(local, queries, vectors, p), n,
                                                      seconds)} for n in CONCURRENCY}
                         for p in profiles}
-    clients = make_clients()
+    clients = [Client(address) for _ in range(max(CONCURRENCY))]
     warm([cl.collection("npl") for cl in clients], queries, vectors)
     for p in profiles:
         for n in CONCURRENCY:
@@ -209,7 +207,7 @@ def latency(local, make_clients, queries, vectors, seconds: float, setup: str) -
               r["grpc"]["errors"] + r["in_process"]["errors"]] for n, r in rows.items()]))
         console.print(f"added p50 latency of gRPC at 1 client ({setup}): {added:.3f} ms "
                       f"(goal <= 1 ms) {verdict(added <= 1.0)}")
-    return out
+    return out, clients
 
 
 def load_run(clients, queries, vectors, pid: int, seconds: float) -> dict:
