@@ -7,8 +7,8 @@ document: a repeated code cannot change a MaxSim). Queries keep full-precision t
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
 ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
-1/|reconstruction| per token, which rescales decoded tokens to unit length like the
-originals: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
+scale per token that makes the decoded token's component along the original exact, see
+``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
 (fraction, 0 < P <= 1) of each document's tokens by salience (attention received in the
 encoder's last layer; without attention the IDF of the token id, else of the token's code).
 ``binary``: B-bit (default 64) centroid signatures give a Hamming first pass instead of the
@@ -140,7 +140,7 @@ class MultivectorSegment(SegmentIndex):
                  keep=()):
         self.n_rows = n_rows
         self.offsets, self.codes, self.res = offsets, codes, res
-        self.scale = _NO_SCALE if scale is None else scale  # float16 bits of 1/|decoded|
+        self.scale = _NO_SCALE if scale is None else scale  # float16 bits, see codec.scales
         self.ivf_offsets, self.ivf_docs = ivf_offsets, ivf_docs
         self.kind = kind
         self.nonempty = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)
@@ -383,7 +383,7 @@ class MultivectorKind(IndexKind):
         if res is not None:
             cols["residual"] = pa.FixedSizeBinaryArray.from_buffers(
                 pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
-            cols["scale"] = pa.array(cb.inverse_norms(codes, res), pa.float16())
+            cols["scale"] = pa.array(cb.scales(x, codes, res), pa.float16())
         _write(folder / TOKENS_FILE, cols)
         # token counts, not offsets: 2 bytes per document instead of 4 (pure-code documents
         # hold few distinct codes, so this is part of their bytes per token)

@@ -89,8 +89,8 @@ def first_pass_hamming(qsig, csig, nbits, offsets, codes, cand, out):
 @numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def final_pass_pq(lut_t, pq_t, offsets, codes, res, scale, half, cand, out):
     """out[i] = sum_t max_{tokens} q_t . (centroid[code] + PQ_decode(res[token])) * s[token],
-    where s = half[scale[token]] (float16 bits: 1 / |decoded token|) when ``scale`` is not
-    empty: the stored tokens are unit vectors, their reconstructions are shorter."""
+    where s = half[scale[token]] (float16 bits, the codec's per-token scale) when ``scale`` is
+    not empty."""
     nqt = lut_t.shape[1]
     scaled = len(scale) > 0
     m_sub = pq_t.shape[0]

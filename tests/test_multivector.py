@@ -105,13 +105,14 @@ def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
     decoded = cb.decode(codes, res)  # plain numpy: centroid + PQ sub-centroids, then dot
     ref = ref_maxsim(decoded @ q.T, offsets, cand)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-    # with the stored float16 1/|decoded|: MaxSim over the decoded tokens rescaled to unit length
-    inv = cb.inverse_norms(codes, res)
+    # with the stored float16 scales: MaxSim over the decoded tokens times their scale, whose
+    # component along the original token is then the original's (x . s x_hat = |x|^2)
+    sc = cb.scales(x, codes, res)
     mk.final_pass_pq(cb.lut(q), cb.pq_tables(q), offsets, codes.astype(np.uint16), res,
-                     inv.view(np.uint16), half, cand, out)
-    unit_dec = decoded * inv.astype(np.float32)[:, None]
-    np.testing.assert_allclose(np.linalg.norm(unit_dec, axis=1), 1.0, atol=2e-3)
-    np.testing.assert_allclose(out, ref_maxsim(unit_dec @ q.T, offsets, cand), rtol=1e-4, atol=1e-4)
+                     sc.view(np.uint16), half, cand, out)
+    scaled = decoded * sc.astype(np.float32)[:, None]
+    np.testing.assert_allclose((scaled * x).sum(1), (x * x).sum(1), rtol=2e-3)
+    np.testing.assert_allclose(out, ref_maxsim(scaled @ q.T, offsets, cand), rtol=1e-4, atol=1e-4)
     # the decoded tokens are close to the originals (the residual carries real information)
     err_codes = np.linalg.norm(x - cb.centroids[codes], axis=1).mean()
     err_res = np.linalg.norm(x - decoded, axis=1).mean()
@@ -187,7 +188,7 @@ def decoded_reference(kind, seg, q):
     """Exact MaxSim of q over the segment's decoded tokens (numpy)."""
     cb = kind.codebook
     x = cb.decode(seg.codes.astype(np.int64), seg.res)
-    if len(seg.scale):  # decoded tokens rescaled to unit length (stored float16 1/|x|)
+    if len(seg.scale):  # decoded tokens times their stored float16 scale
         x = x * seg.scale.view(np.float16).astype(np.float32)[:, None]
     return ref_maxsim(x @ q.T, seg.offsets, np.arange(seg.n_rows))
 
