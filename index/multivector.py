@@ -7,7 +7,7 @@ document: a repeated code cannot change a MaxSim). Queries keep full-precision t
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=256]``; default
 ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
-scale per token that makes the decoded token's component along the original exact, see
+scale per token that undoes most of the reconstruction's loss along the original, see
 ``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
 (fraction, 0 < P <= 1) of each document's tokens by salience (attention received in the
 encoder's last layer; without attention the IDF of the token id, else of the token's code).

@@ -105,13 +105,15 @@ def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
     decoded = cb.decode(codes, res)  # plain numpy: centroid + PQ sub-centroids, then dot
     ref = ref_maxsim(decoded @ q.T, offsets, cand)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-    # with the stored float16 scales: MaxSim over the decoded tokens times their scale, whose
-    # component along the original token is then the original's (x . s x_hat = |x|^2)
+    # with the stored float16 scales: MaxSim over the decoded tokens times their scale, which
+    # is |x| / (|x_hat| cos(x, x_hat) ** PARALLEL)
     sc = cb.scales(x, codes, res)
     mk.final_pass_pq(cb.lut(q), cb.pq_tables(q), offsets, codes.astype(np.uint16), res,
                      sc.view(np.uint16), half, cand, out)
     scaled = decoded * sc.astype(np.float32)[:, None]
-    np.testing.assert_allclose((scaled * x).sum(1), (x * x).sum(1), rtol=2e-3)
+    cos = (x * decoded).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(decoded, axis=1)
+    np.testing.assert_allclose(np.linalg.norm(scaled, axis=1) * np.maximum(cos, 0.5) ** codec.PARALLEL,
+                               np.linalg.norm(x, axis=1), rtol=2e-3)
     np.testing.assert_allclose(out, ref_maxsim(scaled @ q.T, offsets, cand), rtol=1e-4, atol=1e-4)
     # the decoded tokens are close to the originals (the residual carries real information)
     err_codes = np.linalg.norm(x - cb.centroids[codes], axis=1).mean()
