@@ -86,6 +86,13 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs: time the hypervisor gave this VM's vCPUs to others."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    return (vals[7] if len(vals) > 7 else 0), sum(vals[:8])
+
+
 def drive(make_call, clients: int, seconds: float) -> dict:
     """``clients`` threads call ``make_call(thread_index)()`` in a loop; latencies in ms."""
     lat: list[list[float]] = [[] for _ in range(clients)]
@@ -189,12 +196,14 @@ def one_client_rounds(local, address: str, queries, vectors, profile: str, secon
     speed drifts over minutes, and alternating puts both sides of each round on the same
     machine. Every gRPC round opens a fresh client and closes it, so the in-process rounds
     run while this process holds no gRPC channel. A health check's round trip (the transport
-    floor, no engine work) is measured in each round too."""
+    floor, no engine work) and the share of CPU time the hypervisor stole from this VM
+    (/proc/stat) are recorded in each round too."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from polyindex.client import Client
     out = []
     for _ in range(rounds):
+        steal0, total0 = cpu_jiffies()
         local_r = drive(query_calls(local, queries, vectors, profile), 1, seconds)
         client = Client(address)
         warm([client.collection("npl")], queries, vectors)
@@ -206,9 +215,11 @@ def one_client_rounds(local, address: str, queries, vectors, profile: str, secon
             for _ in range(200):
                 stub.Check(req)
             floor = drive(lambda i: lambda: stub.Check(req), 1, min(seconds, 1.0))
+        steal1, total1 = cpu_jiffies()
         out.append({"in_process_p50_ms": local_r["p50_ms"], "grpc_p50_ms": grpc_r["p50_ms"],
                     "added_p50_ms": grpc_r["p50_ms"] - local_r["p50_ms"],
-                    "health_p50_ms": floor["p50_ms"], "errors": grpc_r["errors"]})
+                    "health_p50_ms": floor["p50_ms"], "errors": grpc_r["errors"],
+                    "cpu_steal": (steal1 - steal0) / max(total1 - total0, 1)})
     return out
 
 
@@ -246,9 +257,9 @@ def latency(local, address: str, queries, vectors, seconds: float, setup: str, r
               r["grpc"]["errors"] + r["in_process"]["errors"]] for n, r in rows.items()]))
         console.print(table(
             f"npl · {profile} · {setup}: 1 client, in-process and gRPC alternated",
-            ["round", "in-proc p50", "gRPC p50", "added p50", "health p50"],
+            ["round", "in-proc p50", "gRPC p50", "added p50", "health p50", "CPU steal"],
             [[i + 1, f"{r['in_process_p50_ms']:.3f}", f"{r['grpc_p50_ms']:.3f}",
-              f"{r['added_p50_ms']:.3f}", f"{r['health_p50_ms']:.3f}"]
+              f"{r['added_p50_ms']:.3f}", f"{r['health_p50_ms']:.3f}", f"{r['cpu_steal']:.1%}"]
              for i, r in enumerate(paired[profile])]))
         console.print(f"added p50 latency of gRPC at 1 client ({setup}, median of {rounds} "
                       f"rounds): {added:.3f} ms (goal <= 1 ms) {verdict(added <= 1.0)}")
