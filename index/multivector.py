@@ -8,9 +8,10 @@ Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][
 [,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024]``; default
 ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
 scale per token that undoes most of the reconstruction's loss along the original, see
-``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens). ``prune=P`` keeps the top P
-(fraction, 0 < P <= 1) of each document's tokens by salience (attention received in the
-encoder's last layer; without attention the IDF of the token id, else of the token's code).
+``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens).
+``prune=P`` keeps the top P (fraction, 0 < P <= 1) of each document's tokens by salience
+(attention received in the encoder's last layer; without attention the IDF of the token id,
+else of the token's code).
 ``binary``: B-bit (default 64) centroid signatures give a Hamming first pass instead of the
 lookup table. ``special``: drop (default) or keep [CLS]/[SEP]-like tokens, for documents and
 queries alike.
@@ -20,9 +21,9 @@ documents listed under them (per-segment inverted lists centroid -> documents); 
 scores those candidates by MaxSim over their codes (LUT or Hamming); the best ``max(k, ndocs)``
 go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
 code-only first pass is coarse, 256 survivors cost nfcorpus 0.8% nDCG@10). No query scores
-every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``, ``ndocs``,
-``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank
-mode).
+every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``,
+``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary
+rows (rerank mode).
 
 Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
 uint16, uint8 when K <= 256; ``residual`` fixed_size_binary[M] and ``scale`` float16 unless

@@ -112,8 +112,9 @@ def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
                      sc.view(np.uint16), half, cand, out)
     scaled = decoded * sc.astype(np.float32)[:, None]
     cos = (x * decoded).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(decoded, axis=1)
-    np.testing.assert_allclose(np.linalg.norm(scaled, axis=1) * np.maximum(cos, 0.5) ** codec.PARALLEL,
-                               np.linalg.norm(x, axis=1), rtol=2e-3)
+    np.testing.assert_allclose(
+        np.linalg.norm(scaled, axis=1) * np.maximum(cos, 0.5) ** codec.PARALLEL,
+        np.linalg.norm(x, axis=1), rtol=2e-3)
     np.testing.assert_allclose(out, ref_maxsim(scaled @ q.T, offsets, cand), rtol=1e-4, atol=1e-4)
     # the decoded tokens are close to the originals (the residual carries real information)
     err_codes = np.linalg.norm(x - cb.centroids[codes], axis=1).mean()
