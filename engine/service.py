@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from polyindex import grpc_errors
 from polyindex.collection import MAX_K
@@ -103,7 +104,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         else:
             items = [req]
         texts = [it.text if it.HasField("text") else None for it in items]
-        vectors = [list(it.vector) if it.vector else None for it in items]
+        # np.array reads the repeated field in C (3 us for 384 floats; list() then asarray: 36)
+        vectors = [np.array(it.vector, dtype=np.float32) if it.vector else None for it in items]
         for i, (t, v) in enumerate(zip(texts, vectors)):
             if t is None and v is None:
                 raise InvalidArgument("a query needs text or a vector" if not req.batch
