@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from polyindex.collection import MAX_K
 from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL, validate_name
@@ -51,6 +52,7 @@ class Client:
             root = None if tls is True else (tls if isinstance(tls, bytes) else Path(tls).read_bytes())
             self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root), options)
         self._stub = pb_grpc.PolyindexStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.address, self.timeout, self.retries, self.backoff = address, timeout, retries, backoff
 
@@ -69,13 +71,17 @@ class Client:
             time.sleep(random.uniform(0, delay))  # full jitter: retries of many clients spread out
 
     def _connected(self, timeout: float | None = None) -> None:
-        """Wait (up to CONNECT_TIMEOUT) until the channel is connected, or raise Unavailable."""
+        """Wait (up to CONNECT_TIMEOUT) until the channel is connected, or raise Unavailable.
+
+        A health check with wait_for_ready (every polyindex server has one, exempt from auth)
+        rather than grpc.channel_ready_future, whose polling thread can outlive close() and
+        then fail on the closed channel."""
         wait = min(self.timeout, CONNECT_TIMEOUT) if timeout is None else timeout
-        ready = grpc.channel_ready_future(self._channel)
         try:
-            ready.result(timeout=wait)
-        except grpc.FutureTimeoutError:
-            ready.cancel()  # stop watching the channel
+            self._health.Check(health_pb2.HealthCheckRequest(), timeout=wait, wait_for_ready=True)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # a server without health: connected
+                return
             raise Unavailable(f"cannot connect to {self.address} (waited {wait:g} s)") from None
 
     # -- collections -------------------------------------------------------------------------
