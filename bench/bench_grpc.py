@@ -23,6 +23,7 @@ target: zero errors and the server's RSS at the end within 20% of its RSS after 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import re
@@ -128,7 +129,7 @@ def query_calls(coll, queries, vectors, profile):
         rng = random.Random(i)
         order = list(range(len(queries)))
         rng.shuffle(order)
-        it = iter(order * 100000)
+        it = itertools.cycle(order)
         if profile == "dense":
             return lambda: coll.query(vector=vectors[next(it)], profile="dense", k=10)
         return lambda: coll.query(queries[next(it)], profile="lexical", k=10)
@@ -238,7 +239,7 @@ def server_handler_ms(channel, queries, vectors, profile: str, seconds: float) -
                             **({"vector": v.tolist()} if profile == "dense" else {"text": q}))
             for q, v in zip(queries, vectors)]
     took: list[float] = []
-    it = iter(reqs * 100000)
+    it = itertools.cycle(reqs)
     drive(lambda i: lambda: took.append(stub.Query(next(it), timeout=30).took_ms), 1, seconds)
     return median(took)
 
