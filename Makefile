@@ -6,7 +6,12 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv native clean
+
+# The native gRPC front end (engine/native/grpc_front.cc) against Debian's gRPC C++
+# (libgrpc++-dev; `.ci/run` installs it). Without it the server falls back to grpcio's.
+NATIVE_SRC := engine/native/grpc_front.cc
+NATIVE_SO := engine/_grpc_front.so
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,16 +23,24 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+native: $(NATIVE_SO)
+
+$(NATIVE_SO): $(STAMP) $(NATIVE_SRC)
+	@pkg-config --exists grpc++ || { echo "gRPC C++ not found: apt-get install libgrpc++-dev pkg-config" >&2; exit 1; }
+	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror \
+	    -I$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
+	    $(NATIVE_SRC) -o $(NATIVE_SO) $$(pkg-config --cflags --libs grpc++)
+
 demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo
 
-test: $(STAMP)
+test: native
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: native
 	$(BIN)/python bench/bench_quality.py
 	$(BIN)/python bench/bench_speed.py
 	$(BIN)/python bench/bench_memory.py
 
 clean:
-	rm -rf $(VENV) .demo bench/results
+	rm -rf $(VENV) .demo bench/results $(NATIVE_SO)

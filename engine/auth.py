@@ -16,9 +16,7 @@ MESSAGE = "missing or invalid bearer token (send metadata 'authorization: Bearer
 
 class TokenAuth(grpc.ServerInterceptor):
     def __init__(self, token: str, on_reject: Callable[[str], None] | None = None):
-        if not token:
-            raise ValueError("the token must be a non-empty string")
-        self._expected = f"Bearer {token}".encode()
+        self._expected = expected_header(token)
         self._on_reject = on_reject
 
     def intercept_service(self, continuation, handler_call_details):
@@ -33,11 +31,23 @@ class TokenAuth(grpc.ServerInterceptor):
         return _denying(handler)
 
     def _authorized(self, details) -> bool:
-        for key, value in details.invocation_metadata or ():
-            if key == "authorization":
-                got = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
-                return hmac.compare_digest(got, self._expected)  # constant time
-        return False
+        return authorized(details.invocation_metadata, self._expected)
+
+
+def expected_header(token: str) -> bytes:
+    """The ``authorization`` value a client must send for ``token``."""
+    if not token:
+        raise ValueError("the token must be a non-empty string")
+    return f"Bearer {token}".encode()
+
+
+def authorized(metadata, expected: bytes) -> bool:
+    """Whether ``metadata`` ((key, value) pairs) carries ``expected`` as its authorization."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            got = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
+            return hmac.compare_digest(got, expected)  # constant time
+    return False
 
 
 def _deny(request_or_iterator, context):

@@ -225,11 +225,12 @@ def serve(data: Path = DataOpt,
           tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key."),
           workers: int = typer.Option(8, "--workers", help="Threads serving calls concurrently."),
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
-          cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism.")):
+          cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
+          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built by `make native`), python (grpcio) or auto (native when built).")):
     """Serve the collections over gRPC until SIGTERM/SIGINT, then drain calls and flush writes."""
     from polyindex.server import run
     run(data, host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
-        workers=workers, metrics_port=metrics_port, cpus=cpus)
+        workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend)
 
 
 def main() -> None:

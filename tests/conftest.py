@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from polyindex import native_front
+
 WORDS = ("alpha beta gamma delta epsilon zeta theta iota kappa lambda omicron sigma river "
          "mountain ocean forest desert city harbor valley glacier canyon meadow island prairie "
          "volcano tundra lagoon marsh plateau").split()
@@ -66,6 +68,18 @@ def cli():
         def __call__(self, *args, timeout: float = 600):
             return run_cli(*args, timeout=timeout)
     return Cli()
+
+
+# Both gRPC front ends serve the same servicer; tests of the service run against each.
+NEEDS_NATIVE = pytest.mark.skipif(not native_front.available(),
+                                  reason="the native gRPC front end is not built (run `make native`)")
+FRONTENDS = [pytest.param("native", marks=NEEDS_NATIVE), "python"]
+
+
+@pytest.fixture(scope="module", params=FRONTENDS)
+def frontend(request) -> str:
+    """"native" (gRPC C++) or "python" (grpcio): the front end a test's server uses."""
+    return request.param
 
 
 @pytest.fixture(autouse=True, scope="session")

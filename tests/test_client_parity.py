@@ -12,6 +12,7 @@ import pytest
 
 import polyindex
 from polyindex import (AlreadyExists, InputError, InvalidArgument, NotFound, ResourceExhausted)
+from conftest import NEEDS_NATIVE
 from polyindex.client import Client
 from polyindex.server import serve
 from polyindex.sources import Document
@@ -40,22 +41,27 @@ def embedded(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = serve(tmp_path_factory.mktemp("served"), port=0)
-    yield srv
-    srv.stop(grace=2)
+def clients(tmp_path_factory):
+    """``clients(frontend)``: a Client of a server on that front end, started on first use."""
+    servers, opened = [], {}
+
+    def get(frontend):
+        if frontend not in opened:
+            servers.append(serve(tmp_path_factory.mktemp(frontend), port=0, frontend=frontend))
+            opened[frontend] = Client(servers[-1].address)
+        return opened[frontend]
+    yield get
+    for c in opened.values():
+        c.close()
+    for srv in servers:
+        srv.stop(grace=2)
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with Client(server.address) as c:
-        yield c
-
-
-@pytest.fixture(params=["embedded", "client"])
-def eng(request):
-    """The embedded Engine or a Client: both have create/collection/drop/list_collections."""
-    return request.getfixturevalue(request.param)
+@pytest.fixture(params=["embedded", pytest.param("native", marks=NEEDS_NATIVE), "python"])
+def eng(request, embedded, clients):
+    """The embedded Engine or a Client (of either front end): both have create/collection/
+    drop/list_collections."""
+    return embedded if request.param == "embedded" else clients(request.param)
 
 
 def fresh(eng, indexes=("lexical",), docs=DOCS, **kw):
@@ -171,12 +177,12 @@ def test_add_errors_are_located_and_all_or_nothing(eng):
 # ---------------------------------------------------------------- identical results
 
 @pytest.fixture(scope="module")
-def dense_pair(embedded, client):
+def dense_pair(embedded, clients, frontend):
     """The same dense + lexical collection, once embedded and once behind the server."""
     pair = []
-    for eng in (embedded, client):
-        coll = eng.create_collection("dense_pair", ["lexical", "dense"], fields=FIELDS,
-                                     profiles={"mix": MIX})
+    for eng in (embedded, clients(frontend)):
+        coll = eng.create_collection(f"dense_pair_{frontend}", ["lexical", "dense"],
+                                     fields=FIELDS, profiles={"mix": MIX})
         coll.add(DOCS)
         pair.append(coll)
     return pair

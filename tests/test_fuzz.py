@@ -22,8 +22,9 @@ FUZZ = settings(max_examples=250, deadline=None, derandomize=True,
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = serve(tmp_path_factory.mktemp("fuzz"), port=0)
+def server(tmp_path_factory, frontend):
+    srv = serve(tmp_path_factory.mktemp("fuzz"), port=0, frontend=frontend)
+    SENT["n"] = 0  # counted per front end
     with Client(srv.address) as c:
         c.create_collection("c", ["lexical"]).add(DOCS)
     yield srv

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -36,8 +37,9 @@ Code = grpc.StatusCode
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = serve(tmp_path_factory.mktemp("grpc"), port=0, metrics_port=0)
+def server(tmp_path_factory, frontend):
+    srv = serve(tmp_path_factory.mktemp("grpc"), port=0, metrics_port=0, frontend=frontend)
+    assert srv.frontend == frontend
     with Client(srv.address) as c:
         c.create_collection("docs", ["lexical"], fields={"year": "int"}).add(DOCS)
     yield srv
@@ -242,10 +244,35 @@ def test_server_checks_the_deadline_before_working(server):
     assert ctx.code == Code.DEADLINE_EXCEEDED and "deadline" in ctx.details
 
 
+def test_stop_lets_in_flight_calls_finish(tmp_path, frontend, monkeypatch):
+    srv = serve(tmp_path, port=0, frontend=frontend)
+    with Client(srv.address) as c:
+        c.create_collection("d", ["lexical"]).add([{"id": "a", "text": "a slow answer"}])
+    served, started = srv.engine.collection("d"), threading.Event()
+    fast = served.query_batch
+
+    def slow(*a, **kw):
+        started.set()
+        time.sleep(0.5)
+        return fast(*a, **kw)
+    monkeypatch.setattr(served, "query_batch", slow)
+    with grpc.insecure_channel(srv.address) as ch:
+        stub = pb_grpc.PolyindexStub(ch)
+        call = stub.Query.future(pb.QueryRequest(collection="d", text="slow"), timeout=20)
+        assert started.wait(10)
+        stopper = threading.Thread(target=srv.stop, kwargs={"grace": 10})
+        stopper.start()
+        assert [h.id for h in call.result().hits] == ["a"]  # answered, not cut off
+        stopper.join(20)
+        assert not stopper.is_alive()
+        e = rpc_error(stub.ListCollections, pb.ListCollectionsRequest(), timeout=5)
+        assert e.code() == Code.UNAVAILABLE
+
+
 # ---------------------------------------------------------------- auth, TLS, limits
 
-def test_token_auth(tmp_path):
-    srv = serve(tmp_path, port=0, token="s3cret")
+def test_token_auth(tmp_path, frontend):
+    srv = serve(tmp_path, port=0, token="s3cret", frontend=frontend)
     try:
         with grpc.insecure_channel(srv.address) as ch:
             s = pb_grpc.PolyindexStub(ch)
@@ -279,9 +306,9 @@ def cert(tmp_path_factory):
     return crt, key
 
 
-def test_tls_round_trip(tmp_path, cert):
+def test_tls_round_trip(tmp_path, cert, frontend):
     crt, key = cert
-    srv = serve(tmp_path, port=0, tls_cert=crt, tls_key=key)
+    srv = serve(tmp_path, port=0, tls_cert=crt, tls_key=key, frontend=frontend)
     try:
         with Client(srv.address, tls=crt) as c:
             c.create_collection("secure", ["lexical"]).add([{"id": "a", "text": "over tls"}])
@@ -294,8 +321,8 @@ def test_tls_round_trip(tmp_path, cert):
         srv.stop(grace=1)
 
 
-def test_message_size_limit(tmp_path):
-    srv = serve(tmp_path, port=0, max_message_bytes=4096)
+def test_message_size_limit(tmp_path, frontend):
+    srv = serve(tmp_path, port=0, max_message_bytes=4096, frontend=frontend)
     try:
         with grpc.insecure_channel(srv.address) as ch:
             s = pb_grpc.PolyindexStub(ch)
@@ -387,7 +414,7 @@ def test_serve_command_pins_every_thread_with_cpus(tmp_path, cli):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        m = re.search(r"serving on (127\.0\.0\.1:\d+) \(cpus (\d+)\)", line)
+        m = re.search(r"serving on (127\.0\.0\.1:\d+) \(.*cpus (\d+)\)", line)
         assert m and m.group(2) == str(cpu), line
         with Client(m.group(1)) as c:  # a call, so gRPC's lazily started threads exist too
             c.create_collection("p", ["lexical"]).add([{"id": "a", "text": "pinned"}])

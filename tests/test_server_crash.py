@@ -16,27 +16,31 @@ import time
 
 import pytest
 
+from conftest import NEEDS_NATIVE
 from polyindex.client import Client
 
-RUNS = 10
+RUNS = 10  # on the native front end (the default), plus a few on grpcio's
+CASES = ([pytest.param("native", seed, marks=NEEDS_NATIVE) for seed in range(RUNS)]
+         + [("python", seed) for seed in range(3)])
 
 
-def start(data, env):
+def start(data, env, frontend):
     proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli", "serve", "--data", str(data),
-                             "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+                             "--port", "0", "--frontend", frontend], stdout=subprocess.PIPE,
+                            text=True, env=env)
     line = proc.stdout.readline()
     m = re.search(r"serving on (\S+)", line)
     assert m, f"server did not start: {line!r}"
     return proc, m.group(1)
 
 
-@pytest.mark.parametrize("seed", range(RUNS))
-def test_kill_server_during_upserts(tmp_path, seed):
+@pytest.mark.parametrize("frontend,seed", CASES)
+def test_kill_server_during_upserts(tmp_path, frontend, seed):
     rng = random.Random(seed)
     # Seal often so kills also land during sealing and WAL rotation.
     env = {**os.environ, "POLYINDEX_SEAL_DOCS": str(rng.choice([20, 60, 200])),
            "POLYINDEX_SEAL_SECONDS": str(rng.choice([0.3, 1.0, 30.0]))}
-    proc, address = start(tmp_path, env)
+    proc, address = start(tmp_path, env, frontend)
     client = Client(address, timeout=10)
     coll = client.create_collection("c", ["lexical"])
     acked: dict[str, str] = {}
@@ -69,7 +73,7 @@ def test_kill_server_during_upserts(tmp_path, seed):
     client.close()
     assert acked, "nothing was acknowledged before the kill; lengthen the run"
 
-    proc, address = start(tmp_path, env)
+    proc, address = start(tmp_path, env, frontend)
     try:
         with Client(address, timeout=30) as again:
             c = again.collection("c")
