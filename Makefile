@@ -29,7 +29,8 @@ $(NATIVE_SO): $(STAMP) $(NATIVE_SRC)
 	@pkg-config --exists grpc++ || { echo "gRPC C++ not found: apt-get install libgrpc++-dev pkg-config" >&2; exit 1; }
 	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror \
 	    -I$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
-	    $(NATIVE_SRC) -o $(NATIVE_SO) $$(pkg-config --cflags --libs grpc++)
+	    $(NATIVE_SRC) -o $@.tmp $$(pkg-config --cflags --libs grpc++)
+	mv $@.tmp $@  # a new file, not rewritten in place: running servers keep the old one mapped
 
 demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo

@@ -10,6 +10,11 @@ in-process and a gRPC measurement (half ``--seconds`` each), with a health check
 per round as the transport floor and the server's own Query handler time (``took_ms``) to
 split the added latency into transport and the query running slower inside the server.
 
+The 1-client rounds run against each front end of ``--frontends`` (default: native, the
+default deployment, and python, grpcio's server, as the reference), each its own server over
+its own copy of the data, all measured in the same rounds; the goal is checked on the first.
+The throughput tables and the load run use the first front end.
+
 Two setups (``--setups``): ``pinned`` runs the server with ``--cpus LAST`` and pins this
 process (clients and the in-process reference) to the other CPUs, so no call pays for waking a
 thread on another vCPU inside the server; ``free`` pins nothing. The goal is checked in both.
@@ -18,7 +23,7 @@ Then, in the last setup, a load run (default 60 s): 16 clients, 90% queries / 10
 target: zero errors and the server's RSS at the end within 20% of its RSS after warm-up.
 
     python bench/bench_grpc.py [--seconds 5] [--rounds 5] [--load-seconds 60]
-        [--setups pinned,free] [--fresh]
+        [--setups pinned,free] [--frontends native,python] [--fresh]
 """
 from __future__ import annotations
 
@@ -45,11 +50,12 @@ from common import (ENGINE_DATA, collection_folder, console, ensure_collection, 
 CONCURRENCY = (1, 4, 16)
 
 
-def start_server(data: Path, workers: int = 32, cpus: str | None = None
+def start_server(data: Path, frontend: str, workers: int = 32, cpus: str | None = None
                  ) -> tuple[subprocess.Popen, str]:
     extra = ["--cpus", cpus] if cpus is not None else []
     proc = subprocess.Popen([*polyindex_cmd(), "serve", "--data", str(data), "--port", "0",
-                             "--workers", str(workers), *extra], stdout=subprocess.PIPE, text=True)
+                             "--workers", str(workers), "--frontend", frontend, *extra],
+                            stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"serving on (\S+)", line)
     if not m:
@@ -144,8 +150,11 @@ def main() -> None:
                     help="pinned: server --cpus LAST, clients on the other CPUs; free: no pinning")
     ap.add_argument("--rounds", type=int, default=5,
                     help="1-client in-process/gRPC alternations for the added latency")
+    ap.add_argument("--frontends", default="native,python",
+                    help="server front ends; the goal is checked on the first")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
+    frontends = args.frontends.split(",")
     folder = collection_folder("npl")
     if folder is None:
         return
@@ -154,30 +163,33 @@ def main() -> None:
     ids, _, _ = read_corpus(folder)
     ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
-    data = tmp / "data"
-    shutil.copytree(ENGINE_DATA / "npl", data / "npl")  # the load run writes: use a copy
+    for fe in frontends:  # one server per front end, each on its own copy (the load run writes)
+        shutil.copytree(ENGINE_DATA / "npl", tmp / fe / "npl")
     queries = [t for _, t in read_queries(folder)]
-    local = polyindex.open(data).collection("npl")
+    local = polyindex.open(ENGINE_DATA).collection("npl")
     vectors = local.encoder.encode(queries)
     all_cpus = os.sched_getaffinity(0)
-    results: dict = {"seconds": args.seconds, "setups": {}}
+    results: dict = {"seconds": args.seconds, "frontends": frontends, "setups": {}}
     plan = setups(args.setups)
     try:
         for i, (name, (server_cpus, client_cpus)) in enumerate(plan.items()):
             pin_process(client_cpus)
-            proc, address = start_server(data, cpus=server_cpus)
+            servers = {fe: start_server(tmp / fe, fe, cpus=server_cpus) for fe in frontends}
+            addresses = {fe: address for fe, (_, address) in servers.items()}
             res: dict = {"server_cpus": server_cpus, "client_cpus": sorted(client_cpus)}
             try:
                 console.rule(f"setup {name}: server CPUs {server_cpus or 'all'}, clients and "
                              f"in-process on CPUs {sorted(client_cpus)}")
-                res["profiles"], clients = latency(local, address, queries, vectors,
+                res["profiles"], clients = latency(local, addresses, queries, vectors,
                                                    args.seconds, name, args.rounds)
                 if i == len(plan) - 1:  # once, in the last setup (the default deployment: free)
-                    res["load"] = load_run(clients, queries, vectors, proc.pid, args.load_seconds)
+                    res["load"] = load_run(clients, queries, vectors, servers[frontends[0]][0].pid,
+                                           args.load_seconds, frontends[0])
                 for c in clients:
                     c.close()
             finally:
-                res["server_exit_code"] = stop_server(proc)
+                res["server_exit_codes"] = {fe: stop_server(proc)
+                                            for fe, (proc, _) in servers.items()}
             results["setups"][name] = res
     finally:
         pin_process(all_cpus)
@@ -192,15 +204,15 @@ def warm(colls, queries, vectors) -> None:
             c.query(vector=v, profile="dense")
 
 
-def one_client_rounds(local, address: str, queries, vectors, profile: str, seconds: float,
-                      rounds: int) -> list[dict]:
-    """1 client, in-process and gRPC alternated ``rounds`` times (``seconds`` each): this VM's
-    speed drifts over minutes, and alternating puts both sides of each round on the same
-    machine. Every gRPC round opens a fresh client and closes it, so the in-process rounds
-    run while this process holds no gRPC channel. A health check's round trip (the transport
-    floor, no engine work), the server's Query handler time for the same queries and the
-    share of CPU time the hypervisor stole from this VM (/proc/stat) are recorded in each
-    round too."""
+def one_client_rounds(local, addresses: dict[str, str], queries, vectors, profile: str,
+                      seconds: float, rounds: int) -> list[dict]:
+    """1 client, in-process then each front end's server, alternated ``rounds`` times
+    (``seconds`` each): this VM's speed drifts over minutes, and alternating puts every side
+    of a round on the same machine. Every gRPC measurement opens a fresh client and closes
+    it, so the in-process rounds run while this process holds no gRPC channel. Per front end
+    a health check's round trip (the transport floor, no engine work) and the server's Query
+    handler time for the same queries are recorded too, and per round the share of CPU time
+    the hypervisor stole from this VM (/proc/stat)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from polyindex.client import Client
@@ -208,23 +220,26 @@ def one_client_rounds(local, address: str, queries, vectors, profile: str, secon
     for _ in range(rounds):
         steal0, total0 = cpu_jiffies()
         local_r = drive(query_calls(local, queries, vectors, profile), 1, seconds)
-        client = Client(address)
-        warm([client.collection("npl")], queries, vectors)
-        grpc_r = drive(lambda i: query_calls(client.collection("npl"), queries, vectors,
-                                             profile)(i), 1, seconds)
-        client.close()
-        with grpc.insecure_channel(address) as ch:
-            stub, req = health_pb2_grpc.HealthStub(ch), health_pb2.HealthCheckRequest()
-            for _ in range(200):
-                stub.Check(req)
-            floor = drive(lambda i: lambda: stub.Check(req), 1, min(seconds, 1.0))
-            handler = server_handler_ms(ch, queries, vectors, profile, min(seconds, 1.0))
+        row: dict = {"in_process_p50_ms": local_r["p50_ms"], "frontends": {}}
+        for fe, address in addresses.items():
+            client = Client(address)
+            warm([client.collection("npl")], queries, vectors)
+            grpc_r = drive(lambda i: query_calls(client.collection("npl"), queries, vectors,
+                                                 profile)(i), 1, seconds)
+            client.close()
+            with grpc.insecure_channel(address) as ch:
+                stub, req = health_pb2_grpc.HealthStub(ch), health_pb2.HealthCheckRequest()
+                for _ in range(200):
+                    stub.Check(req)
+                floor = drive(lambda i: lambda: stub.Check(req), 1, min(seconds, 1.0))
+                handler = server_handler_ms(ch, queries, vectors, profile, min(seconds, 1.0))
+            row["frontends"][fe] = {"grpc_p50_ms": grpc_r["p50_ms"],
+                                    "added_p50_ms": grpc_r["p50_ms"] - local_r["p50_ms"],
+                                    "health_p50_ms": floor["p50_ms"],
+                                    "server_handler_p50_ms": handler, "errors": grpc_r["errors"]}
         steal1, total1 = cpu_jiffies()
-        out.append({"in_process_p50_ms": local_r["p50_ms"], "grpc_p50_ms": grpc_r["p50_ms"],
-                    "added_p50_ms": grpc_r["p50_ms"] - local_r["p50_ms"],
-                    "health_p50_ms": floor["p50_ms"], "server_handler_p50_ms": handler,
-                    "errors": grpc_r["errors"],
-                    "cpu_steal": (steal1 - steal0) / max(total1 - total0, 1)})
+        row["cpu_steal"] = (steal1 - steal0) / max(total1 - total0, 1)
+        out.append(row)
     return out
 
 
@@ -244,19 +259,22 @@ def server_handler_ms(channel, queries, vectors, profile: str, seconds: float) -
     return median(took)
 
 
-def latency(local, address: str, queries, vectors, seconds: float, setup: str, rounds: int):
-    """Per profile: the 1-client rounds (the added-latency goal), then 1, 4 and 16 clients
-    in-process then over gRPC (throughput); returns (results, the clients). The in-process
-    reference runs first, while this process holds no gRPC channel yet."""
+def latency(local, addresses: dict[str, str], queries, vectors, seconds: float, setup: str,
+            rounds: int):
+    """Per profile: the 1-client rounds (the added-latency goal, every front end), then 1, 4
+    and 16 clients in-process then over gRPC to the first front end (throughput); returns
+    (results, that front end's clients). The in-process reference runs first, while this
+    process holds no gRPC channel yet."""
     from polyindex.client import Client
     profiles = ("lexical", "dense")
+    main_fe = next(iter(addresses))
     warm([local], queries, vectors)
-    paired = {p: one_client_rounds(local, address, queries, vectors, p, seconds / 2, rounds)
+    paired = {p: one_client_rounds(local, addresses, queries, vectors, p, seconds / 2, rounds)
               for p in profiles}
     by_profile: dict = {p: {n: {"in_process": drive(query_calls(local, queries, vectors, p), n,
                                                      seconds)} for n in CONCURRENCY}
                         for p in profiles}
-    clients = [Client(address) for _ in range(max(CONCURRENCY))]
+    clients = [Client(addresses[main_fe]) for _ in range(max(CONCURRENCY))]
     warm([cl.collection("npl") for cl in clients], queries, vectors)
     for p in profiles:
         for n in CONCURRENCY:
@@ -264,12 +282,13 @@ def latency(local, address: str, queries, vectors, seconds: float, setup: str, r
                                                              queries, vectors, p)(i), n, seconds)
     out = {}
     for profile in profiles:
-        rows = by_profile[profile]
-        added = median([r["added_p50_ms"] for r in paired[profile]])
-        out[profile] = {"one_client_rounds": paired[profile], "by_clients": rows,
-                        "added_p50_ms": added, "pass": added <= 1.0}
+        rows, rounds_ = by_profile[profile], paired[profile]
+        added = {fe: median([r["frontends"][fe]["added_p50_ms"] for r in rounds_])
+                 for fe in addresses}
+        out[profile] = {"one_client_rounds": rounds_, "by_clients": rows,
+                        "added_p50_ms": added, "pass": added[main_fe] <= 1.0}
         console.print(table(
-            f"npl · {profile} · {setup}: gRPC over loopback vs in-process",
+            f"npl · {profile} · {setup}: gRPC ({main_fe} front end) over loopback vs in-process",
             ["clients", "in-proc q/s", "in-proc p50", "in-proc p99", "gRPC q/s", "gRPC p50",
              "gRPC p99", "errors"],
             [[n, f"{r['in_process']['qps']:.0f}", f"{r['in_process']['p50_ms']:.3f}",
@@ -277,19 +296,22 @@ def latency(local, address: str, queries, vectors, seconds: float, setup: str, r
               f"{r['grpc']['p50_ms']:.3f}", f"{r['grpc']['p99_ms']:.3f}",
               r["grpc"]["errors"] + r["in_process"]["errors"]] for n, r in rows.items()]))
         console.print(table(
-            f"npl · {profile} · {setup}: 1 client, in-process and gRPC alternated",
-            ["round", "in-proc p50", "gRPC p50", "added p50", "health p50", "server handler p50",
+            f"npl · {profile} · {setup}: 1 client, in-process and each front end alternated "
+            "(p50 ms)",
+            ["round", "front end", "in-proc", "gRPC", "added", "health", "server handler",
              "CPU steal"],
-            [[i + 1, f"{r['in_process_p50_ms']:.3f}", f"{r['grpc_p50_ms']:.3f}",
-              f"{r['added_p50_ms']:.3f}", f"{r['health_p50_ms']:.3f}",
-              f"{r['server_handler_p50_ms']:.3f}", f"{r['cpu_steal']:.1%}"]
-             for i, r in enumerate(paired[profile])]))
-        console.print(f"added p50 latency of gRPC at 1 client ({setup}, median of {rounds} "
-                      f"rounds): {added:.3f} ms (goal <= 1 ms) {verdict(added <= 1.0)}")
+            [[i + 1, fe, f"{r['in_process_p50_ms']:.3f}", f"{f['grpc_p50_ms']:.3f}",
+              f"{f['added_p50_ms']:.3f}", f"{f['health_p50_ms']:.3f}",
+              f"{f['server_handler_p50_ms']:.3f}", f"{r['cpu_steal']:.1%}"]
+             for i, r in enumerate(rounds_) for fe, f in r["frontends"].items()]))
+        for fe, a in added.items():
+            goal = f"(goal <= 1 ms) {verdict(a <= 1.0)}" if fe == main_fe else "(reference)"
+            console.print(f"added p50 latency of gRPC at 1 client, {fe} front end ({setup}, "
+                          f"median of {rounds} rounds): {a:.3f} ms {goal}")
     return out, clients
 
 
-def load_run(clients, queries, vectors, pid: int, seconds: float) -> dict:
+def load_run(clients, queries, vectors, pid: int, seconds: float, frontend: str) -> dict:
     """16 clients, 90% queries (lexical/dense/hybrid) and 10% upserts, for ``seconds``."""
     counter = iter(range(10**9))
     lock = threading.Lock()
@@ -322,7 +344,9 @@ def load_run(clients, queries, vectors, pid: int, seconds: float) -> dict:
     ok = res["errors"] == 0 and growth <= 0.20
     res.update({"seconds": seconds, "rss_after_warmup_mib": rss_warm, "rss_end_mib": rss_end,
                 "rss_growth": growth, "pass": ok})
-    console.print(table(f"load run: 16 clients, 90% queries / 10% upserts, {seconds:.0f} s",
+    res["frontend"] = frontend
+    console.print(table(f"load run ({frontend} front end): 16 clients, 90% queries / 10% "
+                        f"upserts, {seconds:.0f} s",
                         ["calls", "q/s", "p50 ms", "p99 ms", "errors", "RSS warm MiB",
                          "RSS end MiB", "growth", "verdict"],
                         [[res["calls"], f"{res['qps']:.0f}", f"{res['p50_ms']:.2f}",

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import polyindex
 from polyindex import Unauthenticated
@@ -181,6 +182,16 @@ def test_admin_status_codes_and_nan_vector(stub):
     assert e.code() == Code.INVALID_ARGUMENT and "NaN" in e.details()
 
 
+def test_request_bytes_that_do_not_parse(server, frontend):
+    with grpc.insecure_channel(server.address) as ch:
+        raw = ch.unary_unary("/polyindex.v1.Polyindex/Query", lambda b: b, lambda b: b)
+        e = rpc_error(raw, b"\xff\xff\xff")
+    if frontend == "native":  # says what was wrong
+        assert e.code() == Code.INVALID_ARGUMENT and "polyindex.v1.QueryRequest" in e.details()
+    else:  # grpcio answers for itself before the servicer runs
+        assert e.code() == Code.INTERNAL and "deserializ" in e.details().lower()
+
+
 def test_unexpected_errors_are_internal_and_the_server_keeps_serving(server, stub, monkeypatch):
     def boom():
         raise ZeroDivisionError("secret detail")
@@ -282,6 +293,13 @@ def test_token_auth(tmp_path, frontend):
                 assert e.code() == Code.UNAUTHENTICATED and "bearer token" in e.details()
             assert list(s.ListCollections(req, metadata=(("authorization", "Bearer s3cret"),)).names) == []
             assert rpc_error(s.Upsert, iter([])).code() == Code.UNAUTHENTICATED  # streaming too
+            listing = reflection_pb2.ServerReflectionRequest(list_services="")
+            reflect = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo
+            e = rpc_error(lambda: list(reflect(iter([listing]))))
+            assert e.code() == Code.UNAUTHENTICATED  # reflection too
+            names = [x.name for r in reflect(iter([listing]), metadata=(("authorization", "Bearer s3cret"),))
+                     for x in r.list_services_response.service]
+            assert "polyindex.v1.Polyindex" in names
             health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
             assert health.status == health_pb2.HealthCheckResponse.SERVING
         with Client(srv.address, token="s3cret") as c:

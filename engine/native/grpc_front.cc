@@ -134,9 +134,14 @@ PyObject* Call_metadata(CallObject* self, PyObject*) {
       Py_DECREF(out);
       return nullptr;
     }
-    PyTuple_SET_ITEM(out, i++, PyTuple_Pack(2, k, value));
+    PyObject* pair = PyTuple_Pack(2, k, value);
     Py_DECREF(k);
     Py_DECREF(value);
+    if (pair == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i++, pair);
   }
   return out;
 }
