@@ -30,7 +30,6 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Polyindex"].full_name  # "polyindex.v1
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
-
 class Server:
     """A running server. ``stop(grace)`` lets in-flight calls finish, then closes the engine."""
 

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import polyindex
 from polyindex import Unauthenticated
+from polyindex.errors import Internal
 from polyindex.client import Client, RemoteCollection
 from polyindex.convert import from_struct, to_struct
 from polyindex.grpc_errors import CLASS_KEY, DeadlineExceeded, Unavailable
@@ -348,6 +349,17 @@ def test_message_size_limit(tmp_path, frontend):
             assert e.code() == Code.RESOURCE_EXHAUSTED
     finally:
         srv.stop(grace=1)
+
+
+def test_a_busy_port_is_an_error_and_releases_the_data(tmp_path, frontend):
+    first = serve(tmp_path / "a", port=0, frontend=frontend)
+    try:
+        with pytest.raises(Internal, match="cannot listen"):
+            serve(tmp_path / "b", port=first.port, frontend=frontend)
+        again = serve(tmp_path / "b", port=0, frontend=frontend)  # the failed one let go of b
+        again.stop(grace=1)
+    finally:
+        first.stop(grace=1)
 
 
 def test_client_retries_unavailable_with_backoff(monkeypatch):
