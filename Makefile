@@ -8,10 +8,9 @@ export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: demo test bench venv native clean
 
-# The native gRPC front end (engine/native/grpc_front.cc) against Debian's gRPC C++
-# (libgrpc++-dev; `.ci/run` installs it). Without it the server falls back to grpcio's.
-NATIVE_SRC := engine/native/grpc_front.cc
-NATIVE_SO := engine/_grpc_front.so
+# The native gRPC server front end and client channel (engine/native/*.cc) against Debian's
+# gRPC C++ (libgrpc++-dev; `.ci/run` installs it). Without them polyindex falls back to grpcio.
+NATIVE_SO := engine/_grpc_front.so engine/_grpc_channel.so
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,11 +24,11 @@ venv: $(STAMP)
 
 native: $(NATIVE_SO)
 
-$(NATIVE_SO): $(STAMP) $(NATIVE_SRC)
+engine/_%.so: engine/native/%.cc $(STAMP)
 	@pkg-config --exists grpc++ || { echo "gRPC C++ not found: apt-get install libgrpc++-dev pkg-config" >&2; exit 1; }
 	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror \
 	    -I$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
-	    $(NATIVE_SRC) -o $@.tmp $$(pkg-config --cflags --libs grpc++)
+	    $< -o $@.tmp $$(pkg-config --cflags --libs grpc++)
 	mv $@.tmp $@  # a new file, not rewritten in place: running servers keep the old one mapped
 
 demo: $(STAMP)

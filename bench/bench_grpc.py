@@ -10,9 +10,10 @@ in-process and a gRPC measurement (half ``--seconds`` each), with a health check
 per round as the transport floor and the server's own Query handler time (``took_ms``) to
 split the added latency into transport and the query running slower inside the server.
 
-The 1-client rounds run against each front end of ``--frontends`` (default: native, the
-default deployment, and python, grpcio's server, as the reference), each its own server over
-its own copy of the data, all measured in the same rounds; the goal is checked on the first.
+The 1-client rounds run against each front end of ``--frontends`` (default: native, gRPC C++
+server and client channel, the default deployment; and python, grpcio's server and client, as
+the reference), each its own server over its own copy of the data, with the client SDK on the
+matching transport, all measured in the same rounds; the goal is checked on the first.
 The throughput tables and the load run use the first front end.
 
 Two setups (``--setups``): ``pinned`` runs the server with ``--cpus LAST`` and pins this
@@ -214,7 +215,6 @@ def one_client_rounds(local, addresses: dict[str, str], queries, vectors, profil
     handler time for the same queries are recorded too, and per round the share of CPU time
     the hypervisor stole from this VM (/proc/stat)."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
     from polyindex.client import Client
     out = []
     for _ in range(rounds):
@@ -222,16 +222,16 @@ def one_client_rounds(local, addresses: dict[str, str], queries, vectors, profil
         local_r = drive(query_calls(local, queries, vectors, profile), 1, seconds)
         row: dict = {"in_process_p50_ms": local_r["p50_ms"], "frontends": {}}
         for fe, address in addresses.items():
-            client = Client(address)
+            client = Client(address, transport=fe)  # the front end's own client transport
             warm([client.collection("npl")], queries, vectors)
             grpc_r = drive(lambda i: query_calls(client.collection("npl"), queries, vectors,
                                                  profile)(i), 1, seconds)
+            check = health_check(client)
+            for _ in range(200):
+                check()
+            floor = drive(lambda i: check, 1, min(seconds, 1.0))
             client.close()
             with grpc.insecure_channel(address) as ch:
-                stub, req = health_pb2_grpc.HealthStub(ch), health_pb2.HealthCheckRequest()
-                for _ in range(200):
-                    stub.Check(req)
-                floor = drive(lambda i: lambda: stub.Check(req), 1, min(seconds, 1.0))
                 handler = server_handler_ms(ch, queries, vectors, profile, min(seconds, 1.0))
             row["frontends"][fe] = {"grpc_p50_ms": grpc_r["p50_ms"],
                                     "added_p50_ms": grpc_r["p50_ms"] - local_r["p50_ms"],
@@ -241,6 +241,16 @@ def one_client_rounds(local, addresses: dict[str, str], queries, vectors, profil
         row["cpu_steal"] = (steal1 - steal0) / max(total1 - total0, 1)
         out.append(row)
     return out
+
+
+def health_check(client):
+    """A no-op call (health Check) over the client's own transport: the transport floor."""
+    from grpc_health.v1 import health_pb2
+    req = health_pb2.HealthCheckRequest()
+    if client.transport == "native":
+        payload = req.SerializeToString()
+        return lambda: client._native.unary("/grpc.health.v1.Health/Check", payload, 30.0, ())
+    return lambda: client._health.Check(req, timeout=30.0)
 
 
 def server_handler_ms(channel, queries, vectors, profile: str, seconds: float) -> float:
@@ -274,7 +284,7 @@ def latency(local, addresses: dict[str, str], queries, vectors, seconds: float, 
     by_profile: dict = {p: {n: {"in_process": drive(query_calls(local, queries, vectors, p), n,
                                                      seconds)} for n in CONCURRENCY}
                         for p in profiles}
-    clients = [Client(addresses[main_fe]) for _ in range(max(CONCURRENCY))]
+    clients = [Client(addresses[main_fe], transport=main_fe) for _ in range(max(CONCURRENCY))]
     warm([cl.collection("npl") for cl in clients], queries, vectors)
     for p in profiles:
         for n in CONCURRENCY:

@@ -81,6 +81,20 @@ def from_rpc_error(err: grpc.RpcError) -> PolyindexError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = (err.details() if hasattr(err, "details") else None) or str(code)
     trailers = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    return from_status(code, message, trailers)
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def code_of(value: int) -> grpc.StatusCode:
+    """The status code with this number (UNKNOWN for a number gRPC does not define)."""
+    return _CODES.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def from_status(code: grpc.StatusCode, message: str, trailers: dict) -> PolyindexError:
+    """The exception for a failed call's status code, message and trailing metadata."""
+    message = message or str(code)
     cls = _CLASSES.get(trailers.get(CLASS_KEY)) or _BY_CODE.get(code.name)
     if cls is None:
         return Internal(f"{code.name}: {message}")

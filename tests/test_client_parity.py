@@ -48,7 +48,8 @@ def clients(tmp_path_factory):
     def get(frontend):
         if frontend not in opened:
             servers.append(serve(tmp_path_factory.mktemp(frontend), port=0, frontend=frontend))
-            opened[frontend] = Client(servers[-1].address)
+            # the client's transport matches: native (gRPC C++) or python (grpcio) end to end
+            opened[frontend] = Client(servers[-1].address, transport=frontend)
         return opened[frontend]
     yield get
     for c in opened.values():

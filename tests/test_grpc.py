@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 import polyindex
 from polyindex import Unauthenticated
 from polyindex.errors import Internal
+from conftest import NEEDS_NATIVE
 from polyindex.client import Client, RemoteCollection
 from polyindex.convert import from_struct, to_struct
 from polyindex.grpc_errors import CLASS_KEY, DeadlineExceeded, Unavailable
@@ -303,10 +304,10 @@ def test_token_auth(tmp_path, frontend):
             assert "polyindex.v1.Polyindex" in names
             health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        with Client(srv.address, token="s3cret") as c:
+        with Client(srv.address, token="s3cret", transport=frontend) as c:
             c.create_collection("t", ["lexical"]).add([{"id": "a", "text": "authorized"}])
             assert c.collection("t").count() == 1
-        with Client(srv.address) as c, pytest.raises(Unauthenticated):
+        with Client(srv.address, transport=frontend) as c, pytest.raises(Unauthenticated):
             c.list_collections()
     finally:
         srv.stop(grace=1)
@@ -332,9 +333,10 @@ def test_tls_round_trip(tmp_path, cert, frontend):
         with Client(srv.address, tls=crt) as c:
             c.create_collection("secure", ["lexical"]).add([{"id": "a", "text": "over tls"}])
             assert [h.id for h in c.collection("secure").query("tls")] == ["a"]
-        with Client(srv.address, tls=crt.read_bytes(), retries=0) as c:
+        with Client(srv.address, tls=crt.read_bytes(), retries=0, transport=frontend) as c:
             assert c.list_collections() == ["secure"]
-        with Client(srv.address, retries=0, timeout=5) as c, pytest.raises(Unavailable):
+        with Client(srv.address, retries=0, timeout=5, transport=frontend) as c, \
+                pytest.raises(Unavailable):
             c.list_collections()  # plaintext against a TLS port
     finally:
         srv.stop(grace=1)
@@ -362,10 +364,17 @@ def test_a_busy_port_is_an_error_and_releases_the_data(tmp_path, frontend):
         first.stop(grace=1)
 
 
-def test_client_retries_unavailable_with_backoff(monkeypatch):
+def test_client_transport_must_be_known():
+    with pytest.raises(polyindex.InvalidArgument, match="transport must be one of"):
+        Client("127.0.0.1:1", transport="carrier-pigeon")
+
+
+@pytest.mark.parametrize("transport", [pytest.param("native", marks=NEEDS_NATIVE), "python"])
+def test_client_retries_unavailable_with_backoff(monkeypatch, transport):
     sleeps = []
     monkeypatch.setattr("polyindex.client.time.sleep", sleeps.append)
-    with Client("127.0.0.1:1", retries=3, backoff=0.05, timeout=5) as c:
+    with Client("127.0.0.1:1", retries=3, backoff=0.05, timeout=5, transport=transport) as c:
+        assert c.transport == transport
         with pytest.raises(Unavailable):
             c.list_collections()
         assert len(sleeps) == 3 and all(0 <= s <= 0.05 * 2 ** i for i, s in enumerate(sleeps))
@@ -373,7 +382,8 @@ def test_client_retries_unavailable_with_backoff(monkeypatch):
         with pytest.raises(Unavailable):
             c.drop_collection("x")  # not idempotent: never retried
         assert sleeps == []
-    with Client("127.0.0.1:1", timeout=0.5) as c, pytest.raises(Unavailable, match="cannot connect"):
+    with Client("127.0.0.1:1", timeout=0.5, transport=transport) as c, \
+            pytest.raises(Unavailable, match="cannot connect"):
         RemoteCollection(c, "x").add([{"id": "a", "text": "never sent"}])
     assert sleeps == []
 
