@@ -70,8 +70,9 @@ PyObject* Channel_unary(ChannelObject* self, PyObject* args) {
   if (timeout != Py_None) {
     double seconds = PyFloat_AsDouble(timeout);
     if (seconds == -1.0 && PyErr_Occurred()) return nullptr;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+    if (seconds < 1e9)  // beyond ~30 years (or inf): no deadline; also keeps the cast defined
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
   }
   PyObject* seq = PySequence_Fast(metadata, "metadata must be a sequence of (key, value)");
   if (seq == nullptr) return nullptr;
