@@ -24,7 +24,7 @@ venv: $(STAMP)
 
 native: $(NATIVE_SO)
 
-engine/_%.so: engine/native/%.cc $(STAMP)
+engine/_%.so: engine/native/%.cc engine/native/byte_buffer.h $(STAMP)
 	@pkg-config --exists grpc++ || { echo "gRPC C++ not found: apt-get install libgrpc++-dev pkg-config" >&2; exit 1; }
 	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror \
 	    -I$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \

@@ -79,7 +79,7 @@ def abort(context: grpc.ServicerContext, exc: PolyindexError):
 def from_rpc_error(err: grpc.RpcError) -> PolyindexError:
     """The exception the embedded engine would have raised for this failed call."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    message = (err.details() if hasattr(err, "details") else None) or str(code)
+    message = err.details() if hasattr(err, "details") else None
     trailers = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
     return from_status(code, message, trailers)
 
@@ -92,7 +92,7 @@ def code_of(value: int) -> grpc.StatusCode:
     return _CODES.get(value, grpc.StatusCode.UNKNOWN)
 
 
-def from_status(code: grpc.StatusCode, message: str, trailers: dict) -> PolyindexError:
+def from_status(code: grpc.StatusCode, message: str | None, trailers: dict) -> PolyindexError:
     """The exception for a failed call's status code, message and trailing metadata."""
     message = message or str(code)
     cls = _CLASSES.get(trailers.get(CLASS_KEY)) or _BY_CODE.get(code.name)

@@ -10,6 +10,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
 
+#include "byte_buffer.h"
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -97,17 +99,8 @@ PyObject* Channel_unary(ChannelObject* self, PyObject* args) {
   Py_END_ALLOW_THREADS
   PyObject* body;
   if (status.ok()) {
-    std::vector<grpc::Slice> slices;
-    size_t n = 0;
-    if (response.Dump(&slices).ok())
-      for (auto& s : slices) n += s.size();
-    body = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
+    body = polyindex::ToBytes(response);
     if (body == nullptr) return nullptr;
-    char* p = PyBytes_AS_STRING(body);
-    for (auto& s : slices) {
-      memcpy(p, s.begin(), s.size());
-      p += s.size();
-    }
   } else {
     Py_INCREF(Py_None);
     body = Py_None;

@@ -14,6 +14,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/method_handler.h>
 
+#include "byte_buffer.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -25,28 +27,11 @@ namespace {
 
 using grpc::ByteBuffer;
 using grpc::ServerContext;
+using polyindex::ToBytes;
 using Reader = grpc::ServerReader<ByteBuffer>;
 using Stream = grpc::ServerReaderWriter<ByteBuffer, ByteBuffer>;
 
 enum Kind { kUnary = 0, kClientStream = 1, kBidi = 2 };
-
-PyObject* ToBytes(const ByteBuffer& bb) {
-  std::vector<grpc::Slice> slices;
-  if (!bb.Dump(&slices).ok()) return PyBytes_FromStringAndSize(nullptr, 0);
-  if (slices.size() == 1)
-    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(slices[0].begin()),
-                                     slices[0].size());
-  size_t n = 0;
-  for (auto& s : slices) n += s.size();
-  PyObject* out = PyBytes_FromStringAndSize(nullptr, n);
-  if (out == nullptr) return nullptr;
-  char* p = PyBytes_AS_STRING(out);
-  for (auto& s : slices) {
-    memcpy(p, s.begin(), s.size());
-    p += s.size();
-  }
-  return out;
-}
 
 // Counting semaphore: at most `workers` calls run Python at once (the --workers setting).
 class Gate {
