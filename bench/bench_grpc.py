@@ -44,9 +44,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (ENGINE_DATA, collection_folder, console, ensure_collection,  # noqa: E402
-                    median, polyindex_cmd, read_corpus, read_queries, save_results, table,
-                    verdict)
+from common import (  # noqa: E402
+    ENGINE_DATA,
+    collection_folder,
+    console,
+    ensure_collection,
+    median,
+    polyindex_cmd,
+    read_corpus,
+    read_queries,
+    save_results,
+    table,
+    verdict,
+)
 
 CONCURRENCY = (1, 4, 16)
 
@@ -160,7 +170,7 @@ def main() -> None:
     if folder is None:
         return
     import polyindex
-    from polyindex.affinity import pin_process
+    from polyindex.service.affinity import pin_process
     ids, _, _ = read_corpus(folder)
     ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
@@ -215,7 +225,8 @@ def one_client_rounds(local, addresses: dict[str, str], queries, vectors, profil
     handler time for the same queries are recorded too, and per round the share of CPU time
     the hypervisor stole from this VM (/proc/stat)."""
     import grpc
-    from polyindex.client import Client
+
+    from polyindex.client.remote import Client
     out = []
     for _ in range(rounds):
         steal0, total0 = cpu_jiffies()
@@ -275,7 +286,7 @@ def latency(local, addresses: dict[str, str], queries, vectors, seconds: float, 
     and 16 clients in-process then over gRPC to the first front end (throughput); returns
     (results, that front end's clients). The in-process reference runs first, while this
     process holds no gRPC channel yet."""
-    from polyindex.client import Client
+    from polyindex.client.remote import Client
     profiles = ("lexical", "dense")
     main_fe = next(iter(addresses))
     warm([local], queries, vectors)

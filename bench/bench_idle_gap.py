@@ -17,8 +17,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (ENGINE_DATA, collection_folder, console, ensure_collection,  # noqa: E402
-                    interleaved, median, read_corpus, read_queries, save_results, table)
+from common import (  # noqa: E402
+    ENGINE_DATA,
+    collection_folder,
+    console,
+    ensure_collection,
+    interleaved,
+    median,
+    read_corpus,
+    read_queries,
+    save_results,
+    table,
+)
 
 
 def measure(call, n: int, gap_s: float) -> tuple[float, float]:

@@ -100,8 +100,9 @@ def open_collection(eng, name: str):
 
 def candidates(coll, name: str, split: str):
     """Judged queries of a split with their candidates, features and labels (cached)."""
+    from polyindex.query.candidates import collect
     from polyindex.rerank import schema
-    from polyindex.rerank.train import Candidates, collect
+    from polyindex.rerank.train import Candidates
     folder = common.DATA / name
     qrels = common.read_qrels(folder, split)
     qs = common.judged(common.read_queries(folder), qrels)
@@ -150,7 +151,8 @@ def predict(ranker, c) -> np.ndarray:
 # ------------------------------------------------------------------------------ parts
 
 def part_a(eng) -> dict:
-    from polyindex.rerank.train import fit, store
+    from polyindex.query.candidates import store
+    from polyindex.rerank.train import fit
     coll = open_collection(eng, "nfcorpus")
     if coll is None:
         return {}
@@ -262,8 +264,9 @@ def part_c(eng, names, ship: bool) -> dict:
 
 
 def part_d(eng, passes: int) -> dict:
+    from polyindex.query.candidates import store
     from polyindex.rerank import registry
-    from polyindex.rerank.train import fit, store
+    from polyindex.rerank.train import fit
     coll = open_collection(eng, "npl")
     if coll is None:
         return {}

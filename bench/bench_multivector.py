@@ -255,7 +255,7 @@ def recall(a, b) -> float:
 def engine_collection(data: dict, coll_dir: Path):
     """lexical + dense + multivector collection built from the cached encodings."""
     import polyindex
-    from polyindex.sources import Document
+    from polyindex.types import Document
     shutil.rmtree(coll_dir, ignore_errors=True)
     eng = polyindex.open(coll_dir.parent)
     coll = eng.create_collection(coll_dir.name, ["lexical", "dense", f"multivector:{DEFAULT}"])
@@ -506,7 +506,7 @@ def main() -> int:
     DEFAULT = args.factory
     import torch
     torch.set_num_threads(args.threads)
-    from polyindex.token_encoder import get_token_encoder
+    from polyindex.encode.tokens import get_token_encoder
     te = get_token_encoder("all-MiniLM-L6-v2")
     parts = common.parse_list(args.parts)
     path = common.RESULTS / "bench_multivector.json"

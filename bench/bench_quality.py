@@ -59,6 +59,7 @@ def bm25s_runs(ids, doc_texts, queries) -> dict[str, dict]:
     """Runs of bm25s with its own tokenizer and with the engine analyzer's tokens."""
     import bm25s
     import Stemmer
+
     from polyindex.index.analyzer import Analyzer
     sw = common.stopwords()
     stemmer = Stemmer.Stemmer("english")

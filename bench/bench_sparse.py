@@ -91,8 +91,8 @@ class System:
         import os
 
         from polyindex.index.protocol import BuildBatch
-        from polyindex.segment import write_docs
-        from polyindex.sources import Document
+        from polyindex.storage.segment import Segment, write_docs
+        from polyindex.types import Document
         folder.mkdir(parents=True, exist_ok=True)
         ids = [str(i) for i in range(len(x))]
         if docs_from is not None:  # the same documents: link the file (rescoring reads it)
@@ -102,7 +102,8 @@ class System:
         t0 = time.perf_counter()
         info = kind.build(BuildBatch(ids, [""] * len(x), [""] * len(x), x), folder)
         self.build_s = time.perf_counter() - t0
-        self.kind, self.seg, self.params = kind, kind.open(folder, info), dict(params or {})
+        docs = Segment(folder, "s", len(ids))
+        self.kind, self.seg, self.params = kind, kind.open(folder, info, docs), dict(params or {})
         self.bytes = sum((folder / f).stat().st_size for f in info["files"])
 
     def prepare(self, q, params=None):
@@ -266,7 +267,7 @@ def quality(name: str, args) -> dict | None:
 def engine_check(name, ids, x, qids, q, qrels, args, art) -> dict:
     """The headline config through an engine collection: profile ``sparse`` and ``dense``."""
     import polyindex
-    from polyindex.sources import Document
+    from polyindex.types import Document
     data = SPARSE / "engine-check"
     shutil.rmtree(data / name, ignore_errors=True)
     factory = f"sparse:UHD{args.dim},k={args.head_k},k_query={args.head_kq},rescore={args.rescore}"

@@ -137,7 +137,8 @@ def stored_embeddings(folder: Path):
 def part_dense(coll, queries, passes: int, min_time: float) -> dict:
     import faiss
     import numpy as np
-    from polyindex.encoder import get_encoder
+
+    from polyindex.encode.text import get_encoder
     texts = [t for _, t in queries]
     V = get_encoder(coll.config.model, coll.config.dtype).encode(texts)
     V = np.ascontiguousarray(V, dtype=np.float32)
@@ -182,7 +183,7 @@ def part_dense(coll, queries, passes: int, min_time: float) -> dict:
 # ----------------------------------------------------------------------------- (c) indexing
 
 def part_index(names: list[str], passes: int) -> list[dict]:
-    from polyindex.encoder import get_encoder
+    from polyindex.encode.text import get_encoder
     from polyindex.engine import Engine
     model = common.load_st_model()
     get_encoder()  # the engine's encoder, loaded once per process (excluded from timing)

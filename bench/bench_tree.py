@@ -63,8 +63,8 @@ class System:
         import os
 
         from polyindex.index.protocol import BuildBatch
-        from polyindex.segment import write_docs
-        from polyindex.sources import Document
+        from polyindex.storage.segment import Segment, write_docs
+        from polyindex.types import Document
         folder.mkdir(parents=True, exist_ok=True)
         n = len(x)
         ids = [str(i) for i in range(n)]
@@ -77,7 +77,7 @@ class System:
         t0 = time.perf_counter()
         self.info = kind.build(BuildBatch(ids, titles, texts, x), folder)
         self.build_s = time.perf_counter() - t0
-        self.kind, self.seg = kind, kind.open(folder, self.info)
+        self.kind, self.seg = kind, kind.open(folder, self.info, Segment(folder, "s", len(ids)))
         self.bytes = sum((folder / f).stat().st_size for f in self.info["files"])
 
     def search(self, q, k, params=None):
@@ -230,9 +230,10 @@ def _rss_kib(field: str) -> int:
 def scale_one(n: int, cen: np.ndarray, q: np.ndarray, args) -> dict:
     """Build a tree over n generated documents; time it, size it, query it."""
     import faiss
+
     from polyindex.index.protocol import BuildBatch, Query, from_factory
-    from polyindex.segment import write_docs
-    from polyindex.sources import Document
+    from polyindex.storage.segment import Segment, write_docs
+    from polyindex.types import Document
     console.rule(f"scaling: {n:,} generated documents")
     x = common.synthetic_vectors(cen, n, args.sigma, seed=n)
     tmp = TREE / "tmp" / f"scale-{n}"
@@ -248,7 +249,7 @@ def scale_one(n: int, cen: np.ndarray, q: np.ndarray, args) -> dict:
     info = kind.build(BuildBatch([""] * n, [""] * n, [""] * n, x), tmp)
     build_s = time.perf_counter() - t0
     peak = _rss_kib("VmHWM") - base if peak_ok else None
-    seg = kind.open(tmp, info)
+    seg = kind.open(tmp, info, Segment(tmp, "s", n))
     index_bytes = sum((tmp / f).stat().st_size for f in info["files"])
     flat = faiss.IndexFlatIP(x.shape[1])
     flat.add(x)

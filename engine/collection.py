@@ -12,16 +12,15 @@ import numpy as np
 
 from polyindex.config import CollectionConfig
 from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
-from polyindex.filters import compile_filter
 from polyindex.index.protocol import IndexKind, Query, from_factory
-from polyindex.manifest import MANIFEST, load_manifest
-from polyindex.profiles import builtin_profiles, resolve_profile
-from polyindex.query import Hit, run
-from polyindex.snapshot import OpenedSegment, Snapshot
-from polyindex.sources import Document
-from polyindex.writer import Writer, writer_lock
+from polyindex.query.filters import compile_filter
+from polyindex.query.pipeline import run
+from polyindex.query.profiles import builtin_profiles, resolve_profile
+from polyindex.storage.manifest import MANIFEST, load_manifest
+from polyindex.storage.snapshot import OpenedSegment, Snapshot
+from polyindex.storage.writer import Writer, writer_lock
+from polyindex.types import MAX_K, Document, Hit
 
-MAX_K = 10_000
 RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
 
 
@@ -31,7 +30,7 @@ def _doc_from(obj: Any, i: int) -> Document:
         return obj
     if not isinstance(obj, dict):
         raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
-    from polyindex.sources import document_from_record
+    from polyindex.ingest.records import document_from_record
     item = document_from_record(obj, source="add()", line=i + 1)
     if isinstance(item, InputError):
         raise item
@@ -49,8 +48,7 @@ class Collection:
         self.kinds: dict[str, IndexKind] = {}
         for factory in self.config.indexes:
             kind = from_factory(factory)
-            kind.device = device
-            kind.model_config = (self.config.model, self.config.dtype)  # for kinds that encode
+            kind.attach(device=device, token_encoder=self._token_encoder)
             kind.load_artifacts(folder / "artifacts" / kind.kind)
             self.kinds[kind.kind] = kind
         self._opened: dict[str, OpenedSegment] = {}
@@ -64,7 +62,7 @@ class Collection:
         self._manifest_path = str(folder / MANIFEST)
         self._online = None
         if online:
-            from polyindex.online import OnlineWrites
+            from polyindex.online.writes import OnlineWrites
             self._online = OnlineWrites(self)
 
     # -- snapshots -------------------------------------------------------------------------
@@ -112,17 +110,22 @@ class Collection:
     @property
     def encoder(self):
         if self._encoder is None:
-            from polyindex.encoder import get_encoder
+            from polyindex.encode.text import get_encoder
             self._encoder = get_encoder(self.config.model, self.config.dtype)
         return self._encoder
+
+    def _token_encoder(self):
+        """The collection model's token encoder, for kinds that encode (multivector)."""
+        from polyindex.encode.tokens import get_token_encoder
+        return get_token_encoder(self.config.model, self.config.dtype)
 
     def _encode_docs(self, texts, on_batch=None):
         return self.encoder.encode(texts, on_batch=on_batch)
 
     def _encode_docs_tokens(self, texts, on_batch=None):
         """(embeddings or None, per-document tokens) from one forward pass of the model."""
-        from polyindex.token_encoder import token_encoder_for
-        salience = any(getattr(k, "wants_salience", False) for k in self.kinds.values())
+        from polyindex.encode.tokens import token_encoder_for
+        salience = any(k.wants_salience for k in self.kinds.values())
         emb, tokens = token_encoder_for(self.encoder).encode_documents(
             texts, salience=salience, on_batch=on_batch)
         return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
@@ -139,9 +142,9 @@ class Collection:
 
     def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
               force: bool = False):
-        """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk_index``."""
-        from polyindex.ingest import bulk_index
-        from polyindex.sources import Source, open_source
+        """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk.bulk_index``."""
+        from polyindex.ingest.bulk import bulk_index
+        from polyindex.ingest.sources import Source, open_source
         src = source if isinstance(source, Source) else open_source(source)
         return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force)
 
@@ -197,7 +200,7 @@ class Collection:
     def save_profile(self, name: str, profile: dict) -> None:
         """Store a rank profile with the collection (validated; replaces one of that name)."""
         from polyindex.config import validate_name
-        from polyindex.profiles import Profile
+        from polyindex.query.profiles import Profile
         validate_name(name, "profile")
         Profile.from_json(name, profile, set(self.kinds))
         self.commit_metadata(profiles={name: profile})
@@ -213,7 +216,7 @@ class Collection:
         return dict(self.sealed_snapshot().manifest.artifacts)
 
     def commit_metadata(self, *, profiles: dict | None = None, artifacts: dict | None = None) -> None:
-        from polyindex.fsutil import fsync_tree
+        from polyindex.storage.fsutil import fsync_tree
         for name in artifacts or {}:
             fsync_tree(self.artifact_dir(name))
         with self.writer() as w:

@@ -10,16 +10,16 @@ from polyindex.collection import Collection
 from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL, CollectionConfig, validate_name
 from polyindex.cuda.device import check_device
 from polyindex.errors import AlreadyExists, NotFound
-from polyindex.fsutil import fsync_dir
 from polyindex.index.protocol import from_factory
-from polyindex.manifest import MANIFEST, Manifest, commit_manifest
+from polyindex.storage.fsutil import fsync_dir
+from polyindex.storage.manifest import MANIFEST, Manifest, commit_manifest
 
 
 class Engine:
     def __init__(self, path: str | Path, device: str = "cpu", create: bool = True,
                  online: bool = False):
         """``online=True`` is the serving mode: writes go through a write-ahead log and an
-        in-memory buffer sealed into segments in the background (see ``polyindex.wal``)."""
+        in-memory buffer sealed into segments in the background (see ``polyindex.online.wal``)."""
         self.path = Path(path)
         self.online = online
         self.device = check_device(device)
@@ -52,7 +52,7 @@ class Engine:
                                   dtype=dtype, segment_size=segment_size, fields=dict(fields or {}),
                                   profiles=dict(profiles or {}))
         if profiles:
-            from polyindex.profiles import Profile
+            from polyindex.query.profiles import Profile
             for pname, p in profiles.items():
                 validate_name(pname, "profile")
                 Profile.from_json(pname, p, {k.kind for k in kinds})
@@ -86,6 +86,12 @@ class Engine:
         tomb = self.path / f".{name}.dropping"
         coll.folder.rename(tomb)  # atomic: the collection disappears at once
         shutil.rmtree(tomb, ignore_errors=True)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Flush what is buffered (online mode) and release the collections."""

@@ -17,9 +17,14 @@ import numpy as np
 
 from polyindex.cuda.device import to_device
 from polyindex.errors import InvalidArgument
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, empty_result,
-                                      register)
-from polyindex.segment import DOCS_FILE, Segment
+from polyindex.index.protocol import (
+    BuildBatch,
+    IndexKind,
+    Query,
+    SegmentIndex,
+    empty_result,
+    register,
+)
 
 # faiss spreads even a one-query search over OpenMP threads; measured here, a 11k x 384 flat
 # search took 13-31 ms that way and 1.9 ms single-threaded on a busy 2-core machine. Queries
@@ -57,18 +62,19 @@ def _check_params(params: dict[str, str]) -> None:
             raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
 
 
-class DenseSegment(SegmentIndex):
-    def __init__(self, index, folder: Path):
+class DenseSegment(SegmentIndex):  # and StoredVectors
+    def __init__(self, index, folder: Path, docs=None):
         self.index = index
         self.folder = folder
         self.n_rows = index.ntotal
+        self._docs = docs
         self._embeddings: np.ndarray | None = None
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         """Stored float32 embeddings of rows (the segment's Arrow column, memory-mapped);
         without one, the index's own reconstruction."""
-        if self._embeddings is None and (self.folder / DOCS_FILE).exists():
-            self._embeddings = Segment(self.folder, self.folder.name, self.n_rows).embeddings()
+        if self._embeddings is None and self._docs is not None:
+            self._embeddings = self._docs.embeddings()
         if self._embeddings is not None:
             return self._embeddings[rows]
         return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
@@ -119,7 +125,6 @@ class DenseKind(IndexKind):
         if body and body != "auto":
             _check_factory(body)
         self.template = None  # trained empty index (IVF/PQ), collection-level
-        self.device = "cpu"
 
     def describe(self) -> str:
         return f"dense:{self.body}" if self.body and self.body != "auto" else "dense"
@@ -168,9 +173,9 @@ class DenseKind(IndexKind):
         return {"factory": factory, "dim": int(x.shape[1]), "n_rows": int(len(x)),
                 "files": [INDEX_FILE]}
 
-    def open(self, folder: Path, info: dict) -> DenseSegment:
+    def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:
         index = to_device(faiss.read_index(str(folder / INDEX_FILE)), self.device)
-        return DenseSegment(index, folder)
+        return DenseSegment(index, folder, docs)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         if params:

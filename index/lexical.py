@@ -31,8 +31,17 @@ import pyarrow as pa
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings
 from polyindex.index.analyzer import Analyzer
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, check_format,
-                                      empty_result, option, parse_options, register)
+from polyindex.index.protocol import (
+    BuildBatch,
+    IndexKind,
+    Query,
+    SegmentIndex,
+    check_format,
+    empty_result,
+    option,
+    parse_options,
+    register,
+)
 
 VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
@@ -80,13 +89,17 @@ class LexicalPrepared:
     n_docs: int
 
 
-class LexicalSegment(SegmentIndex):
+class LexicalSegment(SegmentIndex):  # and TermStatistics
     """One segment's BM25 postings, memory-mapped."""
+
+    analyzer = _ANALYZER
 
     def __init__(self, terms: list[str], offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
                  forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+        self._terms = terms
         self.term_index = dict(zip(terms, range(len(terms))))
+        self.n_terms = len(terms)
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
         self.forward = forward
         self.offsets = offsets  # (n_terms + 1,) int64
@@ -98,6 +111,14 @@ class LexicalSegment(SegmentIndex):
         self.total_len = int(doclen.sum(dtype=np.int64))
         self._keep = keep  # Arrow tables owning the memory maps
         self._pool = postings.BufferPool(self.n_rows)
+
+    # -- TermStatistics ----------------------------------------------------------------------
+    def terms(self) -> list[str]:
+        """The vocabulary in term-id order."""
+        return self._terms
+
+    def term_id(self, term: str) -> int | None:
+        return self.term_index.get(term)
 
     def _query_terms(self, prepared: LexicalPrepared):
         """Segment-local term ids and weights of each query, flattened with pointers."""
@@ -226,7 +247,7 @@ class LexicalKind(IndexKind):
                 "total_len": int(lens.sum()),
                 "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE]}
 
-    def open(self, folder: Path, info: dict) -> LexicalSegment:
+    def open(self, folder: Path, info: dict, docs=None) -> LexicalSegment:
         folder = Path(folder)
         check_format(folder, info, "lexical", FORMAT)
         vt, vocab = postings.read_arrow(folder / VOCAB_FILE, _VOCAB_SCHEMA)

@@ -41,13 +41,24 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from polyindex.config import DEFAULT_MODEL
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
 from polyindex.index.multivector_kernels import backend
 from polyindex.index.postings import half_lut
-from polyindex.index.protocol import (BuildBatch, DocTokens, IndexKind, Query, SegmentIndex,
-                                      check_format, empty_result, option, parse_options, register)
+from polyindex.index.protocol import (
+    BuildBatch,
+    DocTokens,
+    IndexKind,
+    Query,
+    SegmentIndex,
+    TokenEncoder,
+    check_format,
+    empty_result,
+    option,
+    parse_options,
+    register,
+)
+from polyindex.types import document_text
 
 TOKENS_FILE = "multivector.tokens.arrow"
 DOCS_FILE = "multivector.docs.arrow"
@@ -250,8 +261,6 @@ class MultivectorKind(IndexKind):
         self.codebook: codec.Codebook | None = None
         self._kernels = None
         self._saved = False
-        self.device = "cpu"
-        self.model_config = (DEFAULT_MODEL, "bfloat16")  # the collection sets its own
         text = f"KMeans{self.k},residual=" + (
             f"{'OPQ' if self.opq else 'PQ'}{self.m}" if self.m else "none")
         if self.opq_dim and self.m:
@@ -276,9 +285,11 @@ class MultivectorKind(IndexKind):
         return self.prune < 1
 
     # -- tokens ------------------------------------------------------------------------------
-    def token_encoder(self):
-        from polyindex.token_encoder import get_token_encoder
-        return get_token_encoder(*self.model_config)
+    def token_encoder(self) -> TokenEncoder:
+        if self._token_encoder is None:
+            raise InvalidArgument("multivector: no token encoder attached (the collection "
+                                  "attaches its model's; pass query tokens or build tokens)")
+        return self._token_encoder()
 
     def _batch_tokens(self, batch: BuildBatch) -> Sequence[DocTokens]:
         if batch.tokens is not None:
@@ -287,7 +298,6 @@ class MultivectorKind(IndexKind):
                                       f"{len(batch.ids)} documents")
             return batch.tokens
         # No tokens from the writer (an online buffer segment): encode the texts here.
-        from polyindex.encoder import document_text
         texts = [document_text(t, x) for t, x in zip(batch.titles, batch.texts)]
         return self.token_encoder().encode_documents(texts, salience=self.wants_salience)[1]
 
@@ -405,7 +415,7 @@ class MultivectorKind(IndexKind):
                 "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source,
                 "ivf_entries": int(len(pairs)), "bytes": sizes, "files": files}
 
-    def open(self, folder: Path, info: dict) -> MultivectorSegment:
+    def open(self, folder: Path, info: dict, docs=None) -> MultivectorSegment:
         folder = Path(folder)
         check_format(folder, info, "multivector", FORMAT)
         if self.codebook is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -73,6 +73,61 @@ class Query:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class SegmentDocs(Protocol):
+    """A segment's stored documents, handed to ``IndexKind.open`` by the storage layer (one
+    memory map per segment, shared by every kind: kinds never open ``docs.arrow`` themselves)."""
+
+    n_rows: int
+
+    def embeddings(self) -> np.ndarray | None:
+        """(n_rows, d) float32 stored document embeddings (memory-mapped), None if not stored."""
+
+    def column(self, name: str) -> list:
+        """One stored column (``title``, ``text``, ...) as Python values, in row order."""
+
+
+class TokenEncoder(Protocol):
+    """Per-token embeddings for kinds that encode text themselves (multivector)."""
+
+    def encode_documents(self, texts: Sequence[str], *, salience: bool = False,
+                         on_batch=None) -> tuple[np.ndarray, list[DocTokens]]: ...
+
+    def encode_queries(self, texts: Sequence[str]) -> list[DocTokens]: ...
+
+
+# -- optional capabilities of a segment index, declared rather than probed ---------------
+
+@runtime_checkable
+class Explains(Protocol):
+    """Explains hits itself (e.g. the tree's root-to-leaf path), shown under ``explain``."""
+
+    def explain(self, prepared: Any, row_ids: Sequence[int]) -> list[dict]: ...
+
+
+@runtime_checkable
+class StoredVectors(Protocol):
+    """Gives the stored float32 vectors of rows (the dense rerank features use them)."""
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class TermStatistics(Protocol):
+    """A lexical index's vocabulary, analyzer and forward index, for rerank statistics.
+
+    ``term_id(term)`` is the segment-local id or None, ``terms()`` the vocabulary in id order;
+    ``forward`` is (row offsets, title lengths, term ids) or None when the segment was built
+    without one; ``analyzer`` is the analyzer the index was built with."""
+
+    analyzer: Any
+    forward: tuple | None
+    n_terms: int
+
+    def terms(self) -> list[str]: ...
+
+    def term_id(self, term: str) -> int | None: ...
+
+
 class SegmentIndex(ABC):
     """One kind's index over one sealed segment."""
 
@@ -99,6 +154,20 @@ class IndexKind(ABC):
 
     def __init__(self, body: str):
         self.body = body
+        self.device = "cpu"
+        self._token_encoder: Callable[[], TokenEncoder] | None = None
+
+    def attach(self, *, device: str = "cpu",
+               token_encoder: Callable[[], TokenEncoder] | None = None) -> None:
+        """What the collection gives a kind: its placement and, for kinds that encode
+        (``needs_tokens``), a factory of the collection's token encoder (called lazily)."""
+        self.device = device
+        self._token_encoder = token_encoder
+
+    @property
+    def wants_salience(self) -> bool:
+        """Whether the writer should compute token salience for this kind's tokens."""
+        return False
 
     def describe(self) -> str:
         """The factory string that recreates this kind."""
@@ -124,8 +193,9 @@ class IndexKind(ABC):
         """Write this kind's files for one segment into ``folder``; return its manifest info."""
 
     @abstractmethod
-    def open(self, folder: Path, info: dict) -> SegmentIndex:
-        """Open (memory-map) a built segment."""
+    def open(self, folder: Path, info: dict, docs: SegmentDocs | None = None) -> SegmentIndex:
+        """Open (memory-map) a built segment; ``docs`` is the segment's stored documents
+        (None where a caller has only the kind's own files, e.g. a unit test)."""
 
     # -- queries -------------------------------------------------------------------------
     @abstractmethod

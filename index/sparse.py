@@ -29,8 +29,17 @@ import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings
-from polyindex.index.protocol import (BuildBatch, IndexKind, Query, SegmentIndex, check_format,
-                                      empty_result, option, parse_options, register)
+from polyindex.index.protocol import (
+    BuildBatch,
+    IndexKind,
+    Query,
+    SegmentIndex,
+    check_format,
+    empty_result,
+    option,
+    parse_options,
+    register,
+)
 from polyindex.index.sparse_projector import Projector, TrainConfig, train
 
 TERMS_FILE = "sparse.terms.arrow"
@@ -59,8 +68,9 @@ class SparsePrepared:
 
 class SparseSegment(SegmentIndex):
     def __init__(self, folder: Path, n_rows: int, offsets, maxw, docs, vals, binary: bool,
-                 keep=()):
+                 keep=(), stored=None):
         self.folder, self.n_rows = folder, n_rows
+        self._stored = stored  # the segment's SegmentDocs (embeddings for rescoring)
         self.offsets, self.maxw, self.docs, self.vals = offsets, maxw, docs, vals
         self.binary = binary
         self._keep = keep  # Arrow tables owning the memory maps
@@ -72,8 +82,7 @@ class SparseSegment(SegmentIndex):
         """The segment's stored dense embeddings (docs.arrow, memory-mapped) for rescoring."""
         with self._lock:
             if self._emb is None:
-                from polyindex.segment import Segment
-                emb = Segment(self.folder, self.folder.name, self.n_rows).embeddings()
+                emb = self._stored.embeddings() if self._stored is not None else None
                 if emb is None:
                     raise InvalidArgument("sparse rescore: the segment stores no embeddings")
                 self._emb = emb
@@ -163,7 +172,6 @@ class SparseKind(IndexKind):
         self.seed, self.epochs, self.rescore = cfg["seed"], cfg["epochs"], cfg["rescore"]
         self.projector: Projector | None = None
         self._saved = False
-        self.device = "cpu"
         text = f"UHD{self.dim},k={self.k}" + (",binary" if self.binary else "")
         for key, value, default in (("k_query", self.k_query, self.k), ("seed", self.seed, 0),
                                     ("epochs", self.epochs, 10), ("rescore", self.rescore, 0)):
@@ -233,7 +241,7 @@ class SparseKind(IndexKind):
                 "binary": self.binary, "n_postings": int(len(docs)),
                 "files": [TERMS_FILE, POSTINGS_FILE]}
 
-    def open(self, folder: Path, info: dict) -> SparseSegment:
+    def open(self, folder: Path, info: dict, docs=None) -> SparseSegment:
         folder = Path(folder)
         check_format(folder, info, "sparse", FORMAT)
         binary = bool(info.get("binary", self.binary))
@@ -249,7 +257,7 @@ class SparseKind(IndexKind):
                           f"(latents {len(offsets) - 1}, postings {n_post}, rows {n_rows})")
         vals = _NO_VALS if binary else post["w"].view(np.uint16)
         return SparseSegment(folder, n_rows, offsets, terms["maxw"], post["doc"], vals, binary,
-                             (tt, pt))
+                             (tt, pt), docs)
 
     # -- queries -------------------------------------------------------------------------
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> SparsePrepared:

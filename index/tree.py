@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings, tree_search
 from polyindex.index.protocol import (
@@ -156,8 +157,9 @@ def effective_variance(var: np.ndarray, count: np.ndarray, parent: np.ndarray) -
 
 class TreeSegment(SegmentIndex):
     def __init__(self, folder: Path, n_rows: int, nodes: dict, docs: dict, mean: np.ndarray,
-                 var: np.ndarray, labels, keep=()):
+                 var: np.ndarray, labels, keep=(), stored=None):
         self.folder, self.n_rows = folder, n_rows
+        self._stored = stored  # the segment's SegmentDocs (document embeddings)
         self.parent, self.child_start = nodes["parent"], nodes["child_start"]
         self.n_child, self.count = nodes["n_child"], nodes["count"]
         self.doc_start, self.doc_end = nodes["doc_start"], nodes["doc_end"]
@@ -182,8 +184,7 @@ class TreeSegment(SegmentIndex):
     def embeddings(self) -> np.ndarray:
         """The segment's stored document embeddings (docs.arrow, memory-mapped)."""
         if self._emb is None:
-            from polyindex.segment import Segment
-            emb = Segment(self.folder, self.folder.name, self.n_rows).embeddings()
+            emb = self._stored.embeddings() if self._stored is not None else None
             if emb is None:
                 raise Corrupt(f"{self.folder}: the tree index needs the segment's embeddings")
             self._emb = np.ascontiguousarray(emb, np.float32)
@@ -321,7 +322,6 @@ class TreeKind(IndexKind):
             if getattr(c, key) != getattr(d, key):
                 text += f",{key}={getattr(c, key)}"
         super().__init__(text)
-        self.device = "cpu"
 
     # -- segments ------------------------------------------------------------------------
     def build_tree(self, x: np.ndarray) -> tuple[TreeArrays, TreeBuilder]:
@@ -357,10 +357,10 @@ class TreeKind(IndexKind):
                 "ops": dict(zip(("add", "new", "merge", "split"), builder.ops.tolist())),
                 "files": [NODES_FILE, DOCS_FILE]}
 
-    def open(self, folder: Path, info: dict) -> TreeSegment:
+    def open(self, folder: Path, info: dict, docs=None) -> TreeSegment:
         folder = Path(folder)
         check_format(folder, info, "tree", FORMAT)
-        return read_tree(folder, int(info.get("n_rows", -1)))
+        return read_tree(folder, int(info.get("n_rows", -1)), docs)
 
     # -- queries -------------------------------------------------------------------------
     def search_config(self, params: dict[str, str]) -> dict:
@@ -424,7 +424,7 @@ def write_tree(folder: Path, tree: TreeArrays, labels: list[str]) -> None:
     postings.write_arrow(folder / DOCS_FILE, {"doc": tree.docs, "leaf": tree.leaf_of})
 
 
-def read_tree(folder: Path, n_rows: int) -> TreeSegment:
+def read_tree(folder: Path, n_rows: int, docs_store=None) -> TreeSegment:
     nt, nodes = postings.read_arrow(folder / NODES_FILE, _NODE_SCHEMA)
     dt, docs = postings.read_arrow(folder / DOCS_FILE, _DOCS_SCHEMA)
     n = len(nodes["parent"])
@@ -439,4 +439,5 @@ def read_tree(folder: Path, n_rows: int) -> TreeSegment:
     if not ok:
         raise Corrupt(f"{folder}: tree index files are inconsistent (nodes {n}, rows "
                       f"{len(docs['doc'])}, expected rows {n_rows})")
-    return TreeSegment(folder, n_rows, nodes, docs, mean, var, nodes["label"], (nt, dt))
+    return TreeSegment(folder, n_rows, nodes, docs, mean, var, nodes["label"], (nt, dt),
+                       docs_store)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
+
 from polyindex.index.analyzer import Analyzer
 
 N_TERMS = 3

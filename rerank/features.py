@@ -14,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from polyindex.index.protocol import StoredVectors
 from polyindex.rerank import kernels, kind_scores, schema, window
-from polyindex.rerank.stats import field_stats, forward_index
+from polyindex.rerank.stats import field_stats, forward_index, lexical_of
 
 F = len(schema.NAMES)
 _COL = schema.INDEX
@@ -48,13 +49,13 @@ def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
 
 def _query_slots(queries, stats, segments):
     """Slots (distinct analyzed terms) of every query: terms, counts, statistics, sequences."""
-    from polyindex.index.lexical import _ANALYZER  # the lexical index's analyzer
+    analyzer = lexical_of(segments[0]).analyzer  # the analyzer the index was built with
     terms, qtf, seq, sptr, seqptr, has_text = [], [], [], [0], [0], []
     for q in queries:
         text = getattr(q, "text", None)
         has_text.append(isinstance(text, str))
         slots: dict[str, int] = {}
-        for t in _ANALYZER.analyze(text) if has_text[-1] else []:
+        for t in analyzer.analyze(text) if has_text[-1] else []:
             k = slots.setdefault(t, len(slots))
             if k == len(qtf) - sptr[-1]:
                 terms.append(t)
@@ -86,10 +87,11 @@ def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
     for s in np.unique(seg[ok]).tolist():
         sel = np.flatnonzero(ok & (seg == s))
         opened = segments[s]
-        lex = opened.indexes["lexical"]
+        lex = lexical_of(opened)
         row_ptr, title_len, ids = forward_index(opened)
-        get = lex.term_index.get
-        slot_tid = np.fromiter((get(t, -1) for t in terms), np.int64, count=len(terms))
+        get = lex.term_id
+        slot_tid = np.fromiter((-1 if (i := get(t)) is None else i for t in terms), np.int64,
+                               count=len(terms))
         bufs = _take_scratch(lex)
         kernels.lexical_features(row_ptr, title_len, ids, stats.idf[s], stats.norms[s],
                                  stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
@@ -101,22 +103,29 @@ def _take_scratch(lex) -> tuple[np.ndarray, np.ndarray]:
     try:
         return _SCRATCH[lex].pop()
     except (KeyError, IndexError):
-        n = len(lex.term_index)
+        n = lex.n_terms
         return np.full(n, -1, np.int64), np.zeros(n, np.int32)
 
 
 # ------------------------------------------------------------------------------- neural
 
+def _stored(opened) -> StoredVectors:
+    dense = opened.indexes["dense"]
+    if not isinstance(dense, StoredVectors):
+        raise TypeError(f"the dense index {type(dense).__name__} does not give stored vectors")
+    return dense
+
+
 def _dense(snapshot, queries, qptr, seg, rows, X) -> None:
     """Cosine of each candidate with the query and with its query's pseudo-relevant centroid
     (the mean embedding of the first ``schema.PRF_DOCS`` candidates in fused order)."""
     if len(snapshot.segments) == 1:
-        vecs = snapshot.segments[0].indexes["dense"].vectors(rows)
+        vecs = _stored(snapshot.segments[0]).vectors(rows)
     else:
         vecs = None
         for s in np.unique(seg).tolist():
             sel = np.flatnonzero(seg == s)
-            v = snapshot.segments[s].indexes["dense"].vectors(rows[sel])
+            v = _stored(snapshot.segments[s]).vectors(rows[sel])
             if vecs is None:
                 vecs = np.empty((len(rows), v.shape[1]), np.float32)
             vecs[sel] = v

@@ -1,6 +1,6 @@
 """The rerank stage of a rank profile: features of the fused top window, ordered by a ranker.
 
-Called by ``polyindex.query.run`` when a profile has a ``rerank`` section
+Called by ``polyindex.query.pipeline.run`` when a profile has a ``rerank`` section
 (``{"model": NAME, "window": W}``); see ``registry`` for how NAME is found.
 """
 from __future__ import annotations

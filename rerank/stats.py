@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from polyindex.index.protocol import TermStatistics
 from polyindex.rerank import kernels
 
 CACHE_KEY = "rerank:fields"
@@ -29,26 +30,35 @@ _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical s
 
 def forward_index(opened) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row offsets int64, title_len int32, term ids int32) of an opened segment."""
-    lex = opened.indexes["lexical"]
-    fwd = getattr(lex, "forward", None)
-    if fwd is not None:
-        return fwd
+    lex = lexical_of(opened)
+    if lex.forward is not None:
+        return lex.forward
     fwd = _FORWARD.get(lex)
     if fwd is None:
-        fwd = _FORWARD[lex] = _build_forward(opened.docs.table, lex.term_index)
+        fwd = _FORWARD[lex] = _build_forward(opened.docs, lex)
     return fwd
 
 
-def _build_forward(table: pa.Table, term_index: dict) -> tuple:
-    from polyindex.index.lexical import _ANALYZER  # the analyzer the index was built with
-    titles = table.column("title").to_pylist()
-    texts = table.column("text").to_pylist()
-    docs = _ANALYZER.analyze_many(f"{ti or ''} {te or ''}" for ti, te in zip(titles, texts))
-    title_len = np.fromiter(map(len, _ANALYZER.analyze_many(t or "" for t in titles)), np.int32,
+def lexical_of(opened) -> TermStatistics:
+    """The segment's lexical index, through the capability the rerank features rely on."""
+    lex = opened.indexes["lexical"]
+    if not isinstance(lex, TermStatistics):
+        raise TypeError(f"the lexical index {type(lex).__name__} does not expose term statistics")
+    return lex
+
+
+def _build_forward(docs, lex: TermStatistics) -> tuple:
+    """Forward index of a segment built before it existed, with the index's own analyzer."""
+    analyzer = lex.analyzer
+    titles = docs.column("title")
+    texts = docs.column("text")
+    analyzed = analyzer.analyze_many(f"{ti or ''} {te or ''}" for ti, te in zip(titles, texts))
+    title_len = np.fromiter(map(len, analyzer.analyze_many(t or "" for t in titles)), np.int32,
                             count=len(titles))
-    get = term_index.get
-    ids = np.fromiter((get(t, -1) for terms in docs for t in terms), np.int32)
-    row_ptr = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    get = lex.term_id
+    ids = np.fromiter((-1 if (i := get(t)) is None else i for terms in analyzed for t in terms),
+                      np.int32)
+    row_ptr = np.concatenate([[0], np.cumsum([len(d) for d in analyzed])]).astype(np.int64)
     if len(ids) and ids.min() < 0:  # cannot happen with the index's own analyzer
         raise RuntimeError("lexical forward index: a document term is missing from the vocabulary")
     return row_ptr, title_len, ids
@@ -72,7 +82,7 @@ class FieldStats:
         if got is None:
             got = (self._idf_of_df(np.zeros(3)), np.zeros(3, np.float32))  # in no live row
             for s, seg in enumerate(segments):
-                tid = seg.indexes["lexical"].term_index.get(term)
+                tid = lexical_of(seg).term_id(term)
                 if tid is not None:
                     got = (self.idf[s][:, tid], self.p_coll[s][:, tid])
                     break
@@ -93,11 +103,11 @@ def field_stats(snapshot) -> FieldStats:
 
 
 def _local_counts(opened, live):
-    lex = opened.indexes["lexical"]
+    lex = lexical_of(opened)
     if live is None and lex in _COUNTS:
         return _COUNTS[lex]
     row_ptr, title_len, ids = forward_index(opened)
-    n_terms = len(lex.term_index)
+    n_terms = lex.n_terms
     has_live = live is not None
     counts = kernels.field_counts(row_ptr, title_len, ids, n_terms, has_live,
                                   live if has_live else np.ones(0, np.bool_))
@@ -114,7 +124,7 @@ def _compute(snapshot) -> FieldStats:
     if len(local) == 1:
         per_seg = [(local[0][0], local[0][1])]
     else:  # sum each term's counts over segments by term string (segment term ids differ)
-        vocabs = [pa.array(list(s.indexes["lexical"].term_index), pa.string()) for s in segs]
+        vocabs = [pa.array(lexical_of(s).terms(), pa.string()) for s in segs]
         uniq = pc.unique(pa.chunked_array(vocabs, pa.string()))
         gids = [pc.index_in(v, value_set=uniq).to_numpy(zero_copy_only=False) for v in vocabs]
         df = np.zeros((3, len(uniq)), np.float64)

@@ -1,11 +1,9 @@
-"""Training rankers: candidates and features of judged queries, LightGBM lambdarank, storage.
+"""Training rankers: judged candidates and their features, LightGBM lambdarank.
 
-``collect`` runs queries through a profile exactly as serving does up to the rerank stage
-(same retrieve stages, fusion and window) and computes the same features, so a model sees at
-training time what it will see when it serves. ``fit`` trains LightGBM ``lambdarank``
-deterministically (fixed seed, ``deterministic=True``, few threads) with early stopping on
-validation queries. ``store`` writes the model into a collection with a rank profile of the
-same name (retrieve stages of the candidates' profile, RRF fusion, rerank window).
+The candidates come from ``polyindex.query.candidates.collect`` (the query pipeline up to the
+rerank stage, so a model sees at training time what it will see when it serves). ``fit``
+trains LightGBM ``lambdarank`` deterministically (fixed seed, ``deterministic=True``, few
+threads) with early stopping on validation queries.
 """
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.errors import InvalidArgument
-from polyindex.rerank import features
-from polyindex.rerank.ltr import Ranker, new_meta, transform as apply_transform
-from polyindex.rerank.registry import artifact_name
+from polyindex.rerank.ltr import Ranker, new_meta
+from polyindex.rerank.ltr import transform as apply_transform
 
 PARAMS = {"objective": "lambdarank", "metric": "ndcg", "ndcg_eval_at": [10],
           "learning_rate": 0.1, "num_leaves": 15, "min_data_in_leaf": 50, "lambda_l2": 10.0,
@@ -74,50 +71,6 @@ class Candidates:
         return out
 
 
-def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
-            profile: str = "hybrid", window: int = 100, batch: int = 64,
-            vectors: np.ndarray | None = None) -> Candidates:
-    """Candidates (the profile's fused top ``window``) and features of ``queries``
-    (``vectors``: their embeddings, when already computed)."""
-    from polyindex.index.protocol import Query
-    from polyindex.query import _fuse, allow_masks, retrieve
-    prof = coll._profile(profile)
-    if prof.rerank is not None:
-        raise InvalidArgument(f"profile {profile!r} already reranks; candidates come from a "
-                              f"profile without a rerank stage (e.g. hybrid)")
-    snap = coll.snapshot()
-    allow = allow_masks(snap, None)
-    needs_vec = any(coll.kinds[st.index].needs_embeddings for st in prof.retrieve)
-    names = [st.index for st in prof.retrieve]
-    parts = []
-    for start in range(0, len(queries), batch):
-        chunk = queries[start:start + batch]
-        qs = [Query(text=t) for _, t in chunk]
-        if needs_vec:
-            vecs = vectors[start:start + batch] if vectors is not None else \
-                coll.encoder.encode([t for _, t in chunk], chunk=len(chunk))
-            for q, v in zip(qs, vecs):
-                q.vector = np.asarray(v, np.float32)
-        results = [retrieve(snap, qs, st.index, st.k, st.params, allow) for st in prof.retrieve]
-        lists = [[(s[i], k[i]) for s, k in results] for i in range(len(qs))]
-        cands = [_fuse(prof, ls, window) for ls in lists]
-        X, qptr = features.compute(snap, qs, cands, lists, names)
-        keys = np.concatenate([k for k, _ in cands]) if cands else np.zeros(0, np.int64)
-        ids = snap.ids_of(keys) if len(keys) else []
-        labels = np.zeros(len(ids), np.float32)
-        if qrels is not None:
-            qid_of = np.repeat([q for q, _ in chunk], np.diff(qptr))
-            labels[:] = [max(qrels.get(q, {}).get(d, 0), 0) for q, d in zip(qid_of, ids)]
-        parts.append(Candidates([q for q, _ in chunk], X, qptr, labels, ids,
-                                np.concatenate([s for _, s in cands]).astype(np.float64)))
-    out = Candidates.concat(parts) if parts else Candidates([], np.zeros((0, features.F), np.float32),
-                                                           np.zeros(1, np.int64), np.zeros(0, np.float32),
-                                                           [], np.zeros(0))
-    out.meta = {"collection": coll.name, "profile": profile, "window": window,
-                "retrieve": prof.to_json()["retrieve"]}
-    return out
-
-
 def split_queries(n: int, frac: float = 0.2, seed: int = 0) -> tuple[list[int], list[int]]:
     """A deterministic query-level split: (train, valid) query indexes."""
     perm = np.random.default_rng(seed).permutation(n)
@@ -136,6 +89,7 @@ def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: boo
     """A LightGBM dataset; ``general``: binary labels (collections grade differently) and
     every collection (part) weighing the same whatever its number of queries."""
     import lightgbm as lgb
+
     from polyindex.rerank.schema import INDEX
     parts = [_useful(p) for p in parts]
     c = Candidates.concat(parts)
@@ -182,24 +136,3 @@ def fit(train: Candidates | Sequence[Candidates], valid, *, transform: str = "ra
                     valid_ndcg10=None if valid_ndcg is None else float(valid_ndcg),
                     params={k: v for k, v in params.items() if k != "verbose"}, **summary)
     return Ranker(booster, meta)
-
-
-def store(coll, name: str, ranker: Ranker, *, window: int, retrieve: list[dict]) -> dict:
-    """Write a ranker into a collection with a rank profile named after it; returns the profile."""
-    from polyindex.config import validate_name
-    from polyindex.profiles import Profile, builtin_profiles
-    validate_name(name, "ranker")
-    if name in builtin_profiles(list(coll.kinds)):
-        raise InvalidArgument(f"ranker name {name!r} is a built-in profile name; choose another")
-    profile = {"retrieve": retrieve, "fuse": {"method": "rrf", "k": 60},
-               "rerank": {"model": name, "window": window}}
-    Profile.from_json(name, profile, set(coll.kinds))
-    art = artifact_name(name)
-    previous = set(coll.artifacts().get(art, []))
-    folder = coll.artifact_dir(art)
-    files = ranker.save(folder)
-    coll.commit_metadata(artifacts={art: files}, profiles={name: profile})
-    for p in folder.iterdir():  # keep the new files and the previous ones (open snapshots)
-        if p.name not in files and p.name not in previous:
-            p.unlink()
-    return profile

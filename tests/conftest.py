@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polyindex import native_front
+from polyindex.service import native_front
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta iota kappa lambda omicron sigma river "
          "mountain ocean forest desert city harbor valley glacier canyon meadow island prairie "
@@ -42,12 +42,12 @@ def last_versions(records: list[dict]) -> dict[str, dict]:
 
 
 def run_cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m polyindex.cli ARGS`` to completion (no check on the exit code)."""
+    """Run ``python -m polyindex.cli.main ARGS`` to completion (no check on the exit code)."""
     return subprocess.run(cli_command(*args), capture_output=True, text=True, timeout=timeout)
 
 
 def cli_command(*args) -> list[str]:
-    return [sys.executable, "-m", "polyindex.cli", *map(str, args)]
+    return [sys.executable, "-m", "polyindex.cli.main", *map(str, args)]
 
 
 @pytest.fixture(scope="session")

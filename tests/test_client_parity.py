@@ -1,6 +1,6 @@
 """One behaviour suite, run against the embedded engine and against the gRPC client.
 
-``polyindex.open(path)`` and ``polyindex.client.Client(address)`` must be interchangeable:
+``polyindex.open(path)`` and ``polyindex.client.remote.Client(address)`` must be interchangeable:
 same results, same documents, same exception classes and messages.
 """
 from __future__ import annotations
@@ -9,13 +9,13 @@ from itertools import count
 
 import numpy as np
 import pytest
+from conftest import NEEDS_NATIVE
 
 import polyindex
-from polyindex import (AlreadyExists, InputError, InvalidArgument, NotFound, ResourceExhausted)
-from conftest import NEEDS_NATIVE
-from polyindex.client import Client
-from polyindex.server import serve
-from polyindex.sources import Document
+from polyindex import AlreadyExists, InputError, InvalidArgument, NotFound, ResourceExhausted
+from polyindex.client.remote import Client
+from polyindex.service.server import serve
+from polyindex.types import Document
 
 DOCS = [
     {"_id": "wing", "title": "Wing flutter", "text": "Aeroelastic flutter of a swept wing at transonic speed.", "year": 1961, "lang": "en", "tags": ["aero", 1]},

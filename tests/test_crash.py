@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 import polyindex
-from polyindex.encoder import document_text
-from polyindex.manifest import MANIFEST, load_manifest
+from polyindex.storage.manifest import MANIFEST, load_manifest
+from polyindex.types import document_text
 
 N_DOCS = 3000
 SEGMENT = 200

@@ -46,6 +46,7 @@ def test_search_is_single_threaded_in_any_thread(tmp_path):
     """OpenMP's thread count is per thread: a search from a fresh thread (a server worker) must
     use QUERY_THREADS too, and leave the thread's own setting as it was."""
     import threading
+
     from polyindex.index import dense
     x, q = unit(300), unit(2, seed=3)
     kind = from_factory("dense")

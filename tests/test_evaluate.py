@@ -1,7 +1,7 @@
 """`polyindex eval` scoring: means over the judged queries, a query without hits counting 0."""
 import pytest
 
-from polyindex.evaluate import evaluate_run, write_trec
+from polyindex.cli.evaluate import evaluate_run, write_trec
 
 
 def test_judged_query_without_hits_counts_zero_once(tmp_path):

@@ -8,9 +8,9 @@ from google.protobuf.struct_pb2 import Struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polyindex.client import Client
+from polyindex.client.remote import Client
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
-from polyindex.server import serve
+from polyindex.service.server import serve
 
 DOCS = [{"id": f"d{i}", "text": f"sturdy document number {i} about topic {i % 5}"} for i in range(40)]
 EXPECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,

@@ -7,9 +7,9 @@ import os
 import re
 import shutil
 import signal
-import threading
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -17,21 +17,21 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import NEEDS_NATIVE
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import polyindex
 from polyindex import Unauthenticated
+from polyindex.client.remote import Client, RemoteCollection
 from polyindex.errors import Internal
-from conftest import NEEDS_NATIVE
-from polyindex.client import Client, RemoteCollection
-from polyindex.convert import from_struct, to_struct
-from polyindex.grpc_errors import CLASS_KEY, DeadlineExceeded, Unavailable
-from polyindex.metrics import Metrics
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
-from polyindex.server import serve
-from polyindex.service import PolyindexService
+from polyindex.service.metrics import Metrics
+from polyindex.service.server import serve
+from polyindex.service.servicer import PolyindexService
+from polyindex.wire.convert import from_struct, to_struct
+from polyindex.wire.grpc_errors import CLASS_KEY, DeadlineExceeded, Unavailable
 
 DOCS = [{"id": "wing", "title": "Wing", "text": "flutter of a swept wing at transonic speed", "year": 1961},
         {"id": "heat", "title": "Heat", "text": "heat transfer in hypersonic flow", "year": 1965},
@@ -372,7 +372,7 @@ def test_client_transport_must_be_known():
 @pytest.mark.parametrize("transport", [pytest.param("native", marks=NEEDS_NATIVE), "python"])
 def test_client_retries_unavailable_with_backoff(monkeypatch, transport):
     sleeps = []
-    monkeypatch.setattr("polyindex.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("polyindex.client.remote.time.sleep", sleeps.append)
     with Client("127.0.0.1:1", retries=3, backoff=0.05, timeout=5, transport=transport) as c:
         assert c.transport == transport
         with pytest.raises(Unavailable):

@@ -3,12 +3,12 @@ import math
 
 import numpy as np
 import pytest
+from topic_docs import TOPIC_DOCS as DOCS
 
 import polyindex
 from polyindex import InvalidArgument
+from polyindex.query.candidates import collect
 from polyindex.rerank import schema
-from polyindex.rerank.train import collect
-from topic_docs import TOPIC_DOCS as DOCS
 
 HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
           "fuse": {"method": "rrf", "k": 60}}

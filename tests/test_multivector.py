@@ -292,6 +292,7 @@ def test_format_1_segments_are_still_read(tmp_path):
     """Segments written before the docs file (format 1: list columns with int32 offsets in the
     tokens file) open and score exactly like their format-2 rewrite."""
     import pyarrow as pa
+
     from polyindex.index import multivector as mv
     docs = clustered_tokens(120, seed=23)
     kind, seg, info = built(tmp_path, "KMeans32,residual=PQ8", docs)

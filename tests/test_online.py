@@ -6,7 +6,7 @@ import pytest
 
 import polyindex
 from polyindex import Corrupt
-from polyindex.wal import HEADER, WriteAheadLog
+from polyindex.online.wal import HEADER, WriteAheadLog
 
 
 def docs(prefix, n, text="alpha beta"):

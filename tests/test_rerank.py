@@ -7,12 +7,12 @@ import pytest
 from typer.testing import CliRunner
 
 import polyindex
-import polyindex.cli
+import polyindex.cli.main
 from polyindex import InvalidArgument
+from polyindex.query.candidates import collect
 from polyindex.rerank import registry, schema
 from polyindex.rerank.ltr import Ranker
 from polyindex.rerank.stats import _build_forward, forward_index
-from polyindex.rerank.train import collect
 
 # Every word below stems to itself and none is a stopword, so the analyzed terms are the words.
 DOCS = [
@@ -103,6 +103,7 @@ def test_features_do_not_depend_on_segmentation(small, tmp_path):
 
 def test_numba_forest_scores_like_lightgbm():
     import lightgbm as lgb
+
     from polyindex.rerank.forest import Forest
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3000, 12)).astype(np.float32)
@@ -125,7 +126,7 @@ def test_forward_index_matches_a_rebuild_from_the_documents(small):
     snap = small.snapshot()
     for seg in snap.segments:
         stored = forward_index(seg)
-        rebuilt = _build_forward(seg.docs.table, seg.indexes["lexical"].term_index)
+        rebuilt = _build_forward(seg.docs, seg.indexes["lexical"])
         for a, b in zip(stored, rebuilt):
             np.testing.assert_array_equal(a, b)
 
@@ -162,7 +163,7 @@ def trained(tmp_path_factory):
     old = dict(train_mod.PARAMS)
     train_mod.PARAMS.update(min_data_in_leaf=5)  # a tiny data set
     try:
-        result = CliRunner().invoke(polyindex.cli.app, [
+        result = CliRunner().invoke(polyindex.cli.main.app, [
             "train-ranker", "--data", str(tmp / "data"), "--collection", "topics",
             "--queries", str(tmp / "queries.jsonl"), "--qrels", str(tmp / "qrels.tsv"),
             "--name", "mine", "--window", "20", "--log-features", str(tmp / "f.parquet"), "--json"])

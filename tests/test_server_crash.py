@@ -15,9 +15,9 @@ import threading
 import time
 
 import pytest
-
 from conftest import NEEDS_NATIVE
-from polyindex.client import Client
+
+from polyindex.client.remote import Client
 
 RUNS = 10  # on the native front end (the default), plus a few on grpcio's
 CASES = ([pytest.param("native", seed, marks=NEEDS_NATIVE) for seed in range(RUNS)]
@@ -25,7 +25,7 @@ CASES = ([pytest.param("native", seed, marks=NEEDS_NATIVE) for seed in range(RUN
 
 
 def start(data, env, frontend):
-    proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli", "serve", "--data", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli.main", "serve", "--data", str(data),
                              "--port", "0", "--frontend", frontend], stdout=subprocess.PIPE,
                             text=True, env=env)
     line = proc.stdout.readline()

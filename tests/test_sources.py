@@ -1,4 +1,4 @@
-"""Tests for polyindex.sources: streaming readers and their located errors."""
+"""Tests for polyindex.ingest.sources: streaming readers and their located errors."""
 from __future__ import annotations
 
 import gzip
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from polyindex.errors import InputError, InvalidArgument
-from polyindex.sources import Document, document_from_record, open_source, read_qrels, read_queries
+from polyindex.ingest.records import document_from_record
+from polyindex.ingest.sources import open_source, read_qrels, read_queries
+from polyindex.types import Document
 
 CRANFIELD = Path(__file__).resolve().parents[2] / "shared" / "data" / "cranfield"
 
@@ -263,7 +265,7 @@ def test_start_skips_records(tmp_path):
 
 
 def test_start_does_not_parse_skipped_lines(tmp_path, monkeypatch):
-    import polyindex.sources as sources
+    import polyindex.ingest.sources as sources
     src = open_source(write_jsonl(tmp_path / "docs.jsonl", DOCS))
     parsed = []
     real = sources._parse_json_line

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from topic_docs import TOPIC_DOCS as DOCS
 
 import polyindex
 from polyindex import Corrupt, InvalidArgument
@@ -12,9 +13,8 @@ from polyindex.index import postings
 from polyindex.index.protocol import BuildBatch, Query, from_factory
 from polyindex.index.sparse import SparseKind
 from polyindex.index.sparse_projector import Projector, TrainConfig, train
-from polyindex.segment import write_docs
-from polyindex.sources import Document
-from topic_docs import TOPIC_DOCS as DOCS
+from polyindex.storage.segment import Segment, write_docs
+from polyindex.types import Document
 
 LUT = postings.half_lut()
 
@@ -179,7 +179,7 @@ def test_kind_build_open_search(tmp_path):
     assert kind.save_artifacts(tmp_path / "art") and not kind.needs_training()
     info = kind.build(batch, tmp_path)
     assert info["n_rows"] == 600 and 0 < info["n_postings"] <= 600 * 16
-    seg = kind.open(tmp_path, info)
+    seg = kind.open(tmp_path, info, Segment(tmp_path, "s", 600))
     prepared = kind.prepare([Query(vector=v) for v in q], [seg], [None], {}, {})
     s, r = seg.search(prepared, 10, {}, None)
     assert s.shape == (5, 10) and (np.diff(s, axis=1) <= 0).all()

@@ -2,15 +2,16 @@
 unlimited budget gives the exact ranking of each scoring rule, a saved tree reloads identically,
 labels, factory strings, and the kind end to end in a collection (profiles, explain, deletes)."""
 import numpy as np
-import polyindex
 import pytest
+from topic_docs import TOPIC_DOCS as DOCS
+
+import polyindex
 from polyindex import InvalidArgument
 from polyindex.index.protocol import BuildBatch, Query, from_factory
 from polyindex.index.tree import TreeKind, effective_variance
 from polyindex.index.tree_build import TreeBuilder
-from polyindex.segment import write_docs
-from polyindex.sources import Document
-from topic_docs import TOPIC_DOCS as DOCS
+from polyindex.storage.segment import Segment, write_docs
+from polyindex.types import Document
 
 
 def clustered(n, d=16, centres=12, spread=0.25, seed=0):
@@ -121,7 +122,7 @@ def segment(tmp_path, x, factory, texts=None):
     write_docs(tmp_path, docs, {}, x)
     kind = from_factory(factory)
     info = kind.build(BuildBatch([d.id for d in docs], [""] * n, texts, x), tmp_path)
-    return kind, kind.open(tmp_path, info), info
+    return kind, kind.open(tmp_path, info, Segment(tmp_path, "s", n)), info
 
 
 def reference_path_scores(seg, q, temp):
@@ -195,7 +196,7 @@ def test_budget_bounds_work_and_recall_grows(tmp_path):
 def test_saved_tree_reloads_identically(tmp_path):
     x, q = clustered(1200, seed=9), clustered(5, seed=10)
     kind, seg, info = segment(tmp_path, x, "tree:branch=6,leaf=10,group=300")
-    again = TreeKind(kind.body).open(tmp_path, info)
+    again = TreeKind(kind.body).open(tmp_path, info, Segment(tmp_path, "s", len(x)))
     for name in ("parent", "child_start", "n_child", "doc_start", "doc_end", "count", "docs",
                  "leaf_of", "mean", "var"):
         assert np.array_equal(getattr(seg, name), getattr(again, name)), name
@@ -283,10 +284,26 @@ def test_end_to_end_collection(tmp_path, corpus):
         [h.id for h in coll.query("striker goal", profile="tree", k=4)]
 
 
+def _cosine_top(coll, text, k=5):
+    """Reference: the k live documents of highest cosine with the query, from the stored
+    embeddings (the tree's `sim=cos`; dense's inner product differs by the bfloat16 norms)."""
+    q = np.asarray(coll.encoder.encode([text])[0], np.float64)
+    snap = coll.snapshot()
+    scored = []
+    for seg, live in zip(snap.segments, snap.live):
+        x = seg.docs.embeddings().astype(np.float64)
+        cos = x @ q / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
+        for row in range(len(x)):
+            if live is None or live[row]:
+                scored.append((-cos[row], seg.docs.ids[row]))
+    return [i for _, i in sorted(scored)[:k]]
+
+
 def test_online_buffer_segments_grow_their_own_trees(tmp_path):
     """Online writes: each acknowledged batch is a buffer segment with its own tree (built by
     incremental insertion); sealing builds the sealed segment's tree; results survive a reopen."""
-    polyindex.open(tmp_path).create_collection("o", ["dense", "tree:branch=4,leaf=4"])
+    with polyindex.open(tmp_path) as setup:
+        setup.create_collection("o", ["dense", "tree:branch=4,leaf=4"])
     eng = polyindex.open(tmp_path, online=True)
     coll = eng.collection("o")
     docs = [{"_id": f"d{i}", "title": "", "text": f"note {i} on subject {i % 7}"} for i in range(30)]
@@ -294,10 +311,11 @@ def test_online_buffer_segments_grow_their_own_trees(tmp_path):
     coll.add(docs[12:])
     exact = {"retrieve": [{"index": "tree", "k": 5, "params": "budget=0"}]}
     before = [h.id for h in coll.query("subject 3", profile=exact, k=5)]
-    assert before == [h.id for h in coll.query("subject 3", profile="dense", k=5)]
+    assert len(coll.snapshot().segments) == 2  # two buffer segments, each with its own tree
+    assert before == _cosine_top(coll, "subject 3")
     coll.seal()
     after = [h.id for h in coll.query("subject 3", profile=exact, k=5)]
     eng.close()
-    again = [h.id for h in polyindex.open(tmp_path).collection("o").query(
-        "subject 3", profile=exact, k=5)]
+    with polyindex.open(tmp_path) as reopened:
+        again = [h.id for h in reopened.collection("o").query("subject 3", profile=exact, k=5)]
     assert after == before == again

@@ -1,0 +1,1 @@
+"""Encoders: text to sentence embeddings and to per-token embeddings (sentence-transformers)."""

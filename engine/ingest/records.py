@@ -1,0 +1,76 @@
+"""Validation of one document record (a JSON object, a CSV or Parquet row, a dict given to
+``add()``), shared by every source, the embedded engine and the remote client."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from polyindex.errors import InputError
+from polyindex.types import Document
+
+MAX_ID_CHARS = 1024
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def kind_of(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def jsonable(value: Any) -> Any:
+    """Parquet cells can hold dates, decimals and bytes; metadata must stay JSON-compatible."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(kv, tuple) and len(kv) == 2 for kv in value):
+            return {str(k): jsonable(v) for k, v in value}  # an Arrow map comes as (key, value) pairs
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)  # dates, Decimal, ...
+
+
+def _check_id(raw_id: Any) -> str:
+    """The id as a string, or ValueError saying what is wrong with it."""
+    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
+        return str(raw_id)
+    if not isinstance(raw_id, str):
+        raise ValueError("missing id (expected '_id' or 'id')" if raw_id is None
+                         else f"id must be a string or an integer, got {kind_of(raw_id)}")
+    if not raw_id:
+        raise ValueError("empty id")
+    if len(raw_id) > MAX_ID_CHARS:
+        raise ValueError(f"id is {len(raw_id)} characters long (max {MAX_ID_CHARS})")
+    if _CONTROL.search(raw_id):
+        raise ValueError("id contains control characters")
+    return raw_id
+
+
+def document_from_record(rec: dict[str, Any], source: str | None = None,
+                         line: int | None = None) -> Document | InputError:
+    """Validate one parsed record (JSON object, CSV/Parquet row, or a dict given to add())."""
+    id_field = "_id" if "_id" in rec else "id"
+    try:
+        doc_id = _check_id(rec.get(id_field))
+    except ValueError as e:
+        return InputError(str(e), source=source, line=line, field=id_field)
+    text, title = rec.get("text"), rec.get("title")
+    title = "" if title is None else title
+    bad = None
+    if text is None:
+        bad = ("missing text", "text")
+    elif not isinstance(text, str):
+        bad = (f"field 'text' must be a string, got {kind_of(text)}", "text")
+    elif not isinstance(title, str):
+        bad = (f"field 'title' must be a string, got {kind_of(title)}", "title")
+    if bad:
+        return InputError(bad[0], source=source, line=line, field=bad[1], doc_id=doc_id)
+    metadata: dict[str, Any] = {}
+    nested = rec.get("metadata")
+    if isinstance(nested, dict):  # BEIR keeps extra fields in "metadata": flatten them
+        metadata.update(nested)
+    for key, value in rec.items():
+        if key not in (id_field, "text", "title") and not (key == "metadata" and isinstance(value, dict)):
+            metadata[key] = value  # top-level keys win over same-named nested ones
+    return Document(doc_id, title, text, metadata)

@@ -1,0 +1,1 @@
+"""Online writes: the write-ahead log and the in-memory buffer that is sealed into segments."""

@@ -1,0 +1,1 @@
+"""The query pipeline: rank profiles, metadata filters, retrieve, fuse, rerank and hits."""

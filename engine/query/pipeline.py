@@ -1,0 +1,136 @@
+"""The query pipeline: segment-local retrieve stages, global fusion, final top-k with explain."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from polyindex.index.protocol import Explains, Query
+from polyindex.query.filters import evaluate
+from polyindex.query.profiles import Profile
+from polyindex.rerank import fusion
+from polyindex.storage.snapshot import Snapshot
+from polyindex.types import Hit
+
+
+def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
+    """Live rows that pass the filter, per segment (None = every row allowed)."""
+    if filter_expr is None:
+        return snapshot.live
+    masks = []
+    for seg, live in zip(snapshot.segments, snapshot.live):
+        m = evaluate(filter_expr, seg.docs.table)
+        masks.append(m if live is None else (m & live))
+    return masks
+
+
+def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
+             params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
+    kind = snapshot.kinds[index]
+    seg_indexes = [s.indexes[index] for s in snapshot.segments]
+    prepared = kind.prepare(queries, seg_indexes, snapshot.live, params, snapshot.cache[index])
+    nq = len(queries)
+    if not seg_indexes:
+        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
+    all_scores, all_keys = [], []
+    for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
+        scores, rows = seg_index.search(prepared, k, params, mask)
+        all_scores.append(scores)
+        all_keys.append(np.where(rows >= 0, rows + base, -1) if base else rows)
+    if len(all_scores) == 1:
+        return all_scores[0], all_keys[0]
+    scores = np.concatenate(all_scores, axis=1)
+    keys = np.concatenate(all_keys, axis=1)
+    scores = np.where(keys >= 0, scores, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+
+
+def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
+        filter_expr=None, explain: bool = False, with_text: bool = False) -> list[list[Hit]]:
+    allow = allow_masks(snapshot, filter_expr)
+    # With one stage and nothing after it, the stage's top-k is the answer: fetch exactly k.
+    single = len(profile.retrieve) == 1 and profile.rerank is None
+    stage_results = [retrieve(snapshot, queries, st.index, k if single else st.k, st.params, allow)
+                     for st in profile.retrieve]
+    keep = max(k, profile.rerank["window"]) if profile.rerank else k
+    per_query = []
+    for qi in range(len(queries)):
+        lists = [(s[qi], keys[qi]) for s, keys in stage_results]
+        per_query.append((lists, *_fuse(profile, lists, keep)))
+    extra = [None] * len(queries)
+    if profile.rerank is not None:
+        window = profile.rerank["window"]
+        cands = [(kk[:window], sc[:window]) for _, kk, sc in per_query]
+        if "index" in profile.rerank:  # one kind's own score reorders the window
+            from polyindex.rerank.kind_scores import rescore
+            reranked = rescore(snapshot, queries, cands, profile.rerank, explain)
+        else:
+            from polyindex.rerank.stage import rerank
+            reranked = rerank(snapshot, queries, cands, [lists for lists, _, _ in per_query],
+                              [st.index for st in profile.retrieve], profile.rerank, explain)
+        per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
+        extra = [details for _, _, details in reranked]
+    return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None, with_text,
+                  None if details is None else details[:k], query)
+            for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
+
+
+def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long."""
+    if len(lists) == 1:
+        scores, keys = lists[0]
+        n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
+        return keys[:n][:keep], scores[:n][:keep]
+    if profile.fuse["method"] == "rrf":
+        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
+    else:
+        w = profile.fuse.get("weights", {})
+        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists],
+                                       [float(w.get(st.index, 1.0)) for st in profile.retrieve])
+    return keys[:keep], scores[:keep]
+
+
+def _hits(snapshot, keys, scores, profile, lists, with_text, details=None,
+          query: Query | None = None) -> list[Hit]:
+    ids = snapshot.ids_of(keys)
+    hits = [Hit(i, s, r) for r, i, s in zip(range(1, len(ids) + 1), ids, scores.tolist())]
+    if with_text and hits:
+        seg, rows = snapshot.locate(keys)
+        for h, s, r in zip(hits, seg.tolist(), rows.tolist()):
+            doc = snapshot.segments[s].docs.rows([r], ("title", "text"))[0]
+            h.title, h.text = doc["title"], doc["text"]
+    if lists is not None:
+        per_stage = []
+        for st, (s, kk) in zip(profile.retrieve, lists):
+            valid = kk >= 0
+            per_stage.append((st.index, {int(key): (rank + 1, float(sc)) for rank, (key, sc) in
+                                         enumerate(zip(kk[valid].tolist(), s[valid].tolist()))}))
+        for h, key in zip(hits, keys.tolist()):
+            h.explain = {"stages": {name: ({"rank": m[key][0], "score": m[key][1]} if key in m
+                                           else None) for name, m in per_stage},
+                         "fused": {"method": profile.fuse["method"] if len(lists) > 1 else None,
+                                   "score": h.score}}
+        if details is not None:  # the rerank stage's own account (features, contributions)
+            for h, d in zip(hits, details):
+                h.explain["fused"]["score"] = d.get("fused_score")
+                h.explain["rerank"] = d
+        if query is not None and hits:
+            _index_explain(snapshot, profile, query, hits, keys)
+    return hits
+
+
+def _index_explain(snapshot, profile, query: Query, hits: list[Hit], keys) -> None:
+    """Retrieve stages whose segment indexes explain hits themselves (an ``explain(prepared,
+    row_ids)`` method, e.g. the tree's root-to-leaf path with node labels) add their account
+    under ``explain["index"][stage index]``, for every hit, retrieved by that stage or not."""
+    seg, rows = snapshot.locate(keys)
+    for st in profile.retrieve:
+        seg_indexes = [s.indexes[st.index] for s in snapshot.segments]
+        if not isinstance(seg_indexes[0], Explains):
+            continue
+        prepared = snapshot.kinds[st.index].prepare([query], seg_indexes, snapshot.live,
+                                                    st.params, snapshot.cache[st.index])
+        for h, s, r in zip(hits, seg.tolist(), rows.tolist()):
+            h.explain.setdefault("index", {})[st.index] = seg_indexes[s].explain(prepared, [r])[0]

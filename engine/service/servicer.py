@@ -1,0 +1,223 @@
+"""The ``polyindex.v1.Polyindex`` servicer: request validation at the edge, then the engine.
+
+Every RPC goes through ``_rpc``: deadline check, errors mapped in one place
+(``polyindex.wire.grpc_errors``), metrics recorded. Queries run concurrently on the server's thread
+pool; the engine's own per-collection locks guard writes, nothing here serializes reads.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from polyindex.config import DEFAULT_INDEXES
+from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
+from polyindex.ingest.records import document_from_record
+from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.types import MAX_K
+from polyindex.wire import grpc_errors
+from polyindex.wire.convert import add_hits, doc_to_proto, from_struct, to_struct
+from polyindex.wire.grpc_errors import Cancelled, DeadlineExceeded
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_k: int = MAX_K
+    max_text_chars: int = 8192
+    max_vector_dims: int = 4096
+    max_batch: int = 1024  # queries per Query call
+    max_upsert_bytes: int = 1 << 30  # one Upsert stream is held in memory (all or nothing)
+    max_row_errors: int = 1000  # reported per Upsert; `failed` counts them all
+
+
+def _rpc(method):
+    """Wrap a servicer method: deadline, error mapping, metrics. ``tags`` carries labels."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        start, tags, err = time.perf_counter(), {"profile": ""}, None
+        try:
+            check_deadline(context, name)
+            response = method(self, request, context, tags)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
+            err = grpc_errors.as_polyindex_error(e, name)
+        code = "OK" if err is None else grpc_errors.status_code(err).name
+        self.metrics.observe(name, code, time.perf_counter() - start,
+                             tags["profile"] if err is None else "")
+        if err is not None:
+            grpc_errors.abort(context, err)
+        return response
+    return wrapper
+
+
+def check_deadline(context: grpc.ServicerContext, what: str) -> None:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded(f"deadline exceeded before {what}")
+
+
+class PolyindexService(pb_grpc.PolyindexServicer):
+    def __init__(self, engine, metrics, limits: Limits = Limits()):
+        self.engine, self.metrics, self.limits = engine, metrics, limits
+
+    # -- queries -----------------------------------------------------------------------------
+    @_rpc
+    def Query(self, req, context, tags):
+        start = time.perf_counter()
+        k = req.k if req.HasField("k") else 10
+        if k > self.limits.max_k:
+            raise ResourceExhausted(f"k must be an integer in 1..{self.limits.max_k}, got {k}")
+        texts, vectors = self._queries(req)
+        which = req.WhichOneof("rank_profile")
+        profile = (req.profile if which == "profile" else
+                   from_struct(req.inline_profile) if which == "inline_profile" else None)
+        flt = from_struct(req.filter) if req.HasField("filter") else None
+        coll = self.engine.collection(req.collection)
+        check_deadline(context, "the query ran")  # the work below is the expensive part
+        results = coll.query_batch(texts, vectors=vectors, k=k, profile=profile, filter=flt,
+                                   explain=req.explain, with_text=req.with_text)
+        tags["profile"] = profile if isinstance(profile, str) else (
+            "inline" if profile is not None else "default")
+        resp = pb.QueryResponse()
+        if req.batch:
+            for hits in results:
+                add_hits(resp.batch.add().hits, hits)
+        else:
+            add_hits(resp.hits, results[0])
+        resp.took_ms = (time.perf_counter() - start) * 1000
+        return resp
+
+    def _queries(self, req):
+        """(texts | None, vectors | None) for query_batch, with the size limits checked."""
+        lim = self.limits
+        if req.batch:
+            if req.HasField("text") or req.vector:
+                raise InvalidArgument("give either text/vector or batch, not both")
+            if len(req.batch) > lim.max_batch:
+                raise ResourceExhausted(f"{len(req.batch)} queries in one batch (max {lim.max_batch})")
+            items = list(req.batch)
+        else:
+            items = [req]
+        texts = [it.text if it.HasField("text") else None for it in items]
+        # np.array reads the repeated field in C (3 us for 384 floats; list() then asarray: 36)
+        vectors = [np.array(it.vector, dtype=np.float32) if it.vector else None for it in items]
+        for i, (t, v) in enumerate(zip(texts, vectors)):
+            if t is None and v is None:
+                raise InvalidArgument("a query needs text or a vector" if not req.batch
+                                      else f"query {i}: needs text or a vector")
+            if t is not None and len(t) > lim.max_text_chars:
+                raise InvalidArgument(f"query {i}: text is {len(t)} characters long "
+                                      f"(max {lim.max_text_chars})")
+            if v is not None and len(v) > lim.max_vector_dims:
+                raise InvalidArgument(f"query {i}: vector has {len(v)} dimensions "
+                                      f"(max {lim.max_vector_dims})")
+        has_vec = [v is not None for v in vectors]
+        if any(has_vec) and not all(has_vec):
+            raise InvalidArgument("either every query of a batch has a vector or none does")
+        return (None if all(t is None for t in texts) else texts,
+                vectors if all(has_vec) else None)
+
+    # -- writes ------------------------------------------------------------------------------
+    @_rpc
+    def Upsert(self, request_iterator, context, tags):
+        name, coll, docs, errors, received, size, expected = None, None, [], [], 0, 0, None
+        for msg in request_iterator:
+            if msg.HasField("expected_total"):
+                if expected is not None and msg.expected_total != expected:
+                    raise InvalidArgument("expected_total differs between messages of the stream")
+                expected = msg.expected_total
+            size += msg.ByteSize()
+            if size > self.limits.max_upsert_bytes:
+                raise ResourceExhausted(f"Upsert stream over {self.limits.max_upsert_bytes} bytes; "
+                                        "split it into several calls")
+            if msg.collection and name is None:
+                name, coll = msg.collection, self.engine.collection(msg.collection)  # fail fast
+            elif msg.collection and msg.collection != name:
+                raise InvalidArgument(f"one Upsert stream names two collections: {name!r} and "
+                                      f"{msg.collection!r}")
+            for d in msg.documents:
+                meta = from_struct(d.metadata) if d.HasField("metadata") else {}
+                rec = {"id": d.id, "title": d.title, "text": d.text, "metadata": meta}
+                doc = document_from_record(rec, source="Upsert", line=received + 1)
+                if isinstance(doc, InputError):
+                    errors.append((received, d.id, doc.field or "", doc.reason))
+                else:
+                    docs.append(doc)
+                received += 1
+        if coll is None:
+            raise InvalidArgument("the Upsert stream named no collection")
+        if not context.is_active():  # cancelled: the stream may have been cut short
+            raise Cancelled("Upsert was cancelled by the client; nothing was written")
+        if expected is not None and expected != received:
+            raise InvalidArgument(f"the Upsert stream carried {received} documents but "
+                                  f"expected_total is {expected}; nothing was written")
+        resp = pb.UpsertResponse(received=received, failed=len(errors))
+        for i, doc_id, field, message in errors[:self.limits.max_row_errors]:
+            resp.errors.add(index=i, id=doc_id, field=field, message=message)
+        if errors:  # all or nothing: one bad row and nothing of the stream is written
+            return resp
+        check_deadline(context, "the documents were written")
+        resp.upserted = coll.add(docs) if docs else 0
+        return resp
+
+    @_rpc
+    def Delete(self, req, context, tags):
+        return pb.DeleteResponse(deleted=self.engine.collection(req.collection).delete(list(req.ids)))
+
+    # -- reads -------------------------------------------------------------------------------
+    @_rpc
+    def Get(self, req, context, tags):
+        docs = self.engine.collection(req.collection).get(list(req.ids))
+        resp = pb.GetResponse()
+        for doc_id, doc in zip(req.ids, docs):
+            resp.documents.append(doc_to_proto(doc) if doc is not None else pb.Document())
+            resp.found.append(doc is not None)
+            if doc is None:
+                resp.missing_ids.append(doc_id)
+        return resp
+
+    # -- admin -------------------------------------------------------------------------------
+    @_rpc
+    def CreateCollection(self, req, context, tags):
+        kw = {"fields": dict(req.fields), "exist_ok": req.exist_ok}
+        for key in ("segment_size", "model", "dtype"):
+            if req.HasField(key):
+                kw[key] = getattr(req, key)
+        if req.HasField("profiles"):
+            kw["profiles"] = from_struct(req.profiles)
+        coll = self.engine.create_collection(req.name, list(req.indexes) or DEFAULT_INDEXES, **kw)
+        return pb.CollectionInfo(name=coll.name, info=to_struct(coll.info()))
+
+    @_rpc
+    def DropCollection(self, req, context, tags):
+        self.engine.drop_collection(req.name)
+        return pb.DropCollectionResponse()
+
+    @_rpc
+    def ListCollections(self, req, context, tags):
+        return pb.ListCollectionsResponse(names=self.engine.list_collections())
+
+    @_rpc
+    def DescribeCollection(self, req, context, tags):
+        coll = self.engine.collection(req.name)
+        return pb.CollectionInfo(name=coll.name, info=to_struct(coll.info()))
+
+    @_rpc
+    def Stats(self, req, context, tags):
+        names = [req.collection] if req.collection else self.engine.list_collections()
+        resp = pb.StatsResponse(uptime_s=self.metrics.uptime())
+        for name in names:
+            coll = self.engine.collection(name)
+            info = coll.info()
+            resp.collections.add(name=name, documents=coll.count(), segments=info["segments"],
+                                 deleted_rows=info["deleted_rows"],
+                                 wal_bytes=info.get("wal_bytes") or 0)
+        counts = self.metrics.counts()
+        resp.requests.update(counts)
+        resp.requests_total = sum(counts.values())
+        return resp

@@ -1,0 +1,1 @@
+"""Storage: the manifest, immutable Arrow segments, snapshots, the segment writer and fsync helpers."""

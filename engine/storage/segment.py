@@ -1,0 +1,137 @@
+"""Immutable segments: documents (and their embeddings) as one memory-mapped Arrow IPC file.
+
+A segment folder holds ``docs.arrow`` (id, title, text, metadata_json, declared metadata
+fields, and an ``embedding`` FixedSizeList<float32> column when the collection encodes) and
+each index kind's files. It never changes after it is sealed; deletes are tombstone files.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from polyindex.errors import Corrupt, InputError
+from polyindex.types import Document
+
+DOCS_FILE = "docs.arrow"
+ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+PY_TYPES = {"string": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _field_column(docs: Sequence[Document], name: str, ftype: str) -> pa.Array:
+    values = []
+    for d in docs:
+        v = d.metadata.get(name)
+        ok = PY_TYPES[ftype]
+        if v is not None and (not isinstance(v, ok) or (ftype != "bool" and isinstance(v, bool))):
+            raise InputError(f"field {name!r} must be {ftype}, got {type(v).__name__}",
+                             doc_id=d.id, field=name)
+        values.append(v)
+    return pa.array(values, type=ARROW_TYPES[ftype])
+
+
+def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
+               embeddings: np.ndarray | None) -> None:
+    """Write the documents of one segment (in row order) to ``folder/docs.arrow``."""
+    cols = {
+        "id": pa.array([d.id for d in docs], pa.string()),
+        "title": pa.array([d.title for d in docs], pa.string()),
+        "text": pa.array([d.text for d in docs], pa.string()),
+        "metadata_json": pa.array(
+            [json.dumps(d.metadata, ensure_ascii=False) if d.metadata else None for d in docs],
+            pa.string()),
+    }
+    for name, ftype in fields.items():
+        cols[name] = _field_column(docs, name, ftype)
+    if embeddings is not None:
+        n, dim = embeddings.shape
+        flat = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1))
+        cols["embedding"] = pa.FixedSizeListArray.from_arrays(flat, dim)
+    table = pa.table(cols)
+    with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+
+class Segment:
+    """A sealed segment opened read-only; columns are memory-mapped, zero-copy."""
+
+    def __init__(self, folder: Path, seg_id: str, n_rows: int):
+        self.folder, self.id, self.n_rows = folder, seg_id, n_rows
+        try:
+            self.table = pa.ipc.open_file(pa.memory_map(str(folder / DOCS_FILE))).read_all()
+        except (OSError, pa.ArrowInvalid) as e:
+            raise Corrupt(f"segment {seg_id}: cannot read {folder / DOCS_FILE}: {e}") from e
+        if self.table.num_rows != n_rows:
+            raise Corrupt(f"segment {seg_id}: {DOCS_FILE} has {self.table.num_rows} rows, "
+                          f"the manifest says {n_rows}")
+        self._ids: np.ndarray | None = None
+        self._emb: np.ndarray | None = None
+        self._id_rows: dict[str, int] | None = None
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Document ids as a numpy object array (built once, then cached)."""
+        if self._ids is None:
+            self._ids = self.table.column("id").to_numpy(zero_copy_only=False)
+        return self._ids
+
+    def id_column(self) -> pa.ChunkedArray:
+        return self.table.column("id")
+
+    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Row of each id in this segment, -1 where absent (last row wins on duplicates)."""
+        if self._id_rows is None:
+            self._id_rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        get = self._id_rows.get
+        return np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
+
+    def contains(self, ids: pa.Array) -> np.ndarray:
+        """Boolean mask over this segment's rows: is the row's id among ``ids``."""
+        return pc.is_in(self.id_column(), value_set=ids).to_numpy(zero_copy_only=False)
+
+    def column(self, name: str) -> list:
+        return self.table.column(name).to_pylist()
+
+    def embeddings(self) -> np.ndarray | None:
+        """(n_rows, d) float32 embeddings, a view of the memory map (every kind shares it)."""
+        if self._emb is None and "embedding" in self.table.column_names:
+            col = self.table.column("embedding").combine_chunks()
+            self._emb = col.values.to_numpy(zero_copy_only=False).reshape(len(col), -1)
+        return self._emb
+
+    def rows(self, rows: Sequence[int], columns: Sequence[str] = ("id", "title", "text")) -> list[dict]:
+        sub = self.table.select(list(columns)).take(pa.array(np.asarray(rows, dtype=np.int64)))
+        return sub.to_pylist()
+
+    def documents(self, rows: Sequence[int]) -> list[Document]:
+        out = []
+        fields = [c for c in self.table.column_names
+                  if c not in ("id", "title", "text", "metadata_json", "embedding")]
+        for r in self.rows(rows, ["id", "title", "text", "metadata_json", *fields]):
+            meta = json.loads(r["metadata_json"]) if r["metadata_json"] else {}
+            meta.update({f: r[f] for f in fields if r[f] is not None})
+            out.append(Document(r["id"], r["title"], r["text"], meta))
+        return out
+
+
+def write_tombstones(path: Path, rows: np.ndarray) -> None:
+    table = pa.table({"row": pa.array(np.asarray(rows, dtype=np.int32))})
+    with pa.OSFile(str(path), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+
+def read_tombstones(path: Path, n_rows: int) -> np.ndarray:
+    """Live mask of a segment from its tombstone file."""
+    try:
+        rows = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("row").to_numpy()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise Corrupt(f"cannot read tombstones {path}: {e}") from e
+    live = np.ones(n_rows, dtype=bool)
+    live[rows] = False
+    return live

@@ -1,0 +1,94 @@
+"""A snapshot: one manifest version's segments, opened read-only and shared between queries.
+
+Segments are immutable, so their opened files (documents, each kind's index) are cached by
+segment id in the collection and shared by every snapshot that lists them; a commit only opens
+what is new. A reader keeps using its snapshot until it asks for a fresh one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from polyindex.errors import Corrupt
+from polyindex.index.protocol import IndexKind, SegmentIndex
+from polyindex.storage.manifest import Manifest
+from polyindex.storage.segment import Segment, read_tombstones
+
+
+class OpenedSegment:
+    def __init__(self, folder: Path, entry, kinds: dict[str, IndexKind]):
+        self.docs = Segment(folder, entry.id, entry.n_rows)
+        self.indexes: dict[str, SegmentIndex] = {}
+        for name, kind in kinds.items():
+            info = entry.indexes.get(name)
+            if info is None:
+                raise Corrupt(f"segment {entry.id} has no {name!r} index (manifest lists "
+                              f"{sorted(entry.indexes)})")
+            self.indexes[name] = kind.open(folder, info, self.docs)
+
+
+class Snapshot:
+    """Segments with their live masks; queries never see anything else.
+
+    ``from_manifest`` gives a sealed snapshot; online collections ``compose`` one with the
+    in-memory buffer's segments and the rows those writes hide.
+    """
+
+    def __init__(self, manifest: Manifest, kinds: dict[str, IndexKind],
+                 segments: list[OpenedSegment], live: list[np.ndarray | None]):
+        self.manifest = manifest
+        self.version = manifest.version
+        self.kinds = kinds
+        self.segments = segments
+        self.live = live
+        sizes = [s.docs.n_rows for s in self.segments]
+        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.cache: dict[str, dict] = {name: {} for name in kinds}
+        self._count: int | None = None
+
+    @classmethod
+    def from_manifest(cls, folder: Path, manifest: Manifest, kinds: dict[str, IndexKind],
+                      opened: dict[str, OpenedSegment],
+                      tombstone_cache: dict[str, np.ndarray]) -> "Snapshot":
+        segments, live = [], []
+        for entry in manifest.segments:
+            if entry.id not in opened:
+                opened[entry.id] = OpenedSegment(folder / "segments" / entry.id, entry, kinds)
+            segments.append(opened[entry.id])
+            if entry.tombstones:
+                if entry.tombstones not in tombstone_cache:
+                    tombstone_cache[entry.tombstones] = read_tombstones(
+                        folder / entry.tombstones, entry.n_rows)
+                live.append(tombstone_cache[entry.tombstones])
+            else:
+                live.append(None)
+        return cls(manifest, kinds, segments, live)
+
+    def count(self) -> int:
+        if self._count is None:
+            self._count = sum(s.docs.n_rows if m is None else int(m.sum())
+                              for s, m in zip(self.segments, self.live))
+        return self._count
+
+    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global keys (segment base + row) -> (segment ordinal, row)."""
+        seg = np.searchsorted(self.bases, keys, side="right") - 1
+        return seg, keys - self.bases[seg]
+
+    def ids_of(self, keys: np.ndarray) -> list[str]:
+        if len(self.segments) == 1:
+            return self.segments[0].docs.ids[keys].tolist()
+        seg, rows = self.locate(keys)
+        return [self.segments[s].docs.ids[r] for s, r in zip(seg.tolist(), rows.tolist())]
+
+    def find(self, ids: list[str]) -> list[tuple[int, int] | None]:
+        """(segment ordinal, row) of each live id, or None; later segments win."""
+        out: list[tuple[int, int] | None] = [None] * len(ids)
+        for s in range(len(self.segments) - 1, -1, -1):
+            rows = self.segments[s].docs.rows_of(ids)
+            live = self.live[s]
+            for i, r in enumerate(rows.tolist()):
+                if out[i] is None and r >= 0 and (live is None or live[r]):
+                    out[i] = (s, r)
+        return out

@@ -1,0 +1,163 @@
+"""The single writer of a collection: seals segments and commits manifests.
+
+Each segment is built in a temporary folder, fsynced, renamed into ``segments/`` and only
+then named by a manifest commit; a crash before the commit leaves an unreferenced folder
+that the next writer removes. Rows that a new segment's ids replace (upsert, last write
+wins) and deleted rows are tombstoned in new, versioned tombstone files.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from polyindex.errors import ResourceExhausted
+from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
+from polyindex.storage.fsutil import fsync_dir, fsync_tree
+from polyindex.storage.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
+from polyindex.storage.segment import Segment, read_tombstones, write_docs, write_tombstones
+from polyindex.types import Document, document_text
+
+
+def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
+             tokens: Sequence[DocTokens] | None = None) -> BuildBatch:
+    return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
+                      embeddings, tokens)
+
+
+def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str],
+                  kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
+                  tokens: Sequence[DocTokens] | None = None) -> dict[str, dict]:
+    """Write a segment's files (documents and every kind's index) into a fresh ``folder``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    write_docs(folder, docs, fields, embeddings)
+    batch = batch_of(docs, embeddings, tokens)
+    return {name: kind.build(batch, folder) for name, kind in kinds.items()}
+
+
+@contextmanager
+def writer_lock(folder: Path, wait: bool = True):
+    """One writer per collection across processes (readers never take it)."""
+    fd = os.open(folder / "LOCK", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise ResourceExhausted(f"collection {folder.name!r} is being written by another "
+                                    "process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+class Writer:
+    def __init__(self, folder: Path, kinds: dict[str, IndexKind],
+                 encode: Callable[[list[str], Callable[[int], None] | None], np.ndarray] | None):
+        self.folder = folder
+        self.kinds = kinds
+        self.encode = encode
+        self.manifest: Manifest = load_manifest(folder)
+        self._remove_uncommitted()
+
+    def _remove_uncommitted(self) -> None:
+        listed = {s.id for s in self.manifest.segments}
+        for entry in (self.folder / "segments").iterdir():
+            if entry.name not in listed and entry.name.startswith(("seg-", ".seg-")):
+                # Built but never committed (a crash between build and commit): not visible.
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _tombstone(self, m: Manifest, s: int, new_dead: np.ndarray) -> None:
+        entry = m.segments[s]
+        live_prev = None
+        if entry.tombstones:
+            live_prev = read_tombstones(self.folder / entry.tombstones, entry.n_rows)
+        dead = new_dead if live_prev is None else (new_dead | ~live_prev)
+        if live_prev is not None and not (dead & live_prev).any():
+            return
+        rel = f"tombstones/{entry.id}.v{m.version + 1}.arrow"
+        write_tombstones(self.folder / rel, np.flatnonzero(dead))
+        entry.tombstones, entry.n_deleted = rel, int(dead.sum())
+
+    def _tombstone_ids(self, m: Manifest, ids: pa.Array) -> int:
+        """Tombstone every live row whose id is in ``ids``; returns how many rows died."""
+        killed = 0
+        for s, entry in enumerate(m.segments):
+            seg = Segment(self.folder / "segments" / entry.id, entry.id, entry.n_rows)
+            hit = seg.contains(ids)
+            if not hit.any():
+                continue
+            before = entry.n_deleted
+            self._tombstone(m, s, hit)
+            killed += m.segments[s].n_deleted - before
+        return killed
+
+    def commit_segment(self, docs: Sequence[Document], fields: dict[str, str],
+                       ingest: dict | None = None,
+                       on_encoded: Callable[[int], None] | None = None,
+                       embeddings: np.ndarray | None = None,
+                       delete_ids: Sequence[str] = (),
+                       tokens: Sequence[DocTokens] | None = None) -> SegmentEntry | None:
+        """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
+        with ``delete_ids`` tombstoned first; returns the new segment's entry."""
+        m = self.manifest.copy()
+        if ingest is not None:
+            m.ingest = ingest
+        if delete_ids:
+            self._tombstone_ids(m, pa.array(list(delete_ids), pa.string()))
+        if not docs:
+            fsync_dir(self.folder / "tombstones")
+            self.manifest = commit_manifest(self.folder, m)
+            return None
+        if embeddings is None and tokens is None and self.encode is not None:
+            # encode returns embeddings, or (embeddings, tokens) when a kind needs tokens
+            out = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
+            embeddings, tokens = out if isinstance(out, tuple) else (out, None)
+        self._train_if_needed(m, batch_of(docs, embeddings, tokens))
+        seg_id = f"seg-{m.next_segment:06d}"
+        tmp = self.folder / "segments" / f".{seg_id}.tmp"
+        infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens)
+        fsync_tree(tmp)
+        os.replace(tmp, self.folder / "segments" / seg_id)
+        fsync_dir(self.folder / "segments")
+        self._tombstone_ids(m, pa.array([d.id for d in docs], pa.string()))
+        fsync_dir(self.folder / "tombstones")
+        entry = SegmentEntry(seg_id, len(docs), infos)
+        m.segments.append(entry)
+        m.next_segment += 1
+        self.manifest = commit_manifest(self.folder, m)
+        return entry
+
+    def commit_metadata(self, *, profiles: dict[str, dict] | None = None,
+                        artifacts: dict[str, list[str]] | None = None) -> None:
+        """Commit new rank profiles and/or collection-level artifacts (files already fsynced
+        under ``artifacts/<name>/``) in one manifest version."""
+        m = self.manifest.copy()
+        if profiles:
+            m.config.profiles.update(profiles)
+        if artifacts:
+            m.artifacts.update(artifacts)
+        self.manifest = commit_manifest(self.folder, m)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        m = self.manifest.copy()
+        killed = self._tombstone_ids(m, pa.array(list(ids), pa.string()))
+        if killed:
+            fsync_dir(self.folder / "tombstones")
+            self.manifest = commit_manifest(self.folder, m)
+        return killed
+
+    def _train_if_needed(self, m: Manifest, batch: BuildBatch) -> None:
+        for name, kind in self.kinds.items():
+            if kind.needs_training():
+                kind.train(batch)
+                art = self.folder / "artifacts" / name
+                art.mkdir(parents=True, exist_ok=True)
+                m.artifacts[name] = kind.save_artifacts(art)
+                fsync_tree(art)

@@ -1,0 +1,34 @@
+"""Plain types both sides of the wire need: documents, hits and request limits.
+
+The embedded engine and the remote client share these, so the client can import them without
+loading storage, encoders or pyarrow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_K = 10_000  # the most hits one query may ask for
+
+
+@dataclass(slots=True)
+class Document:
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+
+
+def document_text(title: str, text: str) -> str:
+    """What a document embedding encodes (BEIR convention: title, a space, the text)."""
+    return f"{title} {text}".strip() if title else text
+
+
+@dataclass(slots=True)
+class Hit:
+    id: str
+    score: float
+    rank: int
+    title: str | None = None
+    text: str | None = None
+    explain: dict[str, Any] | None = field(default=None, repr=False)

@@ -1,0 +1,95 @@
+"""Conversions between engine objects (dicts, Document, Hit) and the v1 protobuf messages.
+
+``google.protobuf.Struct`` stores every number as a double, so integral values are turned back
+into ints on the way out (exact up to 2**53): a rank profile's ``"k": 100`` must stay an int
+for validation, and metadata ints stay ints for typed fields.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.types import Document, Hit
+
+_EXACT = 2 ** 53
+MAX_MESSAGE_BYTES = 64 << 20  # default gRPC message limit of server and client (both ways)
+
+
+def to_struct(data: dict) -> struct_pb2.Struct:
+    """A JSON-like dict as a Struct; raises ValueError naming what cannot be represented."""
+    s = struct_pb2.Struct()
+    try:
+        s.update(_plain(data))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"not representable as JSON: {e}") from None
+    return s
+
+
+def _plain(value: Any) -> Any:
+    """Struct.update takes only dict/list/str/float/int/bool/None; numpy scalars are common."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return value.item()
+    raise TypeError(f"unsupported value of type {type(value).__name__}")
+
+
+def from_struct(s: struct_pb2.Struct) -> dict:
+    return {k: from_value(v) for k, v in s.fields.items()}
+
+
+def from_value(v: struct_pb2.Value) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "struct_value":
+        return from_struct(v.struct_value)
+    if kind == "list_value":
+        return [from_value(x) for x in v.list_value.values]
+    if kind == "number_value":
+        x = v.number_value
+        return int(x) if math.isfinite(x) and x.is_integer() and abs(x) <= _EXACT else x
+    if kind in ("string_value", "bool_value"):
+        return getattr(v, kind)
+    return None  # null_value or unset
+
+
+def doc_to_proto(doc: Document) -> pb.Document:
+    msg = pb.Document(id=doc.id, title=doc.title, text=doc.text)
+    if doc.metadata:
+        msg.metadata.CopyFrom(to_struct(doc.metadata))
+    return msg
+
+
+def doc_from_proto(msg: pb.Document) -> Document:
+    meta = from_struct(msg.metadata) if msg.HasField("metadata") else {}
+    return Document(msg.id, msg.title, msg.text, meta)
+
+
+def add_hits(container, hits) -> None:
+    """Append hits to a repeated ``Hit`` field in place (no intermediate message copies: this
+    is on every query's path)."""
+    for hit in hits:
+        _fill_hit(container.add(), hit)
+
+
+def _fill_hit(msg: pb.Hit, hit: Hit) -> None:
+    msg.id, msg.score, msg.rank = hit.id, hit.score, hit.rank
+    if hit.title is not None:
+        msg.title = hit.title
+    if hit.text is not None:
+        msg.text = hit.text
+    if hit.explain is not None:
+        msg.explain.CopyFrom(to_struct(hit.explain))
+
+
+def hit_from_proto(msg: pb.Hit) -> Hit:
+    return Hit(msg.id, msg.score, msg.rank,
+               msg.title if msg.HasField("title") else None,
+               msg.text if msg.HasField("text") else None,
+               from_struct(msg.explain) if msg.HasField("explain") else None)
