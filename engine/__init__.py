@@ -8,6 +8,7 @@ from importlib import import_module
 from polyindex.errors import (
     AlreadyExists,
     Corrupt,
+    FailedPrecondition,
     InputError,
     Internal,
     InvalidArgument,
@@ -17,8 +18,9 @@ from polyindex.errors import (
     Unauthenticated,
 )
 
-__all__ = ["AlreadyExists", "Corrupt", "InputError", "Internal", "InvalidArgument", "NotFound",
-           "PolyindexError", "ResourceExhausted", "Unauthenticated", "open", "Engine", "Client"]
+__all__ = ["AlreadyExists", "Corrupt", "FailedPrecondition", "InputError", "Internal",
+           "InvalidArgument", "NotFound", "PolyindexError", "ResourceExhausted", "Unauthenticated",
+           "open", "Engine", "Client"]
 
 _LAZY = {"open": ("polyindex.engine", "Engine"), "Engine": ("polyindex.engine", "Engine"),
          "Client": ("polyindex.client.remote", "Client")}

@@ -5,13 +5,21 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from polyindex.config import CollectionConfig
-from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
+from polyindex.errors import (
+    Corrupt,
+    FailedPrecondition,
+    InputError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from polyindex.index.protocol import IndexKind, Query, from_factory
 from polyindex.query.filters import compile_filter
 from polyindex.query.pipeline import run
@@ -19,7 +27,7 @@ from polyindex.query.profiles import builtin_profiles, resolve_profile
 from polyindex.storage.manifest import MANIFEST, load_manifest
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import Writer, writer_lock
-from polyindex.types import MAX_K, Document, Hit
+from polyindex.types import MAX_K, MAX_VECTOR_NORM, Document, Hit
 
 RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
 
@@ -38,17 +46,29 @@ def _doc_from(obj: Any, i: int) -> Document:
 
 
 class Collection:
-    def __init__(self, folder: Path, device: str = "cpu", online: bool = False):
+    def __init__(self, folder: Path, device: str = "cpu", online: bool = False,
+                 readonly: bool = False, dir_lock=None):
         self.folder = folder
+        # The engine's data-directory lock, kept alive while this handle can write (a
+        # collection outliving its engine object must not let a second writer in).
+        self._dir_lock = dir_lock
         self.online = online
+        self.readonly = readonly
         self.name = folder.name
         self.device = device
+        self.closed = False
+        self._folder_id = _folder_id(folder)
         manifest = load_manifest(folder)
         self.config: CollectionConfig = manifest.config
+        self.uid = self.config.uid
         self.kinds: dict[str, IndexKind] = {}
         for factory in self.config.indexes:
-            kind = from_factory(factory)
-            kind.attach(device=device, token_encoder=self._token_encoder)
+            try:
+                kind = from_factory(factory)
+            except InvalidArgument as e:  # it was valid when the collection was created
+                raise Corrupt(f"{folder / MANIFEST}: stored index {factory!r}: {e}") from e
+            kind.attach(device=device, token_encoder=partial(
+                _token_encoder, self.config.model, self.config.dtype))
             kind.load_artifacts(folder / "artifacts" / kind.kind)
             self.kinds[kind.kind] = kind
         self._opened: dict[str, OpenedSegment] = {}
@@ -64,13 +84,21 @@ class Collection:
         if online:
             from polyindex.online.writes import OnlineWrites
             self._online = OnlineWrites(self)
+        elif not readonly and _has_wal(folder):
+            # Acknowledged online writes not yet sealed (the server stopped before sealing):
+            # an offline writer seals them first, so nothing acknowledged is left unseen.
+            from polyindex.online.writes import OnlineWrites
+            OnlineWrites(self).close()
 
     # -- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """What queries see: the newest committed snapshot, plus, in online mode, the
         acknowledged writes not yet sealed."""
-        if self._online is not None:
-            return self._online.snapshot()
+        if self.closed:
+            raise NotFound(f"collection {self.name!r} was dropped or closed")
+        online = self._online
+        if online is not None:
+            return online.snapshot()
         if self._snapshot is None or self.manifest_changed():
             return self.sealed_snapshot()
         return self._snapshot
@@ -82,16 +110,28 @@ class Collection:
         if self._stamp is not None and now - self._checked < RECHECK_S:
             return False
         self._checked = now
-        st = os.stat(self._manifest_path)
+        try:
+            st = os.stat(self._manifest_path)
+        except FileNotFoundError:
+            raise NotFound(f"collection {self.name!r} was dropped") from None
         return (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp
+
+    def is_current(self) -> bool:
+        """Is this still the collection at its path (not dropped, not re-created)?"""
+        return not self.closed and _folder_id(self.folder) == self._folder_id
 
     def sealed_snapshot(self) -> Snapshot:
         """The newest committed manifest's snapshot (re-read only when the file changed)."""
         with self._lock:
-            st = os.stat(self._manifest_path)
+            try:
+                st = os.stat(self._manifest_path)
+            except FileNotFoundError:
+                raise NotFound(f"collection {self.name!r} was dropped") from None
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._snapshot is None or stamp != self._stamp:
                 manifest = load_manifest(self.folder)
+                if manifest.config.uid != self.uid:
+                    raise NotFound(f"collection {self.name!r} was dropped (and created again)")
                 if manifest.config.profiles != self.config.profiles:  # e.g. train-ranker elsewhere
                     self.config = manifest.config
                     self._profiles.clear()
@@ -114,11 +154,6 @@ class Collection:
             self._encoder = get_encoder(self.config.model, self.config.dtype)
         return self._encoder
 
-    def _token_encoder(self):
-        """The collection model's token encoder, for kinds that encode (multivector)."""
-        from polyindex.encode.tokens import get_token_encoder
-        return get_token_encoder(self.config.model, self.config.dtype)
-
     def _encode_docs(self, texts, on_batch=None):
         return self.encoder.encode(texts, on_batch=on_batch)
 
@@ -133,12 +168,19 @@ class Collection:
     # -- writes ----------------------------------------------------------------------------
     @contextmanager
     def writer(self):
+        if self.readonly:
+            raise FailedPrecondition(f"collection {self.name!r} is open read-only")
+        if self.closed:
+            raise NotFound(f"collection {self.name!r} was dropped or closed")
         with self._lock, writer_lock(self.folder):
             needs = any(k.needs_embeddings for k in self.kinds.values())
             encode = self._encode_docs if needs else None
             if any(k.needs_tokens for k in self.kinds.values()):
                 encode = self._encode_docs_tokens
-            yield Writer(self.folder, self.kinds, encode)
+            w = Writer(self.folder, self.kinds, encode)
+            if w.manifest.config.uid != self.uid:
+                raise NotFound(f"collection {self.name!r} was dropped (and created again)")
+            yield w
 
     def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
               force: bool = False):
@@ -157,8 +199,9 @@ class Collection:
             unique[doc.id] = doc
         if not unique:
             return 0
-        if self._online is not None:
-            return self._online.upsert(list(unique.values()))
+        online = self._online  # read once: a concurrent drop sets it to None
+        if online is not None:
+            return online.upsert(list(unique.values()))
         with self.writer() as w:
             w.commit_segment(list(unique.values()), self.config.fields)
         self.refresh()
@@ -166,8 +209,9 @@ class Collection:
 
     def delete(self, ids: Sequence[str]) -> int:
         ids = _check_ids(ids)
-        if self._online is not None:
-            return self._online.delete(ids)
+        online = self._online
+        if online is not None:
+            return online.delete(ids)
         with self.writer() as w:
             n = w.delete(ids)
         self.refresh()
@@ -263,18 +307,53 @@ class Collection:
                 "dtype": self.config.dtype, "segment_size": self.config.segment_size,
                 "fields": self.config.fields,
                 "ingest": m.ingest, "format_version": m.format_version,
-                **(self._online.pending() if self._online is not None else {})}
+                **(online.pending() if (online := self._online) is not None else {})}
 
     def seal(self) -> None:
         """Online mode: seal the buffered writes into a segment now."""
-        if self._online is not None:
-            self._online.seal()
+        online = self._online
+        if online is not None:
+            online.seal()
 
     def close(self) -> None:
         """Release resources; in online mode, seal what is buffered first."""
-        if self._online is not None:
-            self._online.close()
+        online = self._online
+        try:
+            if online is not None:
+                online.close()  # seals first: the collection is still open for that
+        finally:
             self._online = None
+            self.closed = True
+            self._dir_lock = None  # this handle no longer keeps the directory's lock alive
+
+    def abandon(self) -> None:
+        """Close without sealing (the collection is being dropped): stops the sealer, waits
+        for an in-flight seal, closes the WAL; every later call answers NotFound."""
+        online, self._online = self._online, None
+        self.closed = True
+        self._dir_lock = None
+        if online is not None:
+            online.abandon()
+
+
+def _token_encoder(model: str, dtype: str):
+    """The collection model's token encoder, for kinds that encode (multivector); a plain
+    function, so the kinds hold no reference back to their collection."""
+    from polyindex.encode.tokens import get_token_encoder
+    return get_token_encoder(model, dtype)
+
+
+def _has_wal(folder: Path) -> bool:
+    wal = folder / "wal"
+    return wal.is_dir() and any(p.stat().st_size for p in wal.glob("wal-*.log"))
+
+
+def _folder_id(folder: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _check_ids(ids) -> list[str]:
@@ -302,6 +381,14 @@ def _make_queries(texts, vectors) -> list[Query]:
                 vec = np.asarray(vectors[i], dtype=np.float32)
             except (TypeError, ValueError):
                 raise InvalidArgument(f"query {i}: vector must be a list of numbers") from None
+            if vec.ndim != 1 or not vec.size:
+                raise InvalidArgument(f"query {i}: vector must be a non-empty list of numbers")
+            if not np.isfinite(vec).all():
+                raise InvalidArgument(f"query {i}: vector has NaN or infinite values")
+            norm = float(np.linalg.norm(vec.astype(np.float64)))
+            if norm > MAX_VECTOR_NORM:
+                raise InvalidArgument(f"query {i}: vector norm {norm:.3g} is absurd (max "
+                                      f"{MAX_VECTOR_NORM:.0e}); scores would overflow")
         out.append(Query(text=text, vector=vec))
     if not out:
         raise InvalidArgument("no queries given")

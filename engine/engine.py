@@ -1,38 +1,67 @@
-"""The embedded engine: a data directory holding named collections."""
+"""The embedded engine: a data directory holding named collections.
+
+A writing engine holds the data directory's lock for its lifetime (one writer per directory,
+across processes); ``readonly=True`` takes no lock, refuses writes and follows the manifests
+the writer commits. Collections have a lifecycle: each incarnation of a name has its own id,
+a drop closes the collection (its sealer stopped, its WAL closed) before the folder goes, and
+create and drop are serialized, so a create racing itself makes one collection.
+"""
 from __future__ import annotations
 
-import shutil
+import logging
 import threading
+import uuid
 from pathlib import Path
 from typing import Sequence
 
 from polyindex.collection import Collection
 from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL, CollectionConfig, validate_name
 from polyindex.cuda.device import check_device
-from polyindex.errors import AlreadyExists, NotFound
+from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound
 from polyindex.index.protocol import from_factory
-from polyindex.storage.fsutil import fsync_dir
+from polyindex.storage import fsutil
+from polyindex.storage.lock import DirectoryLock
 from polyindex.storage.manifest import MANIFEST, Manifest, commit_manifest
+
+log = logging.getLogger("polyindex")
+_LEFTOVERS = (".creating", ".dropping")  # dot-folders of an interrupted create or drop
 
 
 class Engine:
     def __init__(self, path: str | Path, device: str = "cpu", create: bool = True,
-                 online: bool = False):
+                 online: bool = False, readonly: bool = False):
         """``online=True`` is the serving mode: writes go through a write-ahead log and an
-        in-memory buffer sealed into segments in the background (see ``polyindex.online.wal``)."""
+        in-memory buffer sealed into segments in the background (see ``polyindex.online``).
+        ``readonly=True``: no lock and no writes; new commits of the writer are followed."""
         self.path = Path(path)
-        self.online = online
+        self.readonly = readonly
+        self.online = online and not readonly
         self.device = check_device(device)
-        if not self.path.exists():
-            if not create:
+        if not self.path.is_dir():
+            if self.path.exists():
+                raise FailedPrecondition(f"data directory {self.path} is not a directory")
+            if not create or readonly:
                 raise NotFound(f"data directory {self.path} does not exist")
             self.path.mkdir(parents=True)
+        self._dir_lock = None if readonly else DirectoryLock(self.path)
         self._collections: dict[str, Collection] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # serializes create, drop and opening collections
+        if not readonly:
+            self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        for p in self.path.iterdir():
+            if p.name.startswith(".") and any(x in p.name for x in _LEFTOVERS) and p.is_dir():
+                fsutil.rmtree(p, "recover")
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise FailedPrecondition(f"data directory {self.path} is open read-only")
+        if self._dir_lock is None:
+            raise FailedPrecondition(f"the engine over {self.path} is closed")
 
     def list_collections(self) -> list[str]:
-        # Dot-folders are never collections (names cannot start with '.'): they are the
-        # leftovers of an interrupted create (.NAME.creating) or drop (.NAME.dropping).
+        # Dot-folders are never collections (names cannot start with '.').
         return sorted(p.name for p in self.path.iterdir()
                       if not p.name.startswith(".") and (p / MANIFEST).exists())
 
@@ -42,50 +71,72 @@ class Engine:
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> Collection:
         validate_name(name)
-        folder = self.path / name
-        if (folder / MANIFEST).exists():
-            if exist_ok:
-                return self.collection(name)
-            raise AlreadyExists(f"collection {name!r} already exists in {self.path}")
+        self._writable()
         kinds = [from_factory(f) for f in indexes]  # validates factory strings up front
+        uid = uuid.uuid4().hex
         config = CollectionConfig(name=name, indexes=[k.describe() for k in kinds], model=model,
                                   dtype=dtype, segment_size=segment_size, fields=dict(fields or {}),
-                                  profiles=dict(profiles or {}))
+                                  profiles=dict(profiles or {}), uid=uid)
         if profiles:
             from polyindex.query.profiles import Profile
             for pname, p in profiles.items():
                 validate_name(pname, "profile")
                 Profile.from_json(pname, p, {k.kind for k in kinds})
-        # Build the collection in a temporary folder and rename it in: all or nothing.
-        tmp = self.path / f".{name}.creating"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for sub in ("segments", "tombstones", "artifacts"):
-            (tmp / sub).mkdir(parents=True)
-        commit_manifest(tmp, Manifest(config=config))
-        if folder.exists():  # a leftover without a manifest (crashed create): replace it
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-        fsync_dir(self.path)
-        return self.collection(name)
+        with self._lock:
+            folder = self.path / name
+            if (folder / MANIFEST).exists():
+                if exist_ok:
+                    return self.collection(name)
+                raise AlreadyExists(f"collection {name!r} already exists")
+            # Build the collection in a temporary folder and rename it in: all or nothing.
+            tmp = self.path / f".{name}.creating-{uid}"
+            try:
+                for sub in ("segments", "tombstones", "artifacts"):
+                    fsutil.mkdir(tmp / sub, "create", parents=True)
+                commit_manifest(tmp, Manifest(config=config))
+                for sub in ("segments", "tombstones", "artifacts"):
+                    fsutil.fsync_dir(tmp / sub, "create")
+                fsutil.fsync_dir(tmp, "create")
+                if folder.exists():  # a leftover without a manifest (crashed create): replace it
+                    fsutil.rmtree(folder, "create")
+                fsutil.rename(tmp, folder, "create")
+                fsutil.fsync_dir(self.path, "create")
+            except BaseException:
+                fsutil.rmtree(tmp, "create.undo")
+                raise
+            return self.collection(name)
 
     def collection(self, name: str) -> Collection:
         validate_name(name)
         with self._lock:
-            if name not in self._collections:
+            coll = self._collections.get(name)
+            if coll is not None and self.readonly and not coll.is_current():
+                self._collections.pop(name, None)  # dropped (and maybe re-created) by the writer
+                coll = None
+            if coll is None:
                 folder = self.path / name
                 if not (folder / MANIFEST).exists():
-                    raise NotFound(f"collection {name!r} not found in {self.path} "
+                    raise NotFound(f"collection {name!r} not found "
                                    f"(have: {', '.join(self.list_collections()) or 'none'})")
-                self._collections[name] = Collection(folder, self.device, online=self.online)
-            return self._collections[name]
+                coll = Collection(folder, self.device, online=self.online,
+                                  readonly=self.readonly, dir_lock=self._dir_lock)
+                self._collections[name] = coll
+            return coll
 
     def drop_collection(self, name: str) -> None:
-        coll = self.collection(name)
+        validate_name(name)
+        self._writable()
         with self._lock:
-            self._collections.pop(name, None)
-        tomb = self.path / f".{name}.dropping"
-        coll.folder.rename(tomb)  # atomic: the collection disappears at once
-        shutil.rmtree(tomb, ignore_errors=True)
+            folder = self.path / name
+            if not (folder / MANIFEST).exists():
+                raise NotFound(f"collection {name!r} not found")
+            coll = self._collections.pop(name, None)
+            if coll is not None:
+                coll.abandon()  # sealer stopped, in-flight seal awaited, WAL closed
+            tomb = self.path / f".{name}.dropping-{uuid.uuid4().hex}"
+            fsutil.rename(folder, tomb, "drop")  # atomic: the collection disappears at once
+            fsutil.fsync_dir(self.path, "drop")
+            fsutil.rmtree(tomb, "drop")
 
     def __enter__(self) -> "Engine":
         return self
@@ -94,8 +145,18 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        """Flush what is buffered (online mode) and release the collections."""
+        """Flush what is buffered (online mode), release the collections and the lock."""
+        first = None
         with self._lock:
             for coll in self._collections.values():
-                coll.close()
+                try:
+                    coll.close()
+                except Exception as e:  # noqa: BLE001 - close the others; the WAL keeps the data
+                    log.error("closing collection %s failed: %s", coll.name, e)
+                    first = first or e
             self._collections.clear()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+                self._dir_lock = None
+        if first is not None:
+            raise first

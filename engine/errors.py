@@ -32,6 +32,13 @@ class ResourceExhausted(PolyindexError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class FailedPrecondition(PolyindexError):
+    """The system is not in a state to do this (a read-only engine asked to write, a data
+    directory another process writes)."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class Corrupt(PolyindexError):
     """Stored data failed a check (bad checksum, unreadable file, newer format)."""
 
@@ -62,4 +69,5 @@ class InputError(InvalidArgument):
 
 
 STATUS_NAMES = {cls: cls.status for cls in (
-    InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted, Corrupt, Internal)}
+    InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted,
+    FailedPrecondition, Corrupt, Internal)}

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_K = 10_000  # the most hits one query may ask for
+# Vectors above this L2 norm are refused: float32 inner products of two such vectors would
+# overflow to inf (3.4e38), and no embedding model produces them.
+MAX_VECTOR_NORM = 1e15
 
 
 @dataclass(slots=True)

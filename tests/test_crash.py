@@ -182,7 +182,7 @@ def check_queries(coll, records: list[dict], expected: dict[str, dict], profile=
 
 def check_after_kill(data: Path, records: list[dict], dense: bool = False) -> tuple[str, int, bool]:
     """Committed state = the committed prefix of the file. Returns (phase, position, done)."""
-    eng = polyindex.open(data)
+    eng = polyindex.open(data, readonly=True)
     if "c" not in eng.list_collections():
         assert not (data / "c" / MANIFEST).exists()
         return "before-create", 0, False
@@ -215,7 +215,7 @@ def resume_and_check(cli, args: list, data: Path, records: list[dict], position:
         assert report["resumed_from"] == position
     expected = {r["_id"]: r for r in records}
     assert report["documents"] == len(expected)
-    coll = polyindex.open(data).collection("c")
+    coll = polyindex.open(data, readonly=True).collection("c")
     manifest = load_manifest(coll.folder)
     check_segments_intact(coll.folder, manifest, dense)
     assert manifest.ingest["done"] is True and manifest.ingest["position"] == len(records)
@@ -262,7 +262,7 @@ def test_kill9_dense_bulk_index_then_resume(seed, tmp_path, corpus, cli):
     resume_and_check(cli, args, data, records, position, done, dense=True)
     # Embeddings stayed aligned with their rows across the crash: a document's own text is
     # its nearest neighbour under the dense profile.
-    coll = polyindex.open(data).collection("c")
+    coll = polyindex.open(data, readonly=True).collection("c")
     expected = {r["_id"]: r for r in records}
     for rec in list(expected.values())[:: len(expected) // 5][:5]:
         hits = coll.query(document_text(rec["title"], rec["text"]), k=1, profile="dense")
@@ -288,7 +288,7 @@ def test_uncommitted_segment_leftovers_are_removed_and_never_visible(tmp_path):
     (segs / ".seg-000099.tmp" / "half").write_bytes(b"x")
 
     # Never visible: a fresh reader sees the committed state only and is not disturbed.
-    fresh = polyindex.open(tmp_path / "D").collection("c")
+    fresh = polyindex.open(tmp_path / "D", readonly=True).collection("c")
     assert fresh.count() == 5
     assert [h.id for h in fresh.query("apple", k=10)] != []
     assert {h.id for h in fresh.query("apple", k=10)} == {f"a{i}" for i in range(5)}
@@ -296,6 +296,8 @@ def test_uncommitted_segment_leftovers_are_removed_and_never_visible(tmp_path):
     assert all(d.exists() for d in leftovers)  # readers never delete anything
 
     # The next writer removes them, and its own segment takes the leftover's id cleanly.
+    eng.close()
+    fresh = polyindex.open(tmp_path / "D").collection("c")
     fresh.add([{"_id": "b", "text": "banana"}, {"_id": "a1", "text": "apricot"}])
     assert not any(d.exists() for d in leftovers if d.name != f"seg-{nxt:06d}")
     manifest = load_manifest(folder)
@@ -303,7 +305,7 @@ def test_uncommitted_segment_leftovers_are_removed_and_never_visible(tmp_path):
     assert manifest.segments[-1].id == f"seg-{nxt:06d}"
     table = pa.ipc.open_file(pa.memory_map(str(segs / f"seg-{nxt:06d}" / "docs.arrow"))).read_all()
     assert sorted(table.column("id").to_pylist()) == ["a1", "b"]
-    again = polyindex.open(tmp_path / "D").collection("c")
+    again = polyindex.open(tmp_path / "D", readonly=True).collection("c")
     assert again.count() == 6
     assert again.get(["a1", "b"])[0].text == "apricot"
     assert {h.id for h in again.query("apple", k=10)} == {"a0", "a2", "a3", "a4"}
@@ -314,6 +316,7 @@ def test_interrupted_create_leftovers_are_not_collections(tmp_path, corpus, cli)
     data = tmp_path / "D"
     eng = polyindex.open(data)
     eng.create_collection("c", ["lexical"])
+    eng.close()
     shutil.move(str(data / "c"), str(data / ".c.creating"))  # killed before the rename
     (data / "c").mkdir()  # and a bare folder without a manifest
     (data / "c" / "segments").mkdir()
@@ -321,10 +324,12 @@ def test_interrupted_create_leftovers_are_not_collections(tmp_path, corpus, cli)
     assert eng.list_collections() == []
     with pytest.raises(polyindex.NotFound):
         eng.collection("c")
+    eng.close()  # the CLI is the next writer
     records = corpus.make(tmp_path / "corpus.jsonl", 300, seed=7)
     res = cli(*index_args(tmp_path / "corpus.jsonl", data, *LEXICAL, "--json"))
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["documents"] == len({r["_id"] for r in records})
-    assert polyindex.open(data).list_collections() == ["c"]
+    assert polyindex.open(data, readonly=True).list_collections() == ["c"]
     assert not (data / ".c.creating").exists()
-    assert polyindex.open(data).collection("c").count() == len({r["_id"] for r in records})
+    assert polyindex.open(data, readonly=True).collection("c").count() == \
+        len({r["_id"] for r in records})

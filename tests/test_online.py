@@ -6,7 +6,7 @@ import pytest
 
 import polyindex
 from polyindex import Corrupt
-from polyindex.online.wal import HEADER, WriteAheadLog
+from polyindex.online.wal import HEADER, MAGIC, WriteAheadLog
 
 
 def docs(prefix, n, text="alpha beta"):
@@ -65,12 +65,15 @@ def test_replay_after_crash_and_torn_tail(online, tmp_path):
     shutil.copytree(eng.path, crashed)  # the files as a crash would leave them: nothing sealed
     wal = crashed / "c" / "wal" / f"wal-{1:08d}.log"
     good = wal.stat().st_size
+    torn = HEADER.pack(MAGIC, 100, 4, 0) + b"partial"
     with open(wal, "ab") as f:  # a torn, unacknowledged append
-        f.write(HEADER.pack(0x5057, 100, 0) + b"partial")
+        f.write(torn)
     again = polyindex.open(crashed, online=True).collection("c")
     assert again.count() == 3
     assert again.get(["a0"]) == [None] and again.get(["a1"])[0].text == "latest version"
-    assert wal.stat().st_size == good  # the torn record was cut off
+    assert wal.stat().st_size == good  # the torn record was cut off ...
+    kept = list((wal.parent / "torn").iterdir())  # ... and its bytes kept as evidence
+    assert [p.read_bytes() for p in kept] == [torn] and kept[0].name.endswith(f".at{good}")
     again.add([{"id": "z", "text": "after restart"}])
     again.close()
     third = polyindex.open(crashed, online=True).collection("c")

@@ -76,7 +76,7 @@ def test_newer_format_version_is_refused(eng, coll, cli, tmp_path):
     data["format_version"] = FORMAT_VERSION + 41
     path.write_text(json.dumps(data))
     with pytest.raises(polyindex.Corrupt) as exc:
-        polyindex.open(tmp_path / "D").collection("c")
+        polyindex.open(tmp_path / "D", readonly=True).collection("c")
     msg = str(exc.value)
     assert f"format_version {FORMAT_VERSION + 41}" in msg and "upgrade" in msg
     assert str(path) in msg
@@ -101,7 +101,7 @@ def test_damaged_manifest_is_corrupt_naming_the_file(coll, tmp_path, damage):
     }[damage]
     path.write_bytes(damaged)
     with pytest.raises(polyindex.Corrupt) as exc:
-        polyindex.open(tmp_path / "D").collection("c")
+        polyindex.open(tmp_path / "D", readonly=True).collection("c")
     assert str(path) in str(exc.value)
 
 
@@ -166,8 +166,8 @@ def test_delete_tombstones_rows_everywhere(coll):
     assert coll.delete(["nope"]) == 0
     assert load_manifest(coll.folder).version == version + 1
     assert coll.count() == 2
-    # A second process sees the same.
-    again = polyindex.open(coll.folder.parent).collection("c")
+    # A reader (another process, say) sees the same.
+    again = polyindex.open(coll.folder.parent, readonly=True).collection("c")
     assert again.count() == 2 and again.get(["a"]) == [None]
     with pytest.raises(polyindex.InvalidArgument):
         coll.delete("b")  # a bare string is not a list of ids
@@ -227,7 +227,7 @@ def test_invalid_collection_names(eng, tmp_path, name):
     with pytest.raises(polyindex.InvalidArgument):
         eng.collection(name)
     assert not (tmp_path / "x").exists()
-    assert [p.name for p in (tmp_path / "D").iterdir()] == []
+    assert [p.name for p in (tmp_path / "D").iterdir()] == [".lock"]  # the writer's lock only
 
 
 def test_create_twice_and_unknown_collection(eng):
@@ -266,9 +266,10 @@ def test_bad_record_fails_the_batch_and_commits_nothing(kind, tmp_path, cli):
     src = bad_file(tmp_path / f"{kind}.jsonl", line3)
     data = tmp_path / "D"
     # A collection with earlier content: the failing run must leave it exactly as it was.
-    prev = polyindex.open(data).create_collection("prev", ["lexical"], segment_size=1000)
-    prev.add([{"_id": "g1", "text": "previous version"}, {"_id": "p", "text": "kept"}])
-    version = load_manifest(prev.folder).version
+    with polyindex.open(data) as setup:  # closed: the CLI below is the next writer
+        prev = setup.create_collection("prev", ["lexical"], segment_size=1000)
+        prev.add([{"_id": "g1", "text": "previous version"}, {"_id": "p", "text": "kept"}])
+        version = load_manifest(prev.folder).version
     for name in ("fresh", "prev"):
         res = cli("index", src, "--data", data, "--collection", name, "--index", "lexical",
                   "--segment-size", 1000, "--no-progress")
@@ -278,9 +279,9 @@ def test_bad_record_fails_the_batch_and_commits_nothing(kind, tmp_path, cli):
         assert re.search(re.escape(f"{src}:3") + r"[:,]", err), err  # file:line
         for w in words:
             assert w in err, err
-    fresh = polyindex.open(data).collection("fresh")
+    fresh = polyindex.open(data, readonly=True).collection("fresh")
     assert fresh.count() == 0 and load_manifest(fresh.folder).segments == []
-    prev = polyindex.open(data).collection("prev")
+    prev = polyindex.open(data, readonly=True).collection("prev")
     assert load_manifest(prev.folder).version == version
     assert prev.count() == 2
     assert [d.text for d in prev.get(["g1", "p"])] == ["previous version", "kept"]
@@ -299,7 +300,7 @@ def test_skip_invalid_indexes_the_good_rows_and_counts_the_bad(tmp_path, cli):
     report = json.loads(res.stdout)
     assert report["skipped_invalid"] == len(BAD_LINE3)
     assert report["indexed"] == report["documents"] == 3
-    c = polyindex.open(data).collection("c")
+    c = polyindex.open(data, readonly=True).collection("c")
     assert [d.text for d in c.get(["g1", "g2", "42"])] == ["good one", "good two",
                                                           "integer ids are fine"]
     assert c.get(["bad"]) == [None]
@@ -365,6 +366,6 @@ def test_completed_run_is_not_redone_and_force_reindexes(tmp_path, corpus, cli):
     assert m.version > before.version and len(m.segments) == 2 * len(before.segments)
     assert m.live_rows() == distinct
     assert all(s.n_deleted == s.n_rows for s in m.segments[: len(before.segments)])
-    c = polyindex.open(data).collection("c")
+    c = polyindex.open(data, readonly=True).collection("c")
     last = corpus.last(records)
     assert [d.text for d in c.get(list(last))] == [r["text"] for r in last.values()]

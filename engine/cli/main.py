@@ -25,9 +25,11 @@ DataOpt = typer.Option(..., "--data", help="Data directory holding the collectio
 CollOpt = typer.Option(..., "--collection", "-c", help="Collection name.")
 
 
-def _engine(data: Path):
+def _engine(data: Path, readonly: bool = False):
+    """A writing engine (holds the data directory's lock) or, for commands that only read,
+    a read-only one: those work beside a running server and never create the directory."""
     from polyindex.engine import Engine
-    return Engine(data)
+    return Engine(data, readonly=readonly)
 
 
 @app.command()
@@ -38,12 +40,27 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           segment_size: int = typer.Option(50_000, help="Documents per segment (new collections)."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
+          server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
           progress: bool = typer.Option(True, "--progress/--no-progress")):
     """Bulk-index documents into a collection (created on first use); resumable."""
     from polyindex.ingest.sources import open_source
-    eng = _engine(data)
     source = open_source(src)
+    if server is not None:
+        from polyindex.cli.remote_index import index_via_server
+        fields = dict(_parse_field(f) for f in field or [])
+        report, count = index_via_server(server, collection, source, indexes=index,
+                                         fields=fields, skip_invalid=skip_invalid,
+                                         progress=progress)
+        payload = {**report.to_json(), "collection": collection, "documents": count}
+        if as_json:
+            print(json.dumps(payload))
+        else:
+            out.print(f"sent {report.indexed:,} documents to {server} ({report.batches} "
+                      f"acknowledged batch(es), {report.skipped_invalid} invalid skipped); "
+                      f"collection {collection!r} now has {count:,} documents")
+        return
+    eng = _engine(data)
     if collection in eng.list_collections():
         coll = eng.collection(collection)
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
@@ -88,7 +105,7 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
           run: Optional[Path] = typer.Option(None, "--run", help="Write a TREC run file (with --queries)."),
           as_json: bool = typer.Option(False, "--json")):
     """Query a collection: one text (a table), or a batch of queries to a TREC run file."""
-    coll = _engine(data).collection(collection)
+    coll = _engine(data, readonly=True).collection(collection)
     flt = _parse_filter(filter)
     if queries is not None:
         from polyindex.cli.evaluate import run_queries, write_trec
@@ -142,7 +159,7 @@ def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
 
     from polyindex.cli.evaluate import evaluate_run, run_queries, write_trec
     from polyindex.ingest.sources import read_qrels, read_queries
-    coll = _engine(data).collection(collection)
+    coll = _engine(data, readonly=True).collection(collection)
     qrel = read_qrels(qrels)
     qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
     if not qs:
@@ -199,7 +216,7 @@ def train_ranker(data: Path = DataOpt,
 def info(data: Path = DataOpt, collection: Optional[str] = typer.Option(None, "--collection", "-c"),
          as_json: bool = typer.Option(False, "--json")):
     """Describe a collection (or list the collections of a data directory)."""
-    eng = _engine(data)
+    eng = _engine(data, readonly=True)
     payload = (eng.collection(collection).info() if collection
                else {"collections": eng.list_collections()})
     if as_json:
@@ -227,11 +244,13 @@ def serve(data: Path = DataOpt,
           workers: int = typer.Option(8, "--workers", help="Threads serving calls concurrently."),
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
           cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
-          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built by `make native`), python (grpcio) or auto (native when built).")):
+          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built by `make native`), python (grpcio) or auto (native when built)."),
+          readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits followed.")):
     """Serve the collections over gRPC until SIGTERM/SIGINT, then drain calls and flush writes."""
     from polyindex.service.server import run
     run(data, host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
-        workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend)
+        workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
+        readonly=readonly)
 
 
 def main() -> None:

@@ -1,42 +1,82 @@
-"""The write-ahead log of online writes: framed, checksummed records, fsynced before ack.
+"""The write-ahead log of online writes: numbered, checksummed records, fsynced before ack.
 
-Files ``wal/wal-NNNNNNNN.log`` hold records ``[magic u16][length u32][crc32 u32][payload]``
-(payload: UTF-8 JSON). A write is acknowledged only after its record is fsynced. On open,
-every file is replayed in order; a torn or corrupt record at the tail of the newest file (a
-crash mid-append) is cut off, while damage anywhere else is reported as ``Corrupt``.
-Sealing rotates to a new file; files whose records are all in committed segments are deleted.
+Files ``wal/wal-NNNNNNNN.log`` hold frames ``[magic u16][length u32][seq u64][xxh3 u64][payload]``
+(payload: UTF-8 JSON; the checksum covers seq and payload). ``seq`` is the operation number:
+one per record, strictly increasing across files. The manifest records ``wal_through``, the
+highest seq its segments contain; replay skips records at or below it, and a file is deleted
+only when every record in it is covered (``drop_through``).
+
+Recovery tells a torn tail from corruption. Only an incomplete or unreadable *final* frame of
+the newest file, with no valid frame anywhere after it, is a torn tail: a crash mid-append,
+never acknowledged. Its bytes are copied to ``wal/torn/`` (evidence) before the file is cut
+back to the last whole record. Anything else - a bad frame followed by a valid one, damage in
+an older file, a sequence number out of order - is ``Corrupt`` (DATA_LOSS) naming the file and
+byte offset, and nothing is truncated or rewritten. An append that fails removes its partial
+frame before the error is returned; if even that fails, the log refuses writes until reopened.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
 import threading
-import zlib
 from pathlib import Path
 from typing import Iterator
 
-from polyindex.errors import Corrupt
-from polyindex.storage.fsutil import fsync_dir
+import xxhash
 
-MAGIC = 0x5057  # "PW"
-HEADER = struct.Struct("<HII")
+from polyindex.errors import Corrupt, Internal, ResourceExhausted
+from polyindex.storage import fsutil
+from polyindex.storage.failpoints import hit
+
+MAGIC = 0x5058  # "XP": frames with a sequence number and an xxh3 checksum
+HEADER = struct.Struct("<HIQQ")
+OLD_MAGIC = 0x5057  # format 1: [magic u16][length u32][crc32 u32], no sequence number
+OLD_HEADER = struct.Struct("<HII")
+MAX_RECORD = 1 << 30
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _name(seq: int) -> str:
-    return f"wal-{seq:08d}.log"
+def _name(number: int) -> str:
+    return f"wal-{number:08d}.log"
+
+
+def _checksum(seq: int, payload: bytes) -> int:
+    h = xxhash.xxh3_64(seq.to_bytes(8, "little"))
+    h.update(payload)
+    return h.intdigest()
+
+
+def disk_error(e: OSError, what: str) -> Exception:
+    """ENOSPC/EDQUOT as RESOURCE_EXHAUSTED with a message; other I/O errors as they are."""
+    if e.errno in DISK_FULL:
+        return ResourceExhausted(f"{what}: the disk is full ({os.strerror(e.errno)}); "
+                                 f"nothing of this write was kept")
+    return e
 
 
 class WriteAheadLog:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, after: int = 0):
+        """Open (and check) the log; ``after``: the manifest's ``wal_through``."""
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
+        self.after = after
         self._lock = threading.Lock()
-        seqs = self.sequences()
-        self.seq = seqs[-1] if seqs else 1
-        self._file = open(folder / _name(self.seq), "ab")
+        self._broken: str | None = None
+        self._last_in: dict[int, int] = {}  # file number -> last seq in it (0: no record)
+        self._records: list[tuple[int, dict]] = []
+        self.last_seq = after
+        numbers = self.numbers()
+        for n in numbers:
+            self._scan(n, newest=(n == numbers[-1]))
+        self.number = numbers[-1] if numbers else 1
+        self._last_in.setdefault(self.number, 0)
+        self._file = open(folder / _name(self.number), "ab")  # noqa: SIM115 - held open
+        if not numbers:
+            fsutil.fsync_dir(folder, "wal.create")
 
-    def sequences(self) -> list[int]:
+    def numbers(self) -> list[int]:
         out = []
         for p in self.folder.glob("wal-*.log"):
             try:
@@ -45,76 +85,174 @@ class WriteAheadLog:
                 continue
         return sorted(out)
 
-    def append(self, record: dict) -> None:
-        """Append one record and fsync it: when this returns, the write is durable."""
+    # -- reading -----------------------------------------------------------------------------
+    def replay(self) -> Iterator[tuple[int, dict]]:
+        """(seq, record) of every record above ``after``, in order (read once, at open)."""
+        records, self._records = self._records, []
+        yield from records
+
+    def _frame_at(self, data: bytes, pos: int, prev: int) -> tuple[int, int, bytes] | str:
+        """(end, seq, payload) of a valid frame at ``pos``, or why there is none."""
+        if len(data) - pos < 2:
+            return "truncated record header"
+        magic = int.from_bytes(data[pos:pos + 2], "little")
+        if magic == MAGIC:
+            if len(data) - pos < HEADER.size:
+                return "truncated record header"
+            _, length, seq, digest = HEADER.unpack_from(data, pos)
+            start, end = pos + HEADER.size, pos + HEADER.size + length
+            if length > MAX_RECORD or end > len(data):
+                return "truncated record"
+            if _checksum(seq, data[start:end]) != digest:
+                return "checksum mismatch"
+            return end, seq, data[start:end]
+        if magic == OLD_MAGIC:
+            import zlib
+            if len(data) - pos < OLD_HEADER.size:
+                return "truncated record header"
+            _, length, crc = OLD_HEADER.unpack_from(data, pos)
+            start, end = pos + OLD_HEADER.size, pos + OLD_HEADER.size + length
+            if end > len(data):
+                return "truncated record"
+            if zlib.crc32(data[start:end]) != crc:
+                return "checksum mismatch"
+            return end, prev + 1, data[start:end]  # format 1 numbered by position
+        return "bad record marker"
+
+    def _valid_after(self, data: bytes, pos: int) -> int | None:
+        """Offset of a valid frame after ``pos`` (a sign of corruption, not a torn tail)."""
+        for magic in (MAGIC, OLD_MAGIC):
+            marker = magic.to_bytes(2, "little")
+            q = data.find(marker, pos + 1)
+            while q != -1:
+                if not isinstance(self._frame_at(data, q, 0), str):
+                    return q
+                q = data.find(marker, q + 1)
+        return None
+
+    def _scan(self, number: int, newest: bool) -> None:
+        path = self.folder / _name(number)
+        data = path.read_bytes()
+        pos, last = 0, 0
+        while pos < len(data):
+            got = self._frame_at(data, pos, self.last_seq)
+            if isinstance(got, str):
+                later = self._valid_after(data, pos)
+                if not newest or later is not None:
+                    where = (f"; a valid record follows at byte {later}" if later is not None
+                             else " (not the newest log file)")
+                    raise Corrupt(f"{path}: {got} at byte {pos} of {len(data)}{where}")
+                self._cut_torn_tail(path, data, pos)
+                break
+            end, seq, payload = got
+            if seq <= self.last_seq and seq > self.after:
+                raise Corrupt(f"{path}: record at byte {pos} has sequence number {seq}, "
+                              f"not above the previous {self.last_seq}")
+            try:
+                record = json.loads(payload)
+            except ValueError as e:
+                raise Corrupt(f"{path}: record at byte {pos} passed its checksum but is not "
+                              f"JSON ({e})") from e
+            if seq > self.after:
+                self._records.append((seq, record))
+            self.last_seq = max(self.last_seq, seq)
+            last = seq
+            pos = end
+        self._last_in[number] = last
+
+    def _cut_torn_tail(self, path: Path, data: bytes, pos: int) -> None:
+        """A crash mid-append left an unacknowledged partial frame: keep its bytes as
+        evidence in ``torn/``, then cut the file back to its last whole record."""
+        torn = self.folder / "torn"
+        torn.mkdir(exist_ok=True)
+        fsutil.write_file(torn / f"{path.name}.at{pos}", data[pos:], "wal.recover")
+        fsutil.fsync_dir(torn, "wal.recover")
+        hit("wal.recover.truncate", path)
+        with open(path, "r+b") as f:
+            f.truncate(pos)
+            os.fsync(f.fileno())
+
+    # -- writing -----------------------------------------------------------------------------
+    def append(self, record: dict) -> int:
+        """Append one record and fsync it; returns its sequence number. When this returns the
+        write is durable; when it raises, nothing of it is left in the log."""
         payload = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
-        frame = HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
         with self._lock:
-            self._file.write(frame)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            if self._broken is not None:
+                raise Internal(f"the write-ahead log refuses writes until the collection is "
+                               f"reopened: {self._broken}")
+            seq = self.last_seq + 1
+            frame = HEADER.pack(MAGIC, len(payload), seq, _checksum(seq, payload)) + payload
+            f = self._file
+            offset = f.tell()
+            try:
+                hit("wal.append.write", f.name)
+                f.write(frame)
+                f.flush()
+                hit("wal.append.fsync", f.name)
+                os.fsync(f.fileno())
+            except OSError as e:
+                self._undo(offset, e)
+                raise disk_error(e, "write-ahead log append") from e
+            self.last_seq = seq
+            self._last_in[self.number] = seq
+            return seq
+
+    def _undo(self, offset: int, cause: OSError) -> None:
+        """Remove a failed append's partial frame; else refuse further writes."""
+        f = self._file
+        try:
+            try:
+                f.flush()
+            except OSError:
+                pass  # the buffered bytes are what we are about to cut off
+            hit("wal.undo.truncate", f.name)
+            os.ftruncate(f.fileno(), offset)
+            os.fsync(f.fileno())
+            f.seek(offset)
+        except OSError as e:
+            self._broken = (f"an append failed ({cause}) and its partial record could not be "
+                            f"removed ({e})")
 
     def rotate(self) -> int:
-        """Start a new file; returns the last sequence number that belongs to the old ones."""
+        """Continue in a new file; returns the last sequence number of the old ones."""
         with self._lock:
-            old = self.seq
+            number = self.number + 1
+            path = self.folder / _name(number)
+            hit("wal.rotate.open", path)
+            new = open(path, "ab")  # noqa: SIM115 - held open
+            try:
+                fsutil.fsync_dir(self.folder, "wal.rotate")
+            except OSError:
+                new.close()
+                path.unlink(missing_ok=True)
+                raise
             self._file.close()
-            self.seq += 1
-            self._file = open(self.folder / _name(self.seq), "ab")
-            fsync_dir(self.folder)
-            return old
+            self._file, self.number = new, number
+            self._last_in[number] = 0
+            return self.last_seq
 
     def drop_through(self, seq: int) -> None:
-        """Delete the files up to ``seq`` (their records are committed in segments)."""
-        for s in self.sequences():
-            if s <= seq:
-                (self.folder / _name(s)).unlink(missing_ok=True)
-        fsync_dir(self.folder)
+        """Delete the files all of whose records are at or below ``seq`` (committed in
+        segments); the file being appended to is kept."""
+        with self._lock:
+            done = [n for n, last in self._last_in.items() if last <= seq and n != self.number]
+        for n in sorted(done):
+            fsutil.unlink(self.folder / _name(n), "wal.drop")
+            with self._lock:
+                self._last_in.pop(n, None)
+        if done:
+            fsutil.fsync_dir(self.folder, "wal.drop")
 
     def size_bytes(self) -> int:
-        return sum((self.folder / _name(s)).stat().st_size for s in self.sequences()
-                   if (self.folder / _name(s)).exists())
+        total = 0
+        for n in self.numbers():
+            try:
+                total += (self.folder / _name(n)).stat().st_size
+            except FileNotFoundError:
+                continue
+        return total
 
     def close(self) -> None:
         with self._lock:
             self._file.close()
-
-    def replay(self) -> Iterator[dict]:
-        """Every record in order; truncates a torn tail of the newest file."""
-        seqs = self.sequences()
-        for s in seqs:
-            yield from self._read(self.folder / _name(s), last=(s == seqs[-1]))
-
-    def _read(self, path: Path, last: bool) -> Iterator[dict]:
-        data = path.read_bytes()
-        pos = 0
-        while pos < len(data):
-            bad = None
-            if len(data) - pos < HEADER.size:
-                bad = "truncated record header"
-            else:
-                magic, length, crc = HEADER.unpack_from(data, pos)
-                end = pos + HEADER.size + length
-                if magic != MAGIC:
-                    bad = "bad record marker"
-                elif end > len(data):
-                    bad = "truncated record"
-                elif zlib.crc32(data[pos + HEADER.size:end]) != crc:
-                    bad = "checksum mismatch"
-            if bad is not None:
-                if not last:
-                    raise Corrupt(f"{path}: {bad} at byte {pos} (not at the end of the log)")
-                # A crash mid-append: the record was never acknowledged. Cut it off.
-                with self._lock:
-                    self._file.close()
-                    with open(path, "r+b") as f:
-                        f.truncate(pos)
-                        os.fsync(f.fileno())
-                    self._file = open(self.folder / _name(self.seq), "ab")
-                return
-            try:
-                yield json.loads(data[pos + HEADER.size:end])
-            except ValueError as e:
-                raise Corrupt(f"{path}: record at byte {pos} passed its checksum but is not "
-                              f"JSON ({e})") from e
-            pos = end

@@ -3,12 +3,17 @@
 Each acknowledged write batch becomes a small in-memory *buffer segment* built by the same
 kinds' ``build`` as a sealed one (so its scores are computed the same way) and is composed
 into the collection's snapshot together with the rows it hides in older segments. A
-background thread seals the buffer into a real segment by size or age (one manifest commit
-with the buffered deletes), then drops the WAL files it covered. On open, the WAL is replayed.
+background thread seals the buffer into a real segment by size or age: the buffer is frozen
+with the WAL sequence number it reaches, committed as one manifest version (new segment,
+buffered deletes, ``wal_through``), and only then are the WAL files it covers deleted. A seal
+that fails keeps its frozen buffer and its WAL files and is retried with backoff; past a
+bound of unsealed documents, writes are refused (RESOURCE_EXHAUSTED) instead of growing
+without limit. On open, the WAL records above the manifest's ``wal_through`` are replayed.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import threading
@@ -18,7 +23,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from polyindex.online.wal import WriteAheadLog
+from polyindex.errors import NotFound, ResourceExhausted
+from polyindex.online.wal import WriteAheadLog, disk_error
 from polyindex.storage.manifest import SegmentEntry
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import build_segment
@@ -29,6 +35,11 @@ from polyindex.types import Document, document_text
 SEAL_DOCS = int(os.environ.get("POLYINDEX_SEAL_DOCS", 5_000))
 SEAL_SECONDS = float(os.environ.get("POLYINDEX_SEAL_SECONDS", 30.0))
 MAX_BUFFER_SEGMENTS = 8  # more small buffer segments than this are merged into one
+# Unsealed documents beyond which writes are refused while sealing fails (memory is bounded
+# by this, the WAL's disk use likewise); generous, so that a slow seal never trips it.
+MAX_BACKLOG = int(os.environ.get("POLYINDEX_MAX_BACKLOG", 0)) or None
+BACKOFF_S = (0.5, 30.0)  # first and longest wait between retries of a failed seal
+log = logging.getLogger("polyindex.online")
 
 
 class Buffer:
@@ -42,6 +53,7 @@ class Buffer:
         self.live: list[np.ndarray] = []
         self.where: dict[str, tuple[int, int]] = {}
         self.started: float | None = None
+        self.through = 0  # WAL sequence number of the last write in this buffer
 
     def empty(self) -> bool:
         return not self.docs and not self.deleted
@@ -84,9 +96,14 @@ class OnlineWrites:
         self.seal_docs = SEAL_DOCS if seal_docs is None else seal_docs
         self.seal_seconds = SEAL_SECONDS if seal_seconds is None else seal_seconds
         self.needs_vectors = any(k.needs_embeddings for k in coll.kinds.values())
+        self.max_backlog = MAX_BACKLOG or max(50_000, 10 * self.seal_docs)
         self.scratch = coll.folder / "buffer"
         shutil.rmtree(self.scratch, ignore_errors=True)  # buffer segments are rebuilt from the WAL
         self.scratch.mkdir()
+        self.closed = False
+        self.seal_failures = 0          # consecutive failed seals (0: the last one worked)
+        self.last_seal_error: str | None = None
+        self._retry_at = 0.0
         self._names = itertools.count()
         self.lock = threading.RLock()       # serializes writes and snapshot swaps
         self.seal_lock = threading.Lock()   # one seal at a time
@@ -95,8 +112,12 @@ class OnlineWrites:
         self.overlay: list[np.ndarray] = []
         self._rehide_all()
         self.view: Snapshot = self.base
-        self.wal = WriteAheadLog(coll.folder / "wal")
+        self.wal = WriteAheadLog(coll.folder / "wal", after=self.base.manifest.wal_through)
         self._replay()
+        try:  # files a crash left behind after their seal committed
+            self.wal.drop_through(self.base.manifest.wal_through)
+        except OSError as e:
+            log.warning("%s: could not delete sealed WAL files: %s", coll.name, e)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sealer, name=f"seal-{coll.name}", daemon=True)
         self._thread.start()
@@ -106,16 +127,38 @@ class OnlineWrites:
         record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] for d in docs]}
         vectors = self._encode(docs)  # before the WAL: an encoder failure acknowledges nothing
         with self.lock:
-            self.wal.append(record)
-            self._apply_upsert(docs, vectors)
+            self._check_writable(len(docs))
+            # Build first: a failure there acknowledges nothing and leaves nothing in the WAL;
+            # once the append returns, the write is durable and nothing below can fail it.
+            try:
+                seg = self._build(docs, vectors)
+            except OSError as e:
+                raise disk_error(e, "building the write buffer") from e
+            try:
+                self.active.through = self.wal.append(record)
+            except BaseException:
+                _remove([seg])
+                raise
+            self._add_built(seg, docs, vectors)
         return len(docs)
 
     def delete(self, ids: list[str]) -> int:
         with self.lock:
+            self._check_writable(0)
             n = sum(loc is not None for loc in self.view.find(ids))
-            self.wal.append({"op": "delete", "ids": ids})
+            self.active.through = self.wal.append({"op": "delete", "ids": ids})
             self._apply_delete(ids)
         return n
+
+    def _check_writable(self, adding: int) -> None:
+        if self.closed:
+            raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
+        backlog = len(self.active.docs) + (len(self.frozen.docs) if self.frozen else 0)
+        if self.seal_failures and backlog + adding > self.max_backlog:
+            raise ResourceExhausted(
+                f"collection {self.coll.name!r}: {backlog} acknowledged documents wait to be "
+                f"sealed and sealing keeps failing ({self.seal_failures} attempts; last error: "
+                f"{self.last_seal_error}); writes resume once a seal succeeds")
 
     def _encode(self, docs: Sequence[Document]):
         if not self.needs_vectors or not docs:
@@ -123,11 +166,16 @@ class OnlineWrites:
         return self.coll.encoder.encode([document_text(d.title, d.text) for d in docs])
 
     def _apply_upsert(self, docs, vectors) -> None:
-        seg = self._build(docs, vectors)
+        self._add_built(self._build(docs, vectors), docs, vectors)
+
+    def _add_built(self, seg: OpenedSegment, docs, vectors) -> None:
         self.active.add_segment(seg, docs, vectors)
         self._hide(pa.array([d.id for d in docs], pa.string()))
         if len(self.active.segments) > MAX_BUFFER_SEGMENTS:
-            self._merge_active()
+            try:
+                self._merge_active()
+            except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
+                log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
         self._publish()
 
     def _apply_delete(self, ids) -> None:
@@ -145,7 +193,7 @@ class OnlineWrites:
         old = self.active
         docs = list(old.docs.values())
         merged = Buffer()
-        merged.deleted, merged.started = set(old.deleted), old.started
+        merged.deleted, merged.started, merged.through = set(old.deleted), old.started, old.through
         if docs:
             vectors = np.stack([old.vectors[d.id] for d in docs]) if self.needs_vectors else None
             merged.add_segment(self._build(docs, vectors), docs, vectors)
@@ -183,56 +231,90 @@ class OnlineWrites:
                              live + list(self.active.live))
 
     def snapshot(self) -> Snapshot:
-        """The current view; re-based when the manifest changed behind our back (bulk index)."""
+        """The current view; re-based when the manifest changed under us (a metadata commit
+        of this process, e.g. a trained ranker). ``manifest_changed`` is rate-limited, so it
+        is asked once; ``sealed_snapshot`` re-reads only a changed file."""
+        if self.closed:
+            raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
         if self.coll.manifest_changed():
             with self.lock:
-                if self.coll.manifest_changed():
-                    self.base = self.coll.sealed_snapshot()
+                base = self.coll.sealed_snapshot()
+                if base is not self.base:
+                    self.base = base
                     self._rehide_all()
                     self._publish()
         return self.view
 
     # -- sealing ---------------------------------------------------------------------------
     def seal(self) -> None:
-        """Commit the buffered writes as one segment, then forget the WAL that held them."""
+        """Commit the buffered writes as one segment, then forget the WAL that held them.
+
+        A frozen buffer whose commit failed is retried first (never overwritten); its WAL
+        files stay until a committed manifest covers them."""
         with self.seal_lock:
             with self.lock:
-                if self.active.empty():
+                if self.closed:
                     return
-                self.frozen, self.active = self.active, Buffer()
-                through = self.wal.rotate()
-                self._rehide_all()
-                self._publish()
+                if self.frozen is None:
+                    if self.active.empty():
+                        return
+                    self.frozen, self.active = self.active, Buffer()
+                    self._rehide_all()
+                    self._publish()
+                    try:
+                        self.wal.rotate()  # new writes go to a new file; a failure is harmless
+                    except OSError as e:
+                        log.warning("%s: WAL rotation failed (%s); continuing in the same file",
+                                    self.coll.name, e)
             frozen = self.frozen
             docs = list(frozen.docs.values())
             vectors = (np.stack([frozen.vectors[d.id] for d in docs])
                        if self.needs_vectors and docs else None)
-            with self.coll.writer() as w:
-                w.commit_segment(docs, self.coll.config.fields, embeddings=vectors,
-                                 delete_ids=sorted(frozen.deleted - frozen.docs.keys()))
+            try:
+                with self.coll.writer() as w:
+                    w.commit_segment(docs, self.coll.config.fields, embeddings=vectors,
+                                     delete_ids=sorted(frozen.deleted - frozen.docs.keys()),
+                                     wal_through=frozen.through)
+            except BaseException as e:
+                self.seal_failures += 1
+                self.last_seal_error = f"{type(e).__name__}: {e}"
+                wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self.seal_failures - 1))
+                self._retry_at = time.monotonic() + wait
+                log.error("%s: sealing %d documents failed (attempt %d, retry in %.1f s): %s",
+                          self.coll.name, len(docs), self.seal_failures, wait,
+                          self.last_seal_error)
+                raise
+            self.seal_failures, self.last_seal_error, self._retry_at = 0, None, 0.0
             with self.lock:
                 self.frozen = None
                 self.base = self.coll.sealed_snapshot()
                 self._rehide_all()
                 self._publish()
-            self.wal.drop_through(through)
+            try:
+                self.wal.drop_through(frozen.through)
+            except OSError as e:  # harmless: replay skips records at or below wal_through
+                log.warning("%s: could not delete sealed WAL files: %s", self.coll.name, e)
             _remove(frozen.segments)
+
+    def _due(self) -> bool:
+        if self.frozen is not None:  # a failed seal: retry after its backoff
+            return time.monotonic() >= self._retry_at
+        a = self.active
+        return a.started is not None and (len(a.docs) >= self.seal_docs or
+                                          time.monotonic() - a.started >= self.seal_seconds)
 
     def _sealer(self) -> None:
         while not self._stop.wait(0.2):
-            a = self.active
-            if a.started is not None and (len(a.docs) >= self.seal_docs or
-                                          time.monotonic() - a.started >= self.seal_seconds):
+            if self._due():
                 try:
                     self.seal()
-                except Exception:  # noqa: BLE001 - retried on the next tick; the WAL holds the data
-                    import logging
-                    logging.getLogger("polyindex").exception("sealing %s failed", self.coll.name)
+                except Exception:  # noqa: BLE001 - logged and counted by seal(); retried
+                    pass
 
     def _replay(self) -> None:
         docs: dict[str, Document] = {}
         deleted: set[str] = set()
-        for rec in self.wal.replay():
+        for _seq, rec in self.wal.replay():
             if rec["op"] == "upsert":
                 for i, t, x, m in rec["docs"]:
                     docs.pop(i, None)
@@ -244,6 +326,7 @@ class OnlineWrites:
                     deleted.add(i)
         if not docs and not deleted:
             return
+        self.active.through = self.wal.last_seq
         if deleted:
             self._apply_delete(sorted(deleted))
         if docs:
@@ -251,14 +334,34 @@ class OnlineWrites:
             self._apply_upsert(batch, self._encode(batch))
 
     def pending(self) -> dict:
-        return {"buffered_docs": len(self.active.docs) + (len(self.frozen.docs) if self.frozen else 0),
-                "buffered_deletes": len(self.active.deleted), "wal_bytes": self.wal.size_bytes()}
+        frozen = self.frozen
+        return {"buffered_docs": len(self.active.docs) + (len(frozen.docs) if frozen else 0),
+                "buffered_deletes": len(self.active.deleted) + (len(frozen.deleted) if frozen else 0),
+                "wal_bytes": self.wal.size_bytes(), "wal_seq": self.wal.last_seq,
+                "seal_failures": self.seal_failures, "last_seal_error": self.last_seal_error}
 
     def close(self) -> None:
+        """Stop the sealer and seal what is buffered; if that seal fails, the WAL keeps the
+        writes for the next open (the error is raised after the log is closed)."""
         self._stop.set()
         self._thread.join()
-        self.seal()
-        self.wal.close()
+        try:
+            self.seal()
+            if self.frozen is None and not self.active.empty():
+                self.seal()  # a retried frozen buffer went first; now the newer writes
+        finally:
+            with self.lock:
+                self.closed = True
+                self.wal.close()
+
+    def abandon(self) -> None:
+        """For a drop: stop the sealer, wait for an in-flight seal, close the WAL; nothing
+        is sealed and every later call answers NotFound."""
+        self._stop.set()
+        self._thread.join()
+        with self.seal_lock, self.lock:
+            self.closed = True
+            self.wal.close()
 
 
 def _remove(segments: list[OpenedSegment]) -> None:

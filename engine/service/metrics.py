@@ -18,7 +18,9 @@ log = logging.getLogger("polyindex.service.server")
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 _GAUGES = (("documents", "Live documents"), ("segments", "Sealed segments"),
            ("deleted_rows", "Tombstoned rows not yet compacted away"),
-           ("wal_bytes", "Bytes in the write-ahead log not yet sealed into segments"))
+           ("wal_bytes", "Bytes in the write-ahead log not yet sealed into segments"),
+           ("buffered_docs", "Acknowledged documents not yet sealed into a segment"),
+           ("seal_failures", "Consecutive failed seals of the write buffer (0: healthy)"))
 
 
 class CollectionCollector:

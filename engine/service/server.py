@@ -117,7 +117,7 @@ def _read(value) -> bytes:
 def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None,
           tls_cert=None, tls_key=None, workers: int = 8, metrics_port: int | None = None,
           max_message_bytes: int = MAX_MESSAGE_BYTES, limits: Limits = Limits(),
-          engine=None, frontend: str = "auto") -> Server:
+          engine=None, frontend: str = "auto", readonly: bool = False) -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
     ``frontend``: "native" (gRPC C++, built by ``make native``), "python" (grpcio) or "auto"
@@ -136,7 +136,7 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     own_engine = engine is None
     if own_engine:
         from polyindex.engine import Engine
-        engine = Engine(data_dir, online=True)
+        engine = Engine(data_dir, online=not readonly, readonly=readonly)
     metrics = Metrics(engine)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

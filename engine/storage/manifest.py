@@ -42,6 +42,7 @@ class Manifest:
     ingest: dict | None = None
     next_segment: int = 0
     format_version: int = FORMAT_VERSION
+    wal_through: int = 0  # the highest WAL sequence number whose write the segments hold
 
     def to_json(self) -> dict:
         return {
@@ -49,7 +50,8 @@ class Manifest:
             "collection": self.config.to_json(),
             "segments": [s.to_json() for s in self.segments],
             "artifacts": self.artifacts, "ingest": self.ingest,
-            "next_segment": self.next_segment, "committed_at": time.time(),
+            "next_segment": self.next_segment, "wal_through": self.wal_through,
+            "committed_at": time.time(),
         }
 
     def copy(self) -> "Manifest":
@@ -83,7 +85,8 @@ def load_manifest(folder: Path) -> Manifest:
             segments=[SegmentEntry(**{k: s[k] for k in SegmentEntry.__dataclass_fields__ if k in s})
                       for s in data["segments"]],
             artifacts=data.get("artifacts", {}), ingest=data.get("ingest"),
-            next_segment=data.get("next_segment", 0), format_version=fv)
+            next_segment=data.get("next_segment", 0), format_version=fv,
+            wal_through=data.get("wal_through", 0))
     except (KeyError, TypeError, AttributeError, InvalidArgument) as e:
         raise Corrupt(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
 
@@ -91,5 +94,5 @@ def load_manifest(folder: Path) -> Manifest:
 def commit_manifest(folder: Path, manifest: Manifest) -> Manifest:
     """Write ``manifest`` as the next version; atomic: a crash leaves the old or the new one."""
     manifest.version += 1
-    write_json_atomic(folder / MANIFEST, manifest.to_json())
+    write_json_atomic(folder / MANIFEST, manifest.to_json(), "commit.manifest")
     return manifest

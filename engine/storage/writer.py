@@ -19,7 +19,8 @@ import pyarrow as pa
 
 from polyindex.errors import ResourceExhausted
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
-from polyindex.storage.fsutil import fsync_dir, fsync_tree
+from polyindex.storage.failpoints import hit
+from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename
 from polyindex.storage.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
 from polyindex.storage.segment import Segment, read_tombstones, write_docs, write_tombstones
 from polyindex.types import Document, document_text
@@ -82,7 +83,9 @@ class Writer:
         if live_prev is not None and not (dead & live_prev).any():
             return
         rel = f"tombstones/{entry.id}.v{m.version + 1}.arrow"
+        hit("commit.tombstones.write", self.folder / rel)
         write_tombstones(self.folder / rel, np.flatnonzero(dead))
+        fsync_file(self.folder / rel, "commit.tombstones")  # before a manifest names it
         entry.tombstones, entry.n_deleted = rel, int(dead.sum())
 
     def _tombstone_ids(self, m: Manifest, ids: pa.Array) -> int:
@@ -103,16 +106,20 @@ class Writer:
                        on_encoded: Callable[[int], None] | None = None,
                        embeddings: np.ndarray | None = None,
                        delete_ids: Sequence[str] = (),
-                       tokens: Sequence[DocTokens] | None = None) -> SegmentEntry | None:
+                       tokens: Sequence[DocTokens] | None = None,
+                       wal_through: int | None = None) -> SegmentEntry | None:
         """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
-        with ``delete_ids`` tombstoned first; returns the new segment's entry."""
+        with ``delete_ids`` tombstoned first; returns the new segment's entry. ``wal_through``:
+        the WAL sequence number these writes reach (online seals)."""
         m = self.manifest.copy()
         if ingest is not None:
             m.ingest = ingest
+        if wal_through is not None:
+            m.wal_through = max(m.wal_through, wal_through)
         if delete_ids:
             self._tombstone_ids(m, pa.array(list(delete_ids), pa.string()))
         if not docs:
-            fsync_dir(self.folder / "tombstones")
+            fsync_dir(self.folder / "tombstones", "commit.tombstones")
             self.manifest = commit_manifest(self.folder, m)
             return None
         if embeddings is None and tokens is None and self.encode is not None:
@@ -122,12 +129,13 @@ class Writer:
         self._train_if_needed(m, batch_of(docs, embeddings, tokens))
         seg_id = f"seg-{m.next_segment:06d}"
         tmp = self.folder / "segments" / f".{seg_id}.tmp"
+        hit("commit.segment.write", tmp)
         infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens)
-        fsync_tree(tmp)
-        os.replace(tmp, self.folder / "segments" / seg_id)
-        fsync_dir(self.folder / "segments")
+        fsync_tree(tmp, "commit.segment")
+        rename(tmp, self.folder / "segments" / seg_id, "commit.segment")
+        fsync_dir(self.folder / "segments", "commit.segment")
         self._tombstone_ids(m, pa.array([d.id for d in docs], pa.string()))
-        fsync_dir(self.folder / "tombstones")
+        fsync_dir(self.folder / "tombstones", "commit.tombstones")
         entry = SegmentEntry(seg_id, len(docs), infos)
         m.segments.append(entry)
         m.next_segment += 1
@@ -149,7 +157,7 @@ class Writer:
         m = self.manifest.copy()
         killed = self._tombstone_ids(m, pa.array(list(ids), pa.string()))
         if killed:
-            fsync_dir(self.folder / "tombstones")
+            fsync_dir(self.folder / "tombstones", "commit.tombstones")
             self.manifest = commit_manifest(self.folder, m)
         return killed
 
@@ -160,4 +168,4 @@ class Writer:
                 art = self.folder / "artifacts" / name
                 art.mkdir(parents=True, exist_ok=True)
                 m.artifacts[name] = kind.save_artifacts(art)
-                fsync_tree(art)
+                fsync_tree(art, "commit.artifacts")

@@ -7,8 +7,10 @@ the exception the embedded engine would have raised.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 
 import grpc
 
@@ -46,6 +48,7 @@ _BY_CODE = {"INVALID_ARGUMENT": errors.InvalidArgument, "NOT_FOUND": errors.NotF
             "ALREADY_EXISTS": errors.AlreadyExists, "UNAUTHENTICATED": errors.Unauthenticated,
             "PERMISSION_DENIED": errors.Unauthenticated,
             "RESOURCE_EXHAUSTED": errors.ResourceExhausted, "DATA_LOSS": errors.Corrupt,
+            "FAILED_PRECONDITION": errors.FailedPrecondition,
             "DEADLINE_EXCEEDED": DeadlineExceeded, "UNAVAILABLE": Unavailable,
             "CANCELLED": Cancelled, "INTERNAL": Internal}
 
@@ -61,6 +64,10 @@ def as_polyindex_error(exc: BaseException, rpc: str) -> PolyindexError:
     if isinstance(exc, grpc.RpcError):  # reading a request stream the client cancelled
         log.info("%s: the client cancelled the call", rpc)
         return Cancelled(f"{rpc} was cancelled by the client")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.error("%s: %s", rpc, exc)
+        return errors.ResourceExhausted(f"{rpc}: the server's disk is full "
+                                        f"({os.strerror(exc.errno)}); nothing of it was kept")
     log.exception("%s failed with an unexpected error", rpc, exc_info=exc)
     return Internal(f"internal error in {rpc}: {type(exc).__name__} (see the server log)")
 
