@@ -418,3 +418,38 @@ def test_a_full_disk_answers_resource_exhausted_and_loses_nothing(small_disk):
     eng.close()
     with polyindex.open(data, readonly=True) as again:
         assert ids_of(again.collection("c")) == set(acked)
+
+
+def test_bulk_index_beside_a_server_goes_through_it(tmp_path, cli):
+    """The bulk CLI against a served directory is refused with directions; `--server` sends
+    the documents through the server; a second server on the directory fails at start."""
+    import json
+    import re
+    import signal
+    import subprocess
+    data = tmp_path / "D"
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": f"s{i}", "text": f"alpha served {i}"}) + "\n"
+                           for i in range(2500)))
+    proc = subprocess.Popen(cli.command("serve", "--data", data, "--port", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        m = re.search(r"serving on (\S+)", proc.stdout.readline())
+        assert m, proc.stderr.read()
+        res = cli("index", src, "--data", data, "--collection", "c", "--index", "lexical")
+        assert res.returncode == 1 and "FAILED_PRECONDITION" in res.stderr
+        assert "--server HOST:PORT" in res.stderr and f"process {proc.pid}" in res.stderr
+        second = cli("serve", "--data", data, "--port", "0", timeout=120)
+        assert second.returncode == 1 and "already open for writing" in second.stderr
+        res = cli("index", src, "--data", data, "--collection", "c", "--index", "lexical",
+                  "--server", m.group(1), "--json", "--no-progress")
+        assert res.returncode == 0, res.stderr
+        report = json.loads(res.stdout)
+        assert report["indexed"] == report["documents"] == 2500 and report["batches"] == 3
+        info = cli("info", "--data", data, "--collection", "c", "--json")  # a reader, beside it
+        assert info.returncode == 0, info.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    with polyindex.open(data, readonly=True) as eng:
+        assert eng.collection("c").count() == 2500

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InputError
+from polyindex.storage.integrity import check_file, validate_arrow
 from polyindex.types import Document
 
 DOCS_FILE = "docs.arrow"
@@ -58,17 +59,33 @@ def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
 
 
 class Segment:
-    """A sealed segment opened read-only; columns are memory-mapped, zero-copy."""
+    """A sealed segment opened read-only; columns are memory-mapped, zero-copy.
 
-    def __init__(self, folder: Path, seg_id: str, n_rows: int):
+    ``sums`` (the manifest entry's ``files``) are checked before Arrow reads the file;
+    ``validate`` (a format-1 entry, no sums) validates it in full instead. Neither: a
+    segment this process just built (online buffer, tests)."""
+
+    def __init__(self, folder: Path, seg_id: str, n_rows: int, *,
+                 sums: dict[str, dict] | None = None, validate: bool = False):
         self.folder, self.id, self.n_rows = folder, seg_id, n_rows
+        path = folder / DOCS_FILE
+        if sums is not None:
+            if DOCS_FILE not in sums:
+                raise Corrupt(f"segment {seg_id}: the manifest lists no {DOCS_FILE} in {folder}")
+            check_file(path, sums[DOCS_FILE])
+        elif validate:
+            validate_arrow(path)
         try:
-            self.table = pa.ipc.open_file(pa.memory_map(str(folder / DOCS_FILE))).read_all()
-        except (OSError, pa.ArrowInvalid) as e:
-            raise Corrupt(f"segment {seg_id}: cannot read {folder / DOCS_FILE}: {e}") from e
+            self.table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except (OSError, pa.ArrowException) as e:
+            raise Corrupt(f"segment {seg_id}: cannot read {path}: {e}") from e
         if self.table.num_rows != n_rows:
-            raise Corrupt(f"segment {seg_id}: {DOCS_FILE} has {self.table.num_rows} rows, "
+            raise Corrupt(f"segment {seg_id}: {path} has {self.table.num_rows} rows, "
                           f"the manifest says {n_rows}")
+        for name in ("id", "title", "text", "metadata_json"):
+            if self.table.schema.get_field_index(name) < 0 \
+                    or self.table.schema.field(name).type != pa.string():
+                raise Corrupt(f"segment {seg_id}: {path} has no string column {name!r}")
         self._ids: np.ndarray | None = None
         self._emb: np.ndarray | None = None
         self._id_rows: dict[str, int] | None = None
@@ -119,19 +136,44 @@ class Segment:
         return out
 
 
-def write_tombstones(path: Path, rows: np.ndarray) -> None:
+def tombstone_bytes(rows: np.ndarray) -> bytes:
+    """A tombstone file's content (deleted row ids as an Arrow IPC file); small, so it is
+    built in memory and written, fsynced and summed in one step by the writer."""
     table = pa.table({"row": pa.array(np.asarray(rows, dtype=np.int32))})
-    with pa.OSFile(str(path), "wb") as sink:
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
-def read_tombstones(path: Path, n_rows: int) -> np.ndarray:
-    """Live mask of a segment from its tombstone file."""
+def read_tombstones(path: Path, n_rows: int, *, sums: dict | None = None,
+                    validate: bool = False) -> np.ndarray:
+    """Live mask of a segment from its tombstone file (checked against ``sums``, or
+    validated in full when it has none and ``validate``)."""
+    if sums is not None:
+        check_file(path, sums)
+    elif validate:
+        validate_arrow(path)
     try:
-        rows = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("row").to_numpy()
-    except (OSError, pa.ArrowInvalid) as e:
+        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        rows = table.column("row").to_numpy()
+    except (OSError, KeyError, pa.ArrowException) as e:
         raise Corrupt(f"cannot read tombstones {path}: {e}") from e
+    if table.schema.field("row").type != pa.int32() or \
+            (len(rows) and (rows.min() < 0 or rows.max() >= n_rows)):
+        raise Corrupt(f"tombstones {path}: row ids outside the segment's {n_rows} rows")
     live = np.ones(n_rows, dtype=bool)
     live[rows] = False
+    return live
+
+
+def load_tombstones(collection: Path, entry) -> np.ndarray:
+    """Live mask of a manifest entry's segment (it has a tombstone file), checked against
+    the entry's sum and deleted count."""
+    path = collection / entry.tombstones
+    live = read_tombstones(path, entry.n_rows, sums=entry.tombstones_sum,
+                           validate=entry.tombstones_sum is None)
+    if entry.n_rows - int(live.sum()) != entry.n_deleted:
+        raise Corrupt(f"tombstones {path}: {entry.n_rows - int(live.sum())} deleted rows, the "
+                      f"manifest says {entry.n_deleted}")
     return live

@@ -10,22 +10,44 @@ from pathlib import Path
 
 import numpy as np
 
+import pyarrow as pa
+
 from polyindex.errors import Corrupt
 from polyindex.index.protocol import IndexKind, SegmentIndex
+from polyindex.storage.integrity import check_folder, validate_arrow
 from polyindex.storage.manifest import Manifest
-from polyindex.storage.segment import Segment, read_tombstones
+from polyindex.storage.segment import DOCS_FILE, Segment, load_tombstones
 
 
 class OpenedSegment:
+    """A segment's documents and every kind's index over them. A manifest entry's files are
+    checked (sizes and sums; format 1: Arrow validation) before any kind reads them."""
+
     def __init__(self, folder: Path, entry, kinds: dict[str, IndexKind]):
-        self.docs = Segment(folder, entry.id, entry.n_rows)
+        if entry.files is not None:
+            check_folder(folder, entry.files, f"segment {entry.id}")
+        self.docs = Segment(folder, entry.id, entry.n_rows, sums=entry.files,
+                            validate=entry.legacy)
+        if entry.legacy:
+            for path in sorted(folder.glob("*.arrow")):
+                if path.name != DOCS_FILE:
+                    validate_arrow(path)
         self.indexes: dict[str, SegmentIndex] = {}
         for name, kind in kinds.items():
             info = entry.indexes.get(name)
             if info is None:
                 raise Corrupt(f"segment {entry.id} has no {name!r} index (manifest lists "
                               f"{sorted(entry.indexes)})")
-            self.indexes[name] = kind.open(folder, info, self.docs)
+            try:
+                self.indexes[name] = kind.open(folder, info, self.docs)
+            except (OSError, pa.ArrowException) as e:
+                raise Corrupt(f"segment {entry.id}: cannot open its {name} index in {folder}: "
+                              f"{e}") from e
+            except (ValueError, RuntimeError, IndexError, KeyError, TypeError) as e:
+                if not entry.legacy:
+                    raise  # checked files that do not open: a bug, not damage
+                raise Corrupt(f"segment {entry.id}: its {name} index in {folder} does not "
+                              f"open (format-1 files carry no checksum): {e}") from e
 
 
 class Snapshot:
@@ -58,8 +80,7 @@ class Snapshot:
             segments.append(opened[entry.id])
             if entry.tombstones:
                 if entry.tombstones not in tombstone_cache:
-                    tombstone_cache[entry.tombstones] = read_tombstones(
-                        folder / entry.tombstones, entry.n_rows)
+                    tombstone_cache[entry.tombstones] = load_tombstones(folder, entry)
                 live.append(tombstone_cache[entry.tombstones])
             else:
                 live.append(None)

@@ -4,6 +4,13 @@ Each segment is built in a temporary folder, fsynced, renamed into ``segments/``
 then named by a manifest commit; a crash before the commit leaves an unreferenced folder
 that the next writer removes. Rows that a new segment's ids replace (upsert, last write
 wins) and deleted rows are tombstoned in new, versioned tombstone files.
+
+Every file a manifest names, and its folder, is fsynced before that manifest is renamed into
+place, and its size and xxh3 go into the manifest. The failpoints of the commit path
+(``polyindex.storage.failpoints``): ``commit.segment`` (fsync of the built folder's files and
+the folder, its rename into ``segments/``, fsync of ``segments/``), ``commit.tombstones``
+(write + fsync of each file, fsync of ``tombstones/``), ``commit.artifacts`` (fsync of
+``artifacts/<kind>/``'s files, the folder and ``artifacts/``) and ``commit.manifest``.
 """
 from __future__ import annotations
 
@@ -19,10 +26,11 @@ import pyarrow as pa
 
 from polyindex.errors import ResourceExhausted
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
-from polyindex.storage.failpoints import hit
-from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename
+from polyindex.storage import failpoints
+from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename, write_file
+from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
-from polyindex.storage.segment import Segment, read_tombstones, write_docs, write_tombstones
+from polyindex.storage.segment import Segment, load_tombstones, tombstone_bytes, write_docs
 from polyindex.types import Document, document_text
 
 
@@ -74,31 +82,39 @@ class Writer:
                 # Built but never committed (a crash between build and commit): not visible.
                 shutil.rmtree(entry, ignore_errors=True)
 
-    def _tombstone(self, m: Manifest, s: int, new_dead: np.ndarray) -> None:
+    def _tombstone(self, m: Manifest, s: int, new_dead: np.ndarray) -> bool:
+        """Write segment ``s``'s new tombstone file (fsynced; its folder is not); returns
+        whether one was written."""
         entry = m.segments[s]
         live_prev = None
         if entry.tombstones:
-            live_prev = read_tombstones(self.folder / entry.tombstones, entry.n_rows)
+            live_prev = load_tombstones(self.folder, entry)
         dead = new_dead if live_prev is None else (new_dead | ~live_prev)
         if live_prev is not None and not (dead & live_prev).any():
-            return
+            return False
         rel = f"tombstones/{entry.id}.v{m.version + 1}.arrow"
-        hit("commit.tombstones.write", self.folder / rel)
-        write_tombstones(self.folder / rel, np.flatnonzero(dead))
-        fsync_file(self.folder / rel, "commit.tombstones")  # before a manifest names it
+        data = tombstone_bytes(np.flatnonzero(dead))
+        write_file(self.folder / rel, data, "commit.tombstones")
         entry.tombstones, entry.n_deleted = rel, int(dead.sum())
+        entry.tombstones_sum = sum_bytes(data)
+        remember(self.folder / rel, entry.tombstones_sum)
+        return True
 
     def _tombstone_ids(self, m: Manifest, ids: pa.Array) -> int:
-        """Tombstone every live row whose id is in ``ids``; returns how many rows died."""
-        killed = 0
+        """Tombstone every live row whose id is in ``ids`` (files and ``tombstones/``
+        fsynced); returns how many rows died."""
+        killed, written = 0, False
         for s, entry in enumerate(m.segments):
-            seg = Segment(self.folder / "segments" / entry.id, entry.id, entry.n_rows)
+            seg = Segment(self.folder / "segments" / entry.id, entry.id, entry.n_rows,
+                          sums=entry.files, validate=entry.legacy)
             hit = seg.contains(ids)
             if not hit.any():
                 continue
             before = entry.n_deleted
-            self._tombstone(m, s, hit)
+            written |= self._tombstone(m, s, hit)
             killed += m.segments[s].n_deleted - before
+        if written:
+            fsync_dir(self.folder / "tombstones", "commit.tombstones")
         return killed
 
     def commit_segment(self, docs: Sequence[Document], fields: dict[str, str],
@@ -119,7 +135,6 @@ class Writer:
         if delete_ids:
             self._tombstone_ids(m, pa.array(list(delete_ids), pa.string()))
         if not docs:
-            fsync_dir(self.folder / "tombstones", "commit.tombstones")
             self.manifest = commit_manifest(self.folder, m)
             return None
         if embeddings is None and tokens is None and self.encode is not None:
@@ -129,14 +144,18 @@ class Writer:
         self._train_if_needed(m, batch_of(docs, embeddings, tokens))
         seg_id = f"seg-{m.next_segment:06d}"
         tmp = self.folder / "segments" / f".{seg_id}.tmp"
-        hit("commit.segment.write", tmp)
+        failpoints.hit("commit.segment.write", tmp)
         infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens)
         fsync_tree(tmp, "commit.segment")
-        rename(tmp, self.folder / "segments" / seg_id, "commit.segment")
+        # Summed after the fsync: one read of each file, from the page cache.
+        files = {p.name: sum_file(p) for p in sorted(tmp.iterdir())}
+        final = self.folder / "segments" / seg_id
+        rename(tmp, final, "commit.segment")
         fsync_dir(self.folder / "segments", "commit.segment")
+        for name, expect in files.items():
+            remember(final / name, expect)
         self._tombstone_ids(m, pa.array([d.id for d in docs], pa.string()))
-        fsync_dir(self.folder / "tombstones", "commit.tombstones")
-        entry = SegmentEntry(seg_id, len(docs), infos)
+        entry = SegmentEntry(seg_id, len(docs), infos, files=files)
         m.segments.append(entry)
         m.next_segment += 1
         self.manifest = commit_manifest(self.folder, m)
@@ -144,22 +163,35 @@ class Writer:
 
     def commit_metadata(self, *, profiles: dict[str, dict] | None = None,
                         artifacts: dict[str, list[str]] | None = None) -> None:
-        """Commit new rank profiles and/or collection-level artifacts (files already fsynced
-        under ``artifacts/<name>/``) in one manifest version."""
+        """Commit new rank profiles and/or collection-level artifacts (files written under
+        ``artifacts/<name>/``; fsynced and summed here) in one manifest version."""
         m = self.manifest.copy()
         if profiles:
             m.config.profiles.update(profiles)
-        if artifacts:
-            m.artifacts.update(artifacts)
+        for name, files in (artifacts or {}).items():
+            self._add_artifact(m, name, list(files))
         self.manifest = commit_manifest(self.folder, m)
 
     def delete(self, ids: Sequence[str]) -> int:
         m = self.manifest.copy()
         killed = self._tombstone_ids(m, pa.array(list(ids), pa.string()))
         if killed:
-            fsync_dir(self.folder / "tombstones", "commit.tombstones")
             self.manifest = commit_manifest(self.folder, m)
         return killed
+
+    def _add_artifact(self, m: Manifest, name: str, files: list[str]) -> None:
+        """Name ``artifacts/<name>/<files>`` in ``m``: each file and the folder fsynced (and
+        ``artifacts/``, which may have just gained the folder), each file summed."""
+        art = self.folder / "artifacts" / name
+        sums = {}
+        for f in files:
+            fsync_file(art / f, "commit.artifacts")
+            sums[f] = sum_file(art / f)
+            remember(art / f, sums[f])
+        fsync_dir(art, "commit.artifacts")
+        fsync_dir(art.parent, "commit.artifacts")
+        m.artifacts[name] = files
+        m.artifact_sums[name] = sums
 
     def _train_if_needed(self, m: Manifest, batch: BuildBatch) -> None:
         for name, kind in self.kinds.items():
@@ -167,5 +199,4 @@ class Writer:
                 kind.train(batch)
                 art = self.folder / "artifacts" / name
                 art.mkdir(parents=True, exist_ok=True)
-                m.artifacts[name] = kind.save_artifacts(art)
-                fsync_tree(art, "commit.artifacts")
+                self._add_artifact(m, name, kind.save_artifacts(art))
