@@ -52,7 +52,7 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         with progress_bar(f"indexing {source.path.name}", None if total is None else total - start,
                           enabled=progress) as advance:
             encode_progress = advance if w.encode is not None else None
-            for pos, item in source.records(start):
+            for pos, item in source.records(start, fields):
                 position = pos + 1
                 if isinstance(item, InputError):
                     if not skip_invalid:
