@@ -23,7 +23,7 @@ __all__ = ["AlreadyExists", "Corrupt", "InputError", "Internal", "InvalidArgumen
 
 _LAZY = {"open": ("polyindex.engine", "Engine"), "Engine": ("polyindex.engine", "Engine"),
          "Client": ("polyindex.client.remote", "Client"),
-         "__version__": ("polyindex.version", "__version__")}
+         "__version__": ("polyindex.cli.version", "__version__")}
 
 
 def __getattr__(name: str):

@@ -41,7 +41,7 @@ def _engine(data: Path, create: bool = True):
 
 def _version(value: bool) -> None:
     if value:
-        from polyindex.version import __version__
+        from polyindex.cli.version import __version__
         print(f"polyindex {__version__}")
         raise typer.Exit()
 
