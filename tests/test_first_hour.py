@@ -307,8 +307,10 @@ def test_14_hits_carry_metadata_when_asked(server, tmp_path, cli):
         assert (plain.title, plain.text, plain.metadata) == (None, None, None)
         hit = coll.query("swept wing", k=1, with_metadata=True)[0]
         assert hit.metadata == {"year": 1961, "w": 2.0} and hit.text is None
-        both = coll.query_batch(["hypersonic"], k=1, with_text=True, with_metadata=True)[0][0]
+        both = coll.query_batch(["hypersonic"], k=1, with_text=True)[0][0]  # as embedded
         assert both.metadata == {"year": 1965, "w": 0.5, "lang": "en"} and both.text.startswith("heat")
+        text_only = coll.query("hypersonic", k=1, with_text=True, with_metadata=False)[0]
+        assert text_only.metadata is None and text_only.title == "Heat"
     with grpc.insecure_channel(srv.address) as ch:
         resp = pb_grpc.PolyindexStub(ch).Query(pb.QueryRequest(
             collection="docs", text="wing", k=1, with_metadata=True))

@@ -211,8 +211,9 @@ class RemoteCollection:
 
     def query(self, text: str | None = None, *, vector=None, k: int = 10, profile=None,
               filter: dict | None = None, explain: bool = False, with_text: bool = False,
-              with_metadata: bool = False, timeout: float | None = None) -> list[Hit]:
-        """``with_text``: hits carry title and text; ``with_metadata``: their metadata."""
+              with_metadata: bool | None = None, timeout: float | None = None) -> list[Hit]:
+        """``with_text``: hits carry title and text; ``with_metadata``: their metadata (None:
+        the same as ``with_text``, as the embedded ``Collection.query`` does)."""
         req = self._request(k, profile, filter, explain, with_text, with_metadata)
         if text is not None:
             req.text = _text(text, 0)
@@ -223,7 +224,7 @@ class RemoteCollection:
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
-                    with_text: bool = False, with_metadata: bool = False,
+                    with_text: bool = False, with_metadata: bool | None = None,
                     timeout: float | None = None) -> list[list[Hit]]:
         n = len(texts) if texts is not None else len(vectors) if vectors is not None else 0
         if texts is not None and vectors is not None and len(vectors) != n:
@@ -250,6 +251,8 @@ class RemoteCollection:
             # the server checks 1..10000; here only what cannot travel as an int64
             raise (ResourceExhausted if isinstance(k, int) and not isinstance(k, bool) and k > 1
                    else InvalidArgument)(f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        if with_metadata is None:
+            with_metadata = with_text
         req = pb.QueryRequest(collection=self.name, k=k, explain=bool(explain),
                               with_text=bool(with_text), with_metadata=bool(with_metadata))
         if isinstance(profile, dict):
