@@ -33,8 +33,8 @@ native-deps:
 	if [ -n "$(NO_APT)" ]; then why="NO_APT is set"; \
 	elif ! command -v apt-get >/dev/null; then why="no apt-get on this machine"; \
 	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else why="not root and sudo needs a password"; fi; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else why="not root, and no sudo without a password"; fi; \
 	if [ -z "$$why" ]; then \
 	    echo "native: installing $(GRPC_PKGS) (apt-get)"; \
 	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

@@ -53,9 +53,10 @@ class BuildNative(build_ext):
             self._skip(f"the C++ build failed: {type(e).__name__}: {e}")
 
     def _skip(self, why: str) -> None:
-        for ext in self.extensions:  # a build/ left by an earlier build must not ship them
-            stale = self.get_ext_fullpath(ext.name)
-            if os.path.exists(stale):
+        in_place = self.inplace or getattr(self, "editable_mode", False)
+        for ext in [] if in_place else self.extensions:
+            stale = self.get_ext_fullpath(ext.name)  # in build/, left by an earlier build:
+            if os.path.exists(stale):                 # a wheel must not ship it
                 os.remove(stale)
         self.extensions = []
         warnings.warn(FALLBACK.format(why=why), stacklevel=1)

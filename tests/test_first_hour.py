@@ -54,6 +54,9 @@ def test_4_build_ext_without_grpc_falls_back_with_one_warning(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     for rel in ("engine/service/native", "engine/client/native", "engine/wire/native"):
         shutil.copytree(ROOT / rel, tmp_path / rel)
+    stale = tmp_path / "out" / "polyindex" / "service" / "_grpc_front.so"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by an earlier build")  # must not ship in a fallback wheel
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
