@@ -5,15 +5,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# setuptools' notice that an editable install uses a path finder is not something to act on
+export PYTHONWARNINGS := ignore:Editable installation
 
-.PHONY: demo test bench venv native clean
+.PHONY: demo test bench venv native native-deps clean
 
 # The native gRPC server front end and client channel (engine/{service,client}/native/*.cc)
-# against Debian's gRPC C++ (libgrpc++-dev; `.ci/run` installs it). Without them polyindex
-# falls back to grpcio.
+# against Debian's gRPC C++. `pip install` builds them too when it finds gRPC C++ (setup.py);
+# without them polyindex falls back to grpcio.
 NATIVE_SO := engine/service/_grpc_front.so engine/client/_grpc_channel.so
+GRPC_PKGS := libgrpc++-dev pkg-config g++
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below can pull a CUDA build.
@@ -23,12 +26,29 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-native: $(NATIVE_SO)
+# gRPC C++ when it is missing and we may install it (root, or sudo without a password, and
+# apt-get; NO_APT=1 opts out); otherwise one line saying why, and the grpcio fallback.
+native-deps:
+	@pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null && exit 0; \
+	if [ -n "$(NO_APT)" ]; then why="NO_APT is set"; \
+	elif ! command -v apt-get >/dev/null; then why="no apt-get on this machine"; \
+	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else why="not root, and no sudo without a password"; fi; \
+	if [ -z "$$why" ]; then \
+	    echo "native: installing $(GRPC_PKGS) (apt-get)"; \
+	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	        $$sudo apt-get install -y -qq $(GRPC_PKGS) >/dev/null || why="apt-get install failed"; \
+	fi; \
+	[ -z "$$why" ] || echo "native: gRPC C++ not installed ($$why): polyindex uses grpcio (install $(GRPC_PKGS) for the native front end)"
+
+native: native-deps $(STAMP)
+	@if pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null; then \
+	    $(MAKE) --no-print-directory $(NATIVE_SO); fi
 
 # One rule for both extensions: engine/<room>/_grpc_<x>.so from engine/<room>/native/grpc_<x>.cc
 define NATIVE_RULE
-$(1): $(subst /_grpc_,/native/grpc_,$(1:.so=.cc)) engine/wire/native/byte_buffer.h $(STAMP)
-	@pkg-config --exists grpc++ || { echo "gRPC C++ not found: apt-get install libgrpc++-dev pkg-config" >&2; exit 1; }
+$(1): $(subst /_grpc_,/native/grpc_,$(1:.so=.cc)) engine/wire/native/byte_buffer.h
 	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror -Iengine/wire/native \
 	    -I$$$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
 	    $$< -o $$@.tmp $$$$(pkg-config --cflags --libs grpc++)
@@ -48,4 +68,4 @@ bench: native
 	$(BIN)/python bench/bench_memory.py
 
 clean:
-	rm -rf $(VENV) .demo bench/results $(NATIVE_SO)
+	rm -rf $(VENV) .demo bench/results build $(NATIVE_SO)

@@ -20,10 +20,11 @@ from polyindex.errors import (
 
 __all__ = ["AlreadyExists", "Corrupt", "FailedPrecondition", "InputError", "Internal",
            "InvalidArgument", "NotFound", "PolyindexError", "ResourceExhausted", "Unauthenticated",
-           "open", "Engine", "Client"]
+           "open", "Engine", "Client", "__version__"]
 
 _LAZY = {"open": ("polyindex.engine", "Engine"), "Engine": ("polyindex.engine", "Engine"),
-         "Client": ("polyindex.client.remote", "Client")}
+         "Client": ("polyindex.client.remote", "Client"),
+         "__version__": ("polyindex.cli.version", "__version__")}
 
 
 def __getattr__(name: str):

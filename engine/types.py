@@ -35,3 +35,4 @@ class Hit:
     title: str | None = None
     text: str | None = None
     explain: dict[str, Any] | None = field(default=None, repr=False)
+    metadata: dict[str, Any] | None = None  # with_metadata only: the stored metadata

@@ -274,6 +274,15 @@ class MultivectorKind(IndexKind):
                 text += f",{key}={cfg[key]}"
         super().__init__(text)
 
+    def describe(self) -> str:
+        """The factory string; once a codebook is trained (or loaded) with fewer centroids
+        than asked (a small collection: K is at most a quarter of the training tokens), the
+        K it has, so ``info`` says what is used (the same string recreates it)."""
+        text = super().describe()
+        if self.codebook is not None and self.codebook.k != self.k:
+            text = text.replace(f"KMeans{self.k}", f"KMeans{self.codebook.k}", 1)
+        return text
+
     @property
     def kernels(self):
         if self._kernels is None or self._kernels[0] != self.device:

@@ -256,7 +256,14 @@ def _train_rotation(resid: np.ndarray, m: int, d_out: int) -> np.ndarray:
     opq = faiss.OPQMatrix(resid.shape[1], m, d_out)
     opq.niter = OPQ_NITER
     opq.verbose = False  # starts from the identity, its inner PQ has a fixed seed: deterministic
+    # OPQ's own inner PQ (same shape and default seed) would print a "please provide at least
+    # 9984 training points" warning per sub-quantizer and iteration (384 lines) on a small
+    # collection; this one accepts fewer points per centroid and trains identically otherwise
+    inner = faiss.ProductQuantizer(d_out, m, 8)
+    inner.cp.min_points_per_centroid = 1
+    opq.pq = inner
     opq.train(resid)
+    opq.pq = None  # `inner` is Python's to free
     rot = faiss.vector_to_array(opq.A).reshape(opq.d_out, opq.d_in)
     return np.ascontiguousarray(rot, dtype=np.float32)
 

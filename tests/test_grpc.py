@@ -31,7 +31,7 @@ from polyindex.service.metrics import Metrics
 from polyindex.service.server import serve
 from polyindex.service.servicer import PolyindexService
 from polyindex.wire.convert import from_struct, to_struct
-from polyindex.wire.grpc_errors import CLASS_KEY, DeadlineExceeded, Unavailable
+from polyindex.wire.grpc_errors import DeadlineExceeded, Unavailable
 
 DOCS = [{"id": "wing", "title": "Wing", "text": "flutter of a swept wing at transonic speed", "year": 1961},
         {"id": "heat", "title": "Heat", "text": "heat transfer in hypersonic flow", "year": 1965},
@@ -148,9 +148,10 @@ def test_upsert_is_all_or_nothing(stub):
     assert e.code() == Code.INVALID_ARGUMENT and "nothing was written" in e.details()
     typed = stub.Upsert(upsert_stream("docs", [{"id": "y", "text": "t"}]))
     assert typed.upserted == 1
-    e = rpc_error(stub.Upsert, iter([pb.UpsertRequest(collection="docs", documents=[
+    wrong = stub.Upsert(iter([pb.UpsertRequest(collection="docs", documents=[
         pb.Document(id="z", text="t", metadata=to_struct({"year": "old"}))])]))
-    assert e.code() == Code.INVALID_ARGUMENT and dict(e.trailing_metadata())[CLASS_KEY] == "InputError"
+    assert (wrong.upserted, wrong.failed) == (0, 1)  # a row error, like an empty id
+    assert (wrong.errors[0].id, wrong.errors[0].field) == ("z", "year")
 
 
 @pytest.mark.parametrize("request_, code, text", [

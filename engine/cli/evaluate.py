@@ -7,12 +7,36 @@ from typing import Iterable, Sequence
 import ir_measures
 from ir_measures import AP, RR, R, nDCG
 
+from polyindex.errors import InputError, InvalidArgument
 from polyindex.ingest.progress import progress_bar
 
 MEASURES = [nDCG @ 10, R @ 100, RR @ 10, AP]
 MEASURE_NAMES = {str(nDCG @ 10): "nDCG@10", str(R @ 100): "R@100", str(RR @ 10): "MRR@10",
                  str(AP): "MAP"}
 BATCH = 64
+
+
+def parse_measures(specs: Sequence[str] | None) -> list:
+    """ir-measures measures from their names (``nDCG@10``, ``P@5``, ``R@1000``, ``RR``,
+    ``Judged@10``, TREC names like ``ndcg_cut_10``...); none given: the default four."""
+    if not specs:
+        return list(MEASURES)
+    out = []
+    for spec in specs:
+        try:
+            out.extend([ir_measures.parse_measure(spec)])
+        except (NameError, ValueError, SyntaxError, TypeError):
+            try:
+                out.extend(ir_measures.parse_trec_measure(spec))
+            except (NameError, ValueError, SyntaxError, TypeError, KeyError):
+                raise InvalidArgument(f"--measure {spec!r} is not an ir-measures measure (e.g. "
+                                      "nDCG@10, P@5, R@1000, RR@10, AP, Judged@10, or a TREC "
+                                      "name such as ndcg_cut_10)") from None
+    return out
+
+
+def measure_name(measure) -> str:
+    return MEASURE_NAMES.get(str(measure), str(measure))
 
 
 def run_queries(collection, queries: Sequence[tuple[str, str]], *, profile: str | None, k: int,
@@ -41,14 +65,43 @@ def write_trec(path: Path, run: dict[str, list[tuple[str, float]]], tag: str) ->
         f.writelines(trec_lines(run, tag))
 
 
-def evaluate_run(run_path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+def read_run(path: Path) -> list:
+    """A TREC run file (``qid Q0 docid rank score tag``) as ir-measures ScoredDocs; a bad
+    line is an InputError naming it (ir-measures' own reader would fail without one)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgument(f"{path}: no such run file")
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                fields = raw.decode("utf-8").split()
+            except UnicodeDecodeError as e:
+                raise InputError(f"invalid UTF-8: {e.reason}", source=str(path), line=lineno) from None
+            if not fields:
+                continue
+            if len(fields) != 6:
+                raise InputError(f"expected 6 columns (qid Q0 docid rank score tag), got "
+                                 f"{len(fields)}", source=str(path), line=lineno)
+            try:
+                score = float(fields[4])
+            except ValueError:
+                raise InputError(f"score must be a number, got {fields[4]!r}",
+                                 source=str(path), line=lineno, doc_id=fields[2]) from None
+            out.append(ir_measures.ScoredDoc(fields[0], fields[2], score))
+    return out
+
+
+def evaluate_run(run_path: Path, qrels: dict[str, dict[str, int]],
+                 measures: Sequence | None = None) -> dict[str, float]:
     """Mean measures of a TREC run file over the judged queries; a judged query without hits
     counts as zero. Per-query values are summed here because whether ir-measures reports a
     query absent from the run (as 0) or leaves it out depends on the measure's provider."""
+    measures = list(measures or MEASURES)
     judged = set(qrels)
-    run = [r for r in ir_measures.read_trec_run(str(run_path)) if r.query_id in judged]
-    sums = {str(m): 0.0 for m in MEASURES}
-    for m in ir_measures.iter_calc(MEASURES, qrels, run):
+    run = [r for r in read_run(run_path) if r.query_id in judged]
+    sums = {str(m): 0.0 for m in measures}
+    for m in ir_measures.iter_calc(measures, qrels, run):
         sums[str(m.measure)] += float(m.value)
     n = len(judged)
-    return {MEASURE_NAMES[k]: (v / n if n else 0.0) for k, v in sums.items()}
+    return {measure_name(m): (sums[str(m)] / n if n else 0.0) for m in measures}

@@ -16,34 +16,58 @@ from rich.table import Table
 
 from polyindex.errors import InvalidArgument, PolyindexError
 
+# rich_markup_mode=None: click's plain help, where a flag reads `--json`, not `--json <bool>`
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="polyindex: a retrieval engine with hybrid indexes.")
 out = Console()
 err = Console(stderr=True)
 
 DataOpt = typer.Option(..., "--data", help="Data directory holding the collections.")
 CollOpt = typer.Option(..., "--collection", "-c", help="Collection name.")
+JsonOpt = typer.Option(False, "--json", help="Print JSON (for programs) instead of a table.")
+PROFILES_HELP = ("Rank profile: a kind the collection has (lexical, dense, multivector, sparse, "
+                 "tree), hybrid or ltr (lexical + dense), hybrid-mv, hybrid-sparse, "
+                 "hybrid-tree, or one the collection stores (see `polyindex info`). "
+                 "Default: hybrid when the collection has lexical and dense, else its first kind.")
 
 
-def _engine(data: Path, readonly: bool = False):
+def _engine(data: Path, readonly: bool = False, create: bool = True):
     """A writing engine (holds the data directory's lock) or, for commands that only read,
-    a read-only one: those work beside a running server and never create the directory."""
+    a read-only one: those work beside a running server and never create the directory
+    (a missing one is NotFound)."""
     from polyindex.engine import Engine
-    return Engine(data, readonly=readonly)
+    return Engine(data, readonly=readonly, create=create)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from polyindex.cli.version import __version__
+        print(f"polyindex {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """polyindex: a retrieval engine with hybrid indexes."""
 
 
 @app.command()
 def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parquet or .csv"),
           data: Path = DataOpt, collection: str = CollOpt,
-          index: Optional[List[str]] = typer.Option(None, "--index", help="Factory string, repeatable (default: lexical + dense)."),
-          field: Optional[List[str]] = typer.Option(None, "--field", help="Filterable metadata field NAME:TYPE (string|int|float|bool), repeatable."),
-          segment_size: int = typer.Option(50_000, help="Documents per segment (new collections)."),
+          index: Optional[List[str]] = typer.Option(None, "--index", metavar="FACTORY", help="Factory string, repeatable (default: lexical + dense)."),
+          field: Optional[List[str]] = typer.Option(None, "--field", metavar="NAME:TYPE", help="Filterable metadata field NAME:TYPE (string|int|float|bool), repeatable."),
+          segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-          progress: bool = typer.Option(True, "--progress/--no-progress")):
-    """Bulk-index documents into a collection (created on first use); resumable."""
+          progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr.")):
+    """Bulk-index documents into a collection; resumable.
+
+    The collection is created on first use (with --index and --field); a rerun resumes
+    after the last committed segment."""
     from polyindex.ingest.sources import open_source
     source = open_source(src)
     if server is not None:
@@ -61,7 +85,8 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                       f"collection {collection!r} now has {count:,} documents")
         return
     eng = _engine(data)
-    if collection in eng.list_collections():
+    created = collection not in eng.list_collections()
+    if not created:
         coll = eng.collection(collection)
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
             raise InvalidArgument(f"collection {collection!r} exists with indexes "
@@ -70,7 +95,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         fields = dict(_parse_field(f) for f in field or [])
         coll = eng.create_collection(collection, index or ["lexical", "dense"],
                                      segment_size=segment_size, fields=fields)
-    report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
+    try:
+        report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
+    except BaseException:
+        # A first run that committed nothing leaves no empty collection behind.
+        if created and not coll.sealed_snapshot().manifest.segments:
+            eng.drop_collection(collection)
+        raise
     payload = {**report.to_json(), "collection": collection, "documents": coll.count()}
     if as_json:
         print(json.dumps(payload))
@@ -97,40 +128,52 @@ def _parse_field(spec: str) -> tuple[str, str]:
 @app.command()
 def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --queries)."),
           data: Path = DataOpt, collection: str = CollOpt,
-          profile: Optional[str] = typer.Option(None, "--profile", "-p"),
-          k: int = typer.Option(10, "--k"),
-          filter: Optional[str] = typer.Option(None, "--filter", help='JSON filter, e.g. \'{"year": {"gte": 1990}}\''),
-          explain: bool = typer.Option(False, "--explain"),
-          queries: Optional[Path] = typer.Option(None, "--queries", help="queries.jsonl for a batch run."),
+          profile: Optional[str] = typer.Option(None, "--profile", "-p", help=PROFILES_HELP),
+          k: int = typer.Option(10, "--k", help="Number of hits (1..10000)."),
+          filter: Optional[str] = typer.Option(None, "--filter", help='JSON filter on declared fields, e.g. \'{"year": {"gte": 1990}}\''),
+          explain: bool = typer.Option(False, "--explain", help="Show each hit's per-stage ranks and scores."),
+          with_text: bool = typer.Option(False, "--with-text", help="Include each hit's text (JSON output)."),
+          with_metadata: bool = typer.Option(False, "--with-metadata", help="Include each hit's stored metadata."),
+          queries: Optional[Path] = typer.Option(None, "--queries", help="Queries for a batch run: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
           run: Optional[Path] = typer.Option(None, "--run", help="Write a TREC run file (with --queries)."),
-          as_json: bool = typer.Option(False, "--json")):
-    """Query a collection: one text (a table), or a batch of queries to a TREC run file."""
+          as_json: bool = JsonOpt):
+    """Query a collection (one text, or a batch of queries).
+
+    One text prints a table (or --json); --queries FILE writes a TREC run to --run."""
+    if queries is not None and run is None:
+        raise InvalidArgument("--queries needs --run OUT.trec")
+    if queries is None and not text:
+        raise InvalidArgument("give a query text or --queries FILE")
     coll = _engine(data, readonly=True).collection(collection)
     flt = _parse_filter(filter)
     if queries is not None:
         from polyindex.cli.evaluate import run_queries, write_trec
         from polyindex.ingest.sources import read_queries
         qs = read_queries(queries)
-        result = run_queries(coll, qs, profile=profile, k=k, progress=True)
-        if run is None:
-            raise InvalidArgument("--queries needs --run OUT.trec")
+        result = run_queries(coll, qs, profile=profile, k=k, progress=not as_json)
         tag = profile or "default"
         write_trec(run, result, tag)
-        out.print(f"wrote {sum(len(v) for v in result.values()):,} lines for {len(qs)} queries to {run}")
+        lines = sum(len(v) for v in result.values())
+        if as_json:
+            print(json.dumps({"run": str(run), "queries": len(qs), "lines": lines}))
+        else:
+            out.print(f"wrote {lines:,} lines for {len(qs)} queries to {run}")
         return
-    if not text:
-        raise InvalidArgument("give a query text or --queries FILE")
+    # The embedded query's with_text brings title, text and metadata; print what was asked
     hits = coll.query(text, k=k, profile=profile, filter=flt, explain=explain, with_text=True)
     if as_json:
         print(json.dumps([{"rank": h.rank, "id": h.id, "score": h.score, "title": h.title,
+                           **({"text": h.text} if with_text else {}),
+                           **({"metadata": h.metadata or {}} if with_metadata else {}),
                            **({"explain": h.explain} if explain else {})} for h in hits]))
         return
     table = Table(title=f"{collection} · {profile or 'default'} · {text!r}", show_lines=False)
-    for col in ("rank", "id", "score", "title / text"):
-        table.add_column(col, overflow="fold" if col == "title / text" else None)
+    for col in ("rank", "id", "score", "title / text", *(["metadata"] if with_metadata else [])):
+        table.add_column(col, overflow="fold" if col in ("title / text", "metadata") else None)
     for h in hits:
-        snippet = (h.title or h.text or "")[:90]
-        table.add_row(str(h.rank), h.id, f"{h.score:.4f}", snippet)
+        snippet = (h.text or "") if with_text else (h.title or h.text or "")[:90]
+        meta = [json.dumps(h.metadata or {}, ensure_ascii=False)] if with_metadata else []
+        table.add_row(str(h.rank), h.id, f"{h.score:.4f}", snippet, *meta)
     out.print(table)
     if explain:
         for h in hits:
@@ -147,38 +190,60 @@ def _parse_filter(text: Optional[str]):
 
 
 @app.command("eval")
-def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
-             queries: Path = typer.Option(..., "--queries"),
-             qrels: Path = typer.Option(..., "--qrels"),
-             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", help="Repeatable."),
+def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR qrels TSV or TREC qrels."),
+             data: Optional[Path] = typer.Option(None, "--data", help="Data directory (to run queries; not with --run)."),
+             collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection to query (not with --run)."),
+             queries: Optional[Path] = typer.Option(None, "--queries", help="Queries: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
+             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", metavar="PROFILE", help="Repeatable. " + PROFILES_HELP),
+             run: Optional[List[Path]] = typer.Option(None, "--run", metavar="FILE", help="Score this existing TREC run file instead of querying (repeatable)."),
+             measure: Optional[List[str]] = typer.Option(None, "--measure", "-m", metavar="MEASURE", help="An ir-measures measure, repeatable (e.g. nDCG@10, P@5, R@1000, RR, Judged@10). Default: nDCG@10, R@100, MRR@10, MAP."),
              k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
              run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Keep the TREC runs here."),
-             as_json: bool = typer.Option(False, "--json")):
-    """Evaluate profiles with ir-measures (nDCG@10, R@100, MRR@10, MAP) on judged queries."""
+             as_json: bool = JsonOpt):
+    """Score profiles, or existing run files, with ir-measures.
+
+    Either run the judged queries through each --profile of a collection, or score the
+    TREC run files given with --run."""
     import tempfile
 
-    from polyindex.cli.evaluate import evaluate_run, run_queries, write_trec
+    from polyindex.cli.evaluate import evaluate_run, parse_measures, run_queries, write_trec
     from polyindex.ingest.sources import read_qrels, read_queries
-    coll = _engine(data, readonly=True).collection(collection)
+    measures = parse_measures(measure)
     qrel = read_qrels(qrels)
-    qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
-    if not qs:
-        raise InvalidArgument(f"no query in {queries} has judgements in {qrels}")
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = run_dir or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        for p in profile:
-            run = run_queries(coll, qs, profile=p, k=k, progress=not as_json)
-            path = folder / f"{collection}.{p}.trec"
-            write_trec(path, run, p)
-            results[p] = evaluate_run(path, qrel)
-    payload = {"collection": collection, "queries": len(qs), "results": results}
+    if run:
+        if data is not None or collection is not None or queries is not None:
+            raise InvalidArgument("--run scores existing run files; --data, --collection and "
+                                  "--queries are for running queries: give one or the other")
+        for path in run:
+            results[str(path)] = evaluate_run(path, qrel, measures)
+        payload = {"runs": len(run), "queries": len(qrel), "results": results}
+        title = f"{qrels}: {len(qrel)} judged queries"
+    else:
+        missing = [o for o, v in (("--data", data), ("--collection", collection),
+                                  ("--queries", queries)) if v is None]
+        if missing:
+            raise InvalidArgument(f"give {', '.join(missing)} (to run queries) or --run FILE "
+                                  "(to score a run)")
+        coll = _engine(data, readonly=True).collection(collection)
+        qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
+        if not qs:
+            raise InvalidArgument(f"no query in {queries} has judgements in {qrels}")
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = run_dir or Path(tmp)
+            folder.mkdir(parents=True, exist_ok=True)
+            for p in profile:
+                result = run_queries(coll, qs, profile=p, k=k, progress=not as_json)
+                path = folder / f"{collection}.{p}.trec"
+                write_trec(path, result, p)
+                results[p] = evaluate_run(path, qrel, measures)
+        payload = {"collection": collection, "queries": len(qs), "results": results}
+        title = f"{collection}: {len(qs)} judged queries"
     if as_json:
         print(json.dumps(payload))
         return
-    table = Table(title=f"{collection}: {len(qs)} judged queries")
-    table.add_column("profile")
+    table = Table(title=title)
+    table.add_column("run" if run else "profile")
     names = list(next(iter(results.values())))
     for n in names:
         table.add_column(n, justify="right")
@@ -189,41 +254,47 @@ def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
 
 @app.command("train-ranker")
 def train_ranker(data: Path = DataOpt,
-                 collection: List[str] = typer.Option(..., "--collection", "-c", help="Collection to train on (repeatable: one model over several, stored in each)."),
-                 queries: List[Path] = typer.Option(..., "--queries", help="queries.jsonl, one per --collection."),
-                 qrels: List[Path] = typer.Option(..., "--qrels", help="Training qrels, one per --collection."),
-                 valid: Optional[List[Path]] = typer.Option(None, "--valid", help="Validation qrels for early stopping, one per --collection (default: 20% of the training queries)."),
+                 collection: List[str] = typer.Option(..., "--collection", "-c", metavar="NAME", help="Collection to train on (repeatable: one model over several, stored in each)."),
+                 queries: List[Path] = typer.Option(..., "--queries", metavar="FILE", help="Queries (BEIR queries.jsonl, TSV or TREC topics), one per --collection."),
+                 qrels: List[Path] = typer.Option(..., "--qrels", metavar="FILE", help="Training qrels, one per --collection."),
+                 valid: Optional[List[Path]] = typer.Option(None, "--valid", metavar="FILE", help="Validation qrels for early stopping, one per --collection (default: 20% of the training queries)."),
                  name: str = typer.Option("ltr-trained", "--name", help="Ranker (and rank profile) name."),
                  window: int = typer.Option(100, "--window", help="Candidates reranked per query."),
-                 profile: str = typer.Option("hybrid", "--profile", help="Profile giving the candidates."),
+                 profile: str = typer.Option("hybrid", "--profile", help="Profile giving the candidates (one without a rerank stage, e.g. hybrid)."),
                  transform: str = typer.Option("raw+query", "--transform", help="raw, raw+query (default: raw and per-query normalized scores) or general (ranks within the window, transfers across collections)."),
                  log_features: Optional[Path] = typer.Option(None, "--log-features", help="Write the training features to this .parquet file."),
-                 as_json: bool = typer.Option(False, "--json")):
-    """Train a LightGBM lambdarank ranker on judged queries; store it with a profile NAME."""
+                 as_json: bool = JsonOpt):
+    """Train a LightGBM ranker on judged queries.
+
+    The lambdarank model is stored in the collection with a rank profile of its --name."""
     from polyindex.cli.train_ranker import train_command
-    report = train_command(_engine(data), collection, queries, qrels, valid, name=name,
+    report = train_command(_engine(data, create=False), collection, queries, qrels, valid, name=name,
                            window=window, profile=profile, transform=transform,
                            log_features=log_features, progress=not as_json)
     if as_json:
         print(json.dumps(report))
         return
+    ndcg = report["valid_ndcg10"]
     out.print(f"trained ranker {name!r}: {report['rounds']} rounds on {report['train_queries']} "
-              f"queries (validation nDCG@10 {report['valid_ndcg10']}); stored in "
+              f"queries (validation nDCG@10 {'-' if ndcg is None else f'{ndcg:.4f}'} on "
+              f"{report['valid_queries']} queries); stored in "
               f"{', '.join(report['collections'])} with rank profile {name!r}")
 
 
 @app.command()
-def info(data: Path = DataOpt, collection: Optional[str] = typer.Option(None, "--collection", "-c"),
-         as_json: bool = typer.Option(False, "--json")):
-    """Describe a collection (or list the collections of a data directory)."""
+def info(data: Path = DataOpt, collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Describe this collection (default: list them)."),
+         as_json: bool = JsonOpt):
+    """Describe a collection, or list the collections."""
+    from polyindex.cli.show import show_collection, show_collections
     eng = _engine(data, readonly=True)
     payload = (eng.collection(collection).info() if collection
                else {"collections": eng.list_collections()})
     if as_json:
         print(json.dumps(payload))
+    elif collection:
+        show_collection(out, payload)
     else:
-        for key, value in payload.items():
-            out.print(f"[bold]{key}[/bold]: {value}")
+        show_collections(out, data, [eng.collection(n).info() for n in payload["collections"]])
 
 
 @app.command()
@@ -265,8 +336,10 @@ def _print_verify(reports, ok: bool) -> None:
 
 @app.command()
 def demo(data: Path = typer.Option(Path(".demo"), "--data", help="Where the demo collection goes."),
-         k: int = typer.Option(5, "--k")):
-    """Index the shipped Cranfield collection and show a few queries under each profile."""
+         k: int = typer.Option(5, "--k", help="Hits shown per query and profile.")):
+    """Index the shipped Cranfield data and query it.
+
+    Shows a few queries under each profile and scores all judged queries."""
     from polyindex.cli.demo import run_demo
     run_demo(data, k, out)
 
@@ -281,9 +354,11 @@ def serve(data: Path = DataOpt,
           workers: int = typer.Option(8, "--workers", help="Threads serving calls concurrently."),
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
           cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
-          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built by `make native`), python (grpcio) or auto (native when built)."),
+          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
           readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits followed.")):
-    """Serve the collections over gRPC until SIGTERM/SIGINT, then drain calls and flush writes."""
+    """Serve the collections over gRPC.
+
+    Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
     from polyindex.service.server import run
     run(data, host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
         workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,

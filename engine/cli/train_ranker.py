@@ -64,6 +64,9 @@ def train_command(eng, collections: Sequence[str], queries: Sequence[Path], qrel
         else:
             keep, held = split_queries(len(c_train.qids))
             c_train, c_valid = c_train.subset(keep), c_train.subset(held)
+        _check_judged(coll.name, c_train, "training", qrels[i], profile, window)
+        _check_judged(coll.name, c_valid, "validation", valid[i] if valid else qrels[i],
+                      profile, window)
         trains.append(c_train)
         valids.append(c_valid)
     retrieve = trains[0].meta["retrieve"]
@@ -80,6 +83,22 @@ def train_command(eng, collections: Sequence[str], queries: Sequence[Path], qrel
             "valid_queries": ranker.meta["valid_queries"],
             "valid_ndcg10": ranker.meta["valid_ndcg10"], "transform": transform,
             "features": len(schema.NAMES), "schema_version": schema.VERSION}
+
+
+def _check_judged(collection: str, c: Candidates, split: str, qrels: Path, profile: str,
+                  window: int) -> None:
+    """A split must hold a query with a judged-relevant candidate: without one in training
+    there is nothing to learn, without one in validation no early stopping (LightGBM would
+    run every round and report no score)."""
+    if not c.qids:
+        raise InvalidArgument(f"{collection}: no {split} queries (one judged training query "
+                              "leaves none to hold out for early stopping): give --valid QRELS")
+    useful = sum(1 for i in range(len(c.qids)) if c.labels[c.qptr[i]:c.qptr[i + 1]].any())
+    if useful == 0:
+        raise InvalidArgument(
+            f"{collection}: none of the {len(c.qids)} {split} queries has a relevant document "
+            f"(judged > 0 in {qrels}) among its top {window} {profile} candidates; check that "
+            "the qrels are this collection's (query and document ids) or widen --window")
 
 
 def write_features(path: Path, parts: dict[str, Candidates]) -> None:

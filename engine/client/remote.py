@@ -53,7 +53,7 @@ _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 try:
     from polyindex.client import _grpc_channel
-except ImportError:  # not built (``make native``): grpcio carries every call
+except ImportError:  # not built (no gRPC C++ at install): grpcio carries every call
     _grpc_channel = None
 TRANSPORTS = ("auto", "native", "python")
 
@@ -68,7 +68,10 @@ class Client:
             raise InvalidArgument(f"transport must be one of {', '.join(TRANSPORTS)}, "
                                   f"got {transport!r}")
         if transport == "native" and _grpc_channel is None:
-            raise InvalidArgument("the native gRPC channel is not built; run `make native`")
+            raise InvalidArgument("the native gRPC channel is not available (install gRPC C++: "
+                                  "apt-get install libgrpc++-dev pkg-config, and reinstall "
+                                  "polyindex, or `make native` in a source checkout); "
+                                  "use transport='python'")
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes)]
         secure = tls is not None and tls is not False
@@ -129,8 +132,8 @@ class Client:
     def collection(self, name: str) -> "RemoteCollection":
         """Like ``Engine.collection``: raises NotFound for an unknown collection."""
         validate_name(name)
-        self._call("DescribeCollection", pb.DescribeCollectionRequest(name=name))
-        return RemoteCollection(self, name)
+        info = self._call("DescribeCollection", pb.DescribeCollectionRequest(name=name)).info
+        return RemoteCollection(self, name, _fields_of(info))
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
                           model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
@@ -146,8 +149,8 @@ class Client:
         if profiles:
             req.profiles.CopyFrom(_struct(profiles, "profiles"))
         # Not retried: a create that landed would come back ALREADY_EXISTS on the retry.
-        self._call("CreateCollection", req, retry=False)
-        return RemoteCollection(self, name)
+        info = self._call("CreateCollection", req, retry=False).info
+        return RemoteCollection(self, name, _fields_of(info))
 
     def drop_collection(self, name: str) -> None:
         self._call("DropCollection", pb.DropCollectionRequest(name=name), retry=False)
@@ -175,6 +178,12 @@ class Client:
         self.close()
 
 
+def _fields_of(info) -> dict[str, str]:
+    """The declared fields from a CollectionInfo: their types let floats come back as floats."""
+    fields = from_struct(info).get("fields")
+    return dict(fields) if isinstance(fields, dict) else {}
+
+
 def _struct(data, what: str):
     try:
         return to_struct(data)
@@ -197,23 +206,26 @@ def _doc(obj: Any, i: int) -> Document:
 class RemoteCollection:
     """The embedded ``Collection`` API over gRPC."""
 
-    def __init__(self, client: Client, name: str):
-        self.client, self.name = client, name
+    def __init__(self, client: Client, name: str, fields: dict[str, str] | None = None):
+        self.client, self.name, self.fields = client, name, dict(fields or {})
 
     def query(self, text: str | None = None, *, vector=None, k: int = 10, profile=None,
               filter: dict | None = None, explain: bool = False, with_text: bool = False,
-              timeout: float | None = None) -> list[Hit]:
-        req = self._request(k, profile, filter, explain, with_text)
+              with_metadata: bool | None = None, timeout: float | None = None) -> list[Hit]:
+        """``with_text``: hits carry title and text; ``with_metadata``: their metadata (None:
+        the same as ``with_text``, as the embedded ``Collection.query`` does)."""
+        req = self._request(k, profile, filter, explain, with_text, with_metadata)
         if text is not None:
             req.text = _text(text, 0)
         if vector is not None:
             req.vector.extend(_vector(vector, 0))
         resp = self.client._call("Query", req, timeout=timeout)
-        return [hit_from_proto(h) for h in resp.hits]
+        return [hit_from_proto(h, self.fields) for h in resp.hits]
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
-                    with_text: bool = False, timeout: float | None = None) -> list[list[Hit]]:
+                    with_text: bool = False, with_metadata: bool | None = None,
+                    timeout: float | None = None) -> list[list[Hit]]:
         n = len(texts) if texts is not None else len(vectors) if vectors is not None else 0
         if texts is not None and vectors is not None and len(vectors) != n:
             raise InvalidArgument(f"{n} query texts but {len(vectors)} vectors")
@@ -223,7 +235,7 @@ class RemoteCollection:
             raise InvalidArgument("no queries given")
         out: list[list[Hit]] = []
         for start in range(0, n, QUERY_BATCH):
-            req = self._request(k, profile, filter, explain, with_text)
+            req = self._request(k, profile, filter, explain, with_text, with_metadata)
             for i in range(start, min(n, start + QUERY_BATCH)):
                 item = req.batch.add()
                 if texts is not None and texts[i] is not None:
@@ -231,16 +243,18 @@ class RemoteCollection:
                 if vectors is not None:
                     item.vector.extend(_vector(vectors[i], i))
             resp = self.client._call("Query", req, timeout=timeout)
-            out.extend([hit_from_proto(h) for h in hl.hits] for hl in resp.batch)
+            out.extend([hit_from_proto(h, self.fields) for h in hl.hits] for hl in resp.batch)
         return out
 
-    def _request(self, k, profile, filter, explain, with_text) -> pb.QueryRequest:
+    def _request(self, k, profile, filter, explain, with_text, with_metadata) -> pb.QueryRequest:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= _INT64_MAX:
             # the server checks 1..10000; here only what cannot travel as an int64
             raise (ResourceExhausted if isinstance(k, int) and not isinstance(k, bool) and k > 1
                    else InvalidArgument)(f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        if with_metadata is None:
+            with_metadata = with_text
         req = pb.QueryRequest(collection=self.name, k=k, explain=bool(explain),
-                              with_text=bool(with_text))
+                              with_text=bool(with_text), with_metadata=bool(with_metadata))
         if isinstance(profile, dict):
             req.inline_profile.CopyFrom(_struct(profile, "profile"))
         elif profile is not None:
@@ -288,7 +302,8 @@ class RemoteCollection:
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         ids = _check_ids(ids)
         resp = self.client._call("Get", pb.GetRequest(collection=self.name, ids=ids))
-        return [doc_from_proto(d) if found else None for d, found in zip(resp.documents, resp.found)]
+        return [doc_from_proto(d, self.fields) if found else None
+                for d, found in zip(resp.documents, resp.found)]
 
     def count(self) -> int:
         resp = self.client._call("Stats", pb.StatsRequest(collection=self.name))

@@ -21,6 +21,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from polyindex.encode.text import CHUNK
 from polyindex.index.protocol import DocTokens
 
 
@@ -111,7 +112,7 @@ class SentenceTokenEncoder:
 
     def encode_documents(self, texts: Sequence[str], *, salience: bool = False,
                          on_batch: Callable[[int], None] | None = None, batch_size: int = 64,
-                         chunk: int = 1024) -> tuple[np.ndarray, list[DocTokens]]:
+                         chunk: int = CHUNK) -> tuple[np.ndarray, list[DocTokens]]:
         """Longest-first chunks, like ``Encoder.encode`` (the same batches, so the sentence
         embeddings equal what it returns); tokens are stored as float16 (the model runs in
         bfloat16, so float16 loses nothing) to bound a segment's memory."""

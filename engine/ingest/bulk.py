@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from polyindex.errors import InputError
-from polyindex.ingest.progress import progress_bar
+from polyindex.ingest.progress import ObservedKind, Phases
 from polyindex.ingest.sources import Source
 
 
@@ -29,7 +29,9 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
                force: bool = False) -> IngestReport:
     report = IngestReport()
     fingerprint = source.fingerprint()
-    with collection.writer() as w:
+    with collection.writer() as w, Phases(enabled=progress) as phases:
+        if progress:  # each kind's training and build show as phases of the run
+            w.kinds = {name: ObservedKind(kind, phases) for name, kind in w.kinds.items()}
         job = w.manifest.ingest
         start = 0
         if job and job.get("source") == fingerprint and not force:
@@ -49,23 +51,23 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
             return {"source": fingerprint, "position": position, "done": done,
                     "skipped_invalid": report.skipped_invalid}
 
-        with progress_bar(f"indexing {source.path.name}", None if total is None else total - start,
-                          enabled=progress) as advance:
-            encode_progress = advance if w.encode is not None else None
-            for pos, item in source.records(start):
-                position = pos + 1
-                if isinstance(item, InputError):
-                    if not skip_invalid:
-                        raise item  # the open segment is dropped: nothing of it is committed
-                    report.skipped_invalid += 1
-                    advance(1)  # the bar counts records consumed
-                    continue
-                if buffer.pop(item.id, None) is not None:  # last write wins, also in a segment
-                    advance(1)  # the replaced record will never be encoded
-                buffer[item.id] = item
-                if len(buffer) >= size:
-                    _seal(w, buffer, fields, state(False), encode_progress, advance, report)
-            _seal(w, buffer, fields, state(True), encode_progress, advance, report)
+        advance = phases.records(f"indexing {source.path.name}",
+                                 None if total is None else total - start)
+        encode_progress = advance if w.encode is not None else None
+        for pos, item in source.records(start, fields):
+            position = pos + 1
+            if isinstance(item, InputError):
+                if not skip_invalid:
+                    raise item  # the open segment is dropped: nothing of it is committed
+                report.skipped_invalid += 1
+                advance(1)  # the bar counts records consumed
+                continue
+            if buffer.pop(item.id, None) is not None:  # last write wins, also in a segment
+                advance(1)  # the replaced record will never be encoded
+            buffer[item.id] = item
+            if len(buffer) >= size:
+                _seal(w, buffer, fields, state(False), encode_progress, advance, report)
+        _seal(w, buffer, fields, state(True), encode_progress, advance, report)
     collection.refresh()
     return report
 

@@ -2,6 +2,7 @@
 ``add()``), shared by every source, the embedded engine and the remote client."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -47,9 +48,45 @@ def _check_id(raw_id: Any) -> str:
     return raw_id
 
 
+# Python types a declared field accepts (bool is an int to Python, never to a field)
+_ACCEPTS = {"string": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def typed_value(value: Any, ftype: str, from_text: bool = False) -> Any:
+    """A declared field's value checked against its type; ``from_text`` (CSV cells, where
+    every value is a string) parses the text first, an empty cell being no value. Raises
+    ValueError saying what is wrong."""
+    if from_text and isinstance(value, str) and ftype != "string":
+        text = value.strip()
+        try:
+            if not text:
+                return None
+            if ftype == "int":
+                return int(text)
+            if ftype == "float":
+                number = float(text)
+                if math.isfinite(number):
+                    return number
+            elif text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        except ValueError:
+            pass
+        want = {"int": "an integer", "float": "a finite number", "bool": "true or false"}[ftype]
+        raise ValueError(f"{value!r} is not {want} (declared {ftype})"[:200])
+    if value is not None and (not isinstance(value, _ACCEPTS[ftype])
+                              or (ftype != "bool" and isinstance(value, bool))):
+        raise ValueError(f"must be {ftype}, got {kind_of(value)} {value!r}"[:200])
+    return value
+
+
 def document_from_record(rec: dict[str, Any], source: str | None = None,
-                         line: int | None = None) -> Document | InputError:
-    """Validate one parsed record (JSON object, CSV/Parquet row, or a dict given to add())."""
+                         line: int | None = None, fields: dict[str, str] | None = None,
+                         from_text: bool = False) -> Document | InputError:
+    """Validate one parsed record (JSON object, CSV/Parquet row, or a dict given to add()).
+
+    ``fields`` (the collection's declared fields) are type-checked here, where the record's
+    file and line are known; ``from_text`` parses them from text first (CSV)."""
     id_field = "_id" if "_id" in rec else "id"
     try:
         doc_id = _check_id(rec.get(id_field))
@@ -73,4 +110,14 @@ def document_from_record(rec: dict[str, Any], source: str | None = None,
     for key, value in rec.items():
         if key not in (id_field, "text", "title") and not (key == "metadata" and isinstance(value, dict)):
             metadata[key] = value  # top-level keys win over same-named nested ones
+    for name, ftype in (fields or {}).items():
+        if name in metadata:
+            try:
+                value = typed_value(metadata[name], ftype, from_text)
+            except ValueError as e:
+                return InputError(str(e), source=source, line=line, field=name, doc_id=doc_id)
+            if value is None:
+                metadata.pop(name)  # an empty CSV cell: the document has no value there
+            else:
+                metadata[name] = value
     return Document(doc_id, title, text, metadata)

@@ -119,9 +119,11 @@ def _parse_json_line(raw: bytes, source: str, lineno: int) -> dict[str, Any] | I
     return obj
 
 
-def _jsonl_records(path: Path, source: str, start: int) -> Iterator[tuple[int, Document | InputError]]:
+def _jsonl_records(path: Path, source: str, start: int, fields: dict[str, str]
+                   ) -> Iterator[tuple[int, Document | InputError]]:
     for position, lineno, obj in _json_lines(path, source, start):
-        yield position, obj if isinstance(obj, InputError) else document_from_record(obj, source, lineno)
+        yield position, (obj if isinstance(obj, InputError)
+                         else document_from_record(obj, source, lineno, fields))
 
 
 # ---------------------------------------------------------------- CSV
@@ -147,7 +149,8 @@ class _DecodedLines:
             return raw.decode("utf-8", "replace")
 
 
-def _csv_records(path: Path, source: str, start: int) -> Iterator[tuple[int, Document | InputError]]:
+def _csv_records(path: Path, source: str, start: int, fields: dict[str, str]
+                 ) -> Iterator[tuple[int, Document | InputError]]:
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
     with _open_bytes(path) as f:
         lines = _DecodedLines(f)
@@ -169,7 +172,7 @@ def _csv_records(path: Path, source: str, start: int) -> Iterator[tuple[int, Doc
             position += 1
             if position <= start:
                 continue
-            yield position - 1, _csv_row(header, row, lines, first, last, source)
+            yield position - 1, _csv_row(header, row, lines, first, last, source, fields)
 
 
 def _csv_header(reader: Any, lines: _DecodedLines, source: str) -> list[str]:
@@ -188,13 +191,14 @@ def _csv_header(reader: Any, lines: _DecodedLines, source: str) -> list[str]:
 
 
 def _csv_row(header: list[str], row: list[str], lines: _DecodedLines, first: int, last: int,
-             source: str) -> Document | InputError:
+             source: str, fields: dict[str, str]) -> Document | InputError:
     bad = [(n, lines.bad.pop(n)) for n in range(first, last + 1) if n in lines.bad]  # pop: bounded dict
     if bad:
         return InputError(bad[0][1], source=source, line=bad[0][0])
     if len(row) != len(header):
         return InputError(f"expected {len(header)} fields, got {len(row)}", source=source, line=first)
-    return document_from_record(dict(zip(header, row)), source, first)
+    # Every CSV cell is text: declared fields are parsed to their type (year:int -> 1961)
+    return document_from_record(dict(zip(header, row)), source, first, fields, from_text=True)
 
 
 # ---------------------------------------------------------------- Parquet
@@ -224,7 +228,8 @@ def _check_parquet_schema(schema: Any, source: str) -> None:
                              source=source, field=col)
 
 
-def _parquet_records(path: Path, source: str, start: int) -> Iterator[tuple[int, Document | InputError]]:
+def _parquet_records(path: Path, source: str, start: int, fields: dict[str, str]
+                     ) -> Iterator[tuple[int, Document | InputError]]:
     pf = _parquet_file(path, source)
     with pf:
         _check_parquet_schema(pf.schema_arrow, source)
@@ -253,7 +258,7 @@ def _parquet_records(path: Path, source: str, start: int) -> Iterator[tuple[int,
                 batch, position, skip = batch.slice(skip), position + skip, 0
             for rec in batch.to_pylist():
                 rec = {k: v if k in _CORE else _jsonable(v) for k, v in rec.items()}
-                yield position, document_from_record(rec, source, position + 1)
+                yield position, document_from_record(rec, source, position + 1, fields)
                 position += 1
 
 
@@ -300,32 +305,79 @@ class Source:
             return lines
         return max(lines - 1, 0)  # the header
 
-    def records(self, start: int = 0) -> Iterator[tuple[int, Document | InputError]]:
+    def records(self, start: int = 0, fields: dict[str, str] | None = None
+                ) -> Iterator[tuple[int, Document | InputError]]:
+        """``fields``: declared metadata fields (name -> type), checked per record (CSV text
+        parsed to the type), so a wrong value is reported with its file and line."""
         if start < 0:
             raise InvalidArgument(f"start must be >= 0, got {start}")
         reader = {"parquet": _parquet_records, "csv": _csv_records}.get(self.format, _jsonl_records)
-        return reader(self.data_path, self.name, start)
+        return reader(self.data_path, self.name, start, dict(fields or {}))
 
 
 # ---------------------------------------------------------------- queries and qrels
 
 def read_queries(path: str | Path) -> list[tuple[str, str]]:
-    """Read BEIR queries.jsonl (or a BEIR folder holding one) as [(id, text)]; raises InputError."""
+    """Read queries as [(id, text)]; raises InputError at the bad line.
+
+    Formats, told apart by content: BEIR ``queries.jsonl`` (or a BEIR folder holding one),
+    TSV ``id<TAB>text`` lines (MS MARCO style; a ``query-id``/``qid`` header is skipped), and
+    TREC topics (``<top><num> Number: 51 <title> ...`` or ``<topic number="51"><query>``):
+    the title (or query) is the text.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "queries.jsonl"
     if not path.is_file():
         raise InvalidArgument(f"{path}: no such queries file")
-    source, queries = str(path), []
+    source = str(path)
+    first = next((line for _, line in _text_lines(path, source)), "")
+    if first.startswith("<"):
+        from polyindex.ingest.topics import read_trec_topics
+        queries = read_trec_topics(path, source)
+    elif first.startswith("{"):
+        queries = _jsonl_queries(path, source)
+    else:
+        queries = _tsv_queries(path, source)
+    seen: dict[str, int] = {}
+    for i, (qid, _) in enumerate(queries):
+        if qid in seen:
+            raise InputError(f"query id {qid!r} given twice (query {seen[qid] + 1} and {i + 1})",
+                             source=source, doc_id=qid)
+        seen[qid] = i
+    return queries
+
+
+def _query(qid: Any, text: Any, source: str, lineno: int) -> tuple[str, str]:
+    doc = document_from_record({"_id": qid, "text": text, "title": ""}, source, lineno)
+    if isinstance(doc, InputError):
+        raise InputError(doc.reason.replace("document", "query"), source=source, line=lineno,
+                         field=doc.field, doc_id=doc.doc_id)
+    if not doc.text.strip():
+        raise InputError("empty query text", source=source, line=lineno, field="text",
+                         doc_id=doc.id)
+    return doc.id, doc.text
+
+
+def _jsonl_queries(path: Path, source: str) -> list[tuple[str, str]]:
+    queries = []
     for _, lineno, obj in _json_lines(path, source):
         if isinstance(obj, InputError):
             raise obj
-        rec = {"_id": obj.get("_id", obj.get("id")), "text": obj.get("text"), "title": ""}
-        doc = document_from_record(rec, source, lineno)
-        if isinstance(doc, InputError):
-            raise InputError(doc.reason.replace("document", "query"), source=source, line=lineno,
-                             field=doc.field, doc_id=doc.doc_id)
-        queries.append((doc.id, doc.text))
+        queries.append(_query(obj.get("_id", obj.get("id")), obj.get("text"), source, lineno))
+    return queries
+
+
+def _tsv_queries(path: Path, source: str) -> list[tuple[str, str]]:
+    queries = []
+    for lineno, line in _text_lines(path, source):
+        qid, tab, text = line.partition("\t")
+        if not tab:
+            raise InputError("expected 'id<TAB>text' (TSV), a JSON object (JSONL) or TREC "
+                             "topics (<top>)", source=source, line=lineno)
+        if not queries and qid.strip().lower() in ("query-id", "qid", "query_id", "id", "_id"):
+            continue  # a header row
+        queries.append(_query(qid.strip(), text.strip(), source, lineno))
     return queries
 
 

@@ -45,6 +45,7 @@ def _field_expr(name: str, cond, fields: dict[str, str]) -> pc.Expression:
         raise InvalidArgument(f"filter names field {name!r}, which is not a declared field "
                               f"(declared: {sorted(fields) or 'none'}; 'id' always works)")
     col = pc.field(name)
+    ftype = "string" if name == "id" else fields[name]
     if not isinstance(cond, dict):
         cond = {"eq": cond}
     exprs = []
@@ -52,11 +53,14 @@ def _field_expr(name: str, cond, fields: dict[str, str]) -> pc.Expression:
         if op in ("in", "nin"):
             if not isinstance(value, list):
                 raise InvalidArgument(f"filter on {name!r}: {op!r} needs a list")
+            for v in value:
+                _check_value(name, ftype, op, v)
             e = col.isin(value)
             exprs.append(~e if op == "nin" else e)
         elif op in OPS:
             if isinstance(value, (list, dict)) or value is None:
                 raise InvalidArgument(f"filter on {name!r}: {op!r} needs a scalar value")
+            _check_value(name, ftype, op, value)
             exprs.append(getattr(col, OPS[op])(value))
         else:
             raise InvalidArgument(f"filter on {name!r}: unknown operator {op!r} "
@@ -65,6 +69,19 @@ def _field_expr(name: str, cond, fields: dict[str, str]) -> pc.Expression:
     for e in exprs[1:]:
         expr = expr & e
     return expr
+
+
+_WANT = {"string": ((str,), "a string"), "int": ((int,), "an integer"),
+         "float": ((int, float), "a number"), "bool": ((bool,), "true or false")}
+
+
+def _check_value(name: str, ftype: str, op: str, value) -> None:
+    """A value must suit the field's declared type; Arrow's own message for a mismatch names
+    compute kernels, not the field (bool is an int to Python, never to a filter)."""
+    ok, want = _WANT[ftype]
+    if not isinstance(value, ok) or (ftype != "bool" and isinstance(value, bool)):
+        raise InvalidArgument(f"filter on {name!r}: {op!r} needs {want} ({name!r} is declared "
+                              f"{ftype}), got {type(value).__name__} {value!r}"[:300])
 
 
 def evaluate(expr: pc.Expression, table: pa.Table) -> np.ndarray:

@@ -48,7 +48,12 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
 
 
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
-        filter_expr=None, explain: bool = False, with_text: bool = False) -> list[list[Hit]]:
+        filter_expr=None, explain: bool = False, with_text: bool = False,
+        with_metadata: bool | None = None) -> list[list[Hit]]:
+    """``with_text``: each hit's title and text; ``with_metadata``: its stored metadata
+    (None: the same as ``with_text``, what ``Collection.query(with_text=True)`` gives)."""
+    if with_metadata is None:
+        with_metadata = with_text
     allow = allow_masks(snapshot, filter_expr)
     # With one stage and nothing after it, the stage's top-k is the answer: fetch exactly k.
     single = len(profile.retrieve) == 1 and profile.rerank is None
@@ -72,8 +77,8 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
                               [st.index for st in profile.retrieve], profile.rerank, explain)
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
-    return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None, with_text,
-                  None if details is None else details[:k], query)
+    return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None,
+                  (with_text, with_metadata), None if details is None else details[:k], query)
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
@@ -92,15 +97,12 @@ def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
     return keys[:keep], scores[:keep]
 
 
-def _hits(snapshot, keys, scores, profile, lists, with_text, details=None,
+def _hits(snapshot, keys, scores, profile, lists, payload, details=None,
           query: Query | None = None) -> list[Hit]:
     ids = snapshot.ids_of(keys)
     hits = [Hit(i, s, r) for r, i, s in zip(range(1, len(ids) + 1), ids, scores.tolist())]
-    if with_text and hits:
-        seg, rows = snapshot.locate(keys)
-        for h, s, r in zip(hits, seg.tolist(), rows.tolist()):
-            doc = snapshot.segments[s].docs.rows([r], ("title", "text"))[0]
-            h.title, h.text = doc["title"], doc["text"]
+    if any(payload) and hits:
+        _payload(snapshot, hits, keys, *payload)
     if lists is not None:
         per_stage = []
         for st, (s, kk) in zip(profile.retrieve, lists):
@@ -119,6 +121,25 @@ def _hits(snapshot, keys, scores, profile, lists, with_text, details=None,
         if query is not None and hits:
             _index_explain(snapshot, profile, query, hits, keys)
     return hits
+
+
+def _payload(snapshot, hits: list[Hit], keys, with_text: bool, with_metadata: bool) -> None:
+    """Fill in the stored title/text and/or metadata of hits, one read per segment."""
+    seg, rows = snapshot.locate(keys)
+    by_segment: dict[int, list[int]] = {}
+    for i, s in enumerate(seg.tolist()):
+        by_segment.setdefault(s, []).append(i)
+    for s, idx in by_segment.items():
+        docs = snapshot.segments[s].docs
+        seg_rows = [int(rows[i]) for i in idx]
+        if with_metadata:
+            for i, doc in zip(idx, docs.documents(seg_rows)):
+                hits[i].metadata = doc.metadata
+                if with_text:
+                    hits[i].title, hits[i].text = doc.title, doc.text
+        else:
+            for i, doc in zip(idx, docs.rows(seg_rows, ("title", "text"))):
+                hits[i].title, hits[i].text = doc["title"], doc["text"]
 
 
 def _index_explain(snapshot, profile, query: Query, hits: list[Hit], keys) -> None:

@@ -1,6 +1,6 @@
 """The native gRPC front end's Python half: routes, request parsing, auth, the call context.
 
-``polyindex._grpc_front`` (engine/native/grpc_front.cc, built by ``make native``) is a gRPC C++
+``polyindex.service._grpc_front`` (engine/service/native/grpc_front.cc, built by pip or ``make native``) is a gRPC C++
 server. It answers health checks itself and hands every other call to ``Dispatcher`` as raw
 bytes; the servicer methods run unchanged, against ``CallContext`` instead of grpcio's
 ``ServicerContext``. Reflection is grpcio-reflection's servicer, driven over the same path, so
@@ -13,10 +13,10 @@ import logging
 
 import grpc
 from google.protobuf.message import DecodeError
-from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from polyindex.errors import InvalidArgument
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.service import reflection
 from polyindex.service.auth import MESSAGE as AUTH_MESSAGE
 from polyindex.service.auth import authorized, expected_header
 
@@ -28,6 +28,9 @@ except ImportError as e:  # not built (``make native``) or its libraries are mis
     _grpc_front, IMPORT_ERROR = None, f"{type(e).__name__}: {e}"
 else:
     IMPORT_ERROR = None
+# What a user can do about it: pip builds the extension when it finds gRPC C++ (setup.py)
+MISSING = (f"{IMPORT_ERROR}; install gRPC C++ (apt-get install libgrpc++-dev pkg-config) and "
+           "reinstall polyindex (or `make native` in a source checkout), or use --frontend python")
 
 _OK = grpc.StatusCode.OK.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
@@ -131,7 +134,7 @@ class Dispatcher:
 
 
 def routes(servicer, service_name: str) -> list[_Route]:
-    """Every method of ``polyindex.v1.Polyindex`` and of server reflection (v1alpha)."""
+    """Every method of ``polyindex.v1.Polyindex``."""
     out = []
     for m in pb.DESCRIPTOR.services_by_name["Polyindex"].methods:
         if m.server_streaming:
@@ -142,10 +145,11 @@ def routes(servicer, service_name: str) -> list[_Route]:
     return out
 
 
-def reflection_route(service_names) -> _Route:
-    servicer = reflection.ReflectionServicer(service_names)
-    return _Route(f"/{reflection.SERVICE_NAME}/ServerReflectionInfo", _grpc_front.BIDI,
-                  reflection_pb2.ServerReflectionRequest, servicer.ServerReflectionInfo)
+def reflection_routes(service_names) -> list[_Route]:
+    """Server reflection, v1 and v1alpha, answered by one servicer."""
+    servicer = reflection.servicer(service_names)
+    return [_Route(path, _grpc_front.BIDI, reflection.Request, servicer.ServerReflectionInfo)
+            for path in reflection.paths()]
 
 
 class NativeFront:
@@ -155,10 +159,9 @@ class NativeFront:
                  token: str | None, on_reject, tls: tuple[bytes, bytes] | None,
                  workers: int, max_message_bytes: int):
         if _grpc_front is None:
-            raise RuntimeError(f"the native gRPC front end is not built ({IMPORT_ERROR}); "
-                               "run `make native` or serve with frontend='python'")
+            raise RuntimeError(f"the native gRPC front end is not available: {MISSING}")
         table = routes(servicer, service_name)
-        table.append(reflection_route((service_name, health_name, reflection.SERVICE_NAME)))
+        table.extend(reflection_routes((service_name, health_name)))
         self._dispatch = Dispatcher(table, token, on_reject)
         self._server = _grpc_front.start(self._dispatch, [(r.path, r.kind) for r in table], bind,
                                          max_message_bytes, workers, tls, [service_name])

@@ -8,18 +8,18 @@ servicer: gRPC C++ (``polyindex.service.native_front``, when built) and grpcio's
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from polyindex.errors import Internal, InvalidArgument
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
-from polyindex.service import native_front
+from polyindex.service import native_front, reflection
 from polyindex.service.affinity import parse_cpus, pin_process
 from polyindex.service.auth import TokenAuth
 from polyindex.service.metrics import Metrics
@@ -77,7 +77,12 @@ class GrpcioFront:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         for name in ("", SERVICE):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection((SERVICE, HEALTH, reflection.SERVICE_NAME), server)
+        reflector = reflection.servicer((SERVICE, HEALTH))
+        handler = grpc.stream_stream_rpc_method_handler(
+            reflector.ServerReflectionInfo, request_deserializer=reflection.Request.FromString,
+            response_serializer=reflection.Response.SerializeToString)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            name, {reflection.METHOD: handler}) for name in reflection.NAMES])
         try:
             if tls is not None:
                 self.port = server.add_secure_port(bind, grpc.ssl_server_credentials([tls]))
@@ -120,7 +125,7 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
           engine=None, frontend: str = "auto", readonly: bool = False) -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
-    ``frontend``: "native" (gRPC C++, built by ``make native``), "python" (grpcio) or "auto"
+    ``frontend``: "native" (gRPC C++, built by pip or ``make native``), "python" (grpcio) or "auto"
     (native when built). Both serve the same servicer, auth, errors and metrics."""
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
@@ -129,8 +134,7 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     if frontend not in FRONTENDS:
         raise InvalidArgument(f"frontend must be one of {', '.join(FRONTENDS)}, got {frontend!r}")
     if frontend == "native" and not native_front.available():
-        raise InvalidArgument("the native gRPC front end is not built "
-                              f"({native_front.IMPORT_ERROR}); run `make native`")
+        raise InvalidArgument(f"the native gRPC front end is not available: {native_front.MISSING}")
     front_cls = GrpcioFront if frontend == "python" or not native_front.available() else NativeFront
     tls = None if tls_cert is None else (_read(tls_key), _read(tls_cert))
     own_engine = engine is None
@@ -163,6 +167,9 @@ def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = Non
         if not token:
             raise InvalidArgument(f"token file {token_file} is empty")
     srv = serve(data_dir, token=token, **kw)
+    if srv.frontend != "native" and kw.get("frontend", "auto") == "auto":
+        print(f"polyindex: serving with grpcio, the native gRPC front end is not available: "
+              f"{native_front.MISSING}", file=sys.stderr, flush=True)
     extras = [x for x in (f"{srv.frontend} front end", "tls" if srv.tls else "", "token" if token else "",
                           f"cpus {cpus}" if cpus is not None else "",
                           f"metrics on 127.0.0.1:{srv.metrics_port}" if srv.metrics_port else "") if x]

@@ -18,6 +18,7 @@ from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.service.redact import Redactor
 from polyindex.types import MAX_K
 from polyindex.wire import grpc_errors
 from polyindex.wire.convert import add_hits, doc_to_proto, from_struct, to_struct
@@ -45,7 +46,7 @@ def _rpc(method):
             check_deadline(context, name)
             response = method(self, request, context, tags)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
-            err = grpc_errors.as_polyindex_error(e, name)
+            err = self.redact.error(grpc_errors.as_polyindex_error(e, name))
         code = "OK" if err is None else grpc_errors.status_code(err).name
         self.metrics.observe(name, code, time.perf_counter() - start,
                              tags["profile"] if err is None else "")
@@ -64,6 +65,7 @@ def check_deadline(context: grpc.ServicerContext, what: str) -> None:
 class PolyindexService(pb_grpc.PolyindexServicer):
     def __init__(self, engine, metrics, limits: Limits = Limits()):
         self.engine, self.metrics, self.limits = engine, metrics, limits
+        self.redact = Redactor(engine.path)  # remote clients never see the server's paths
 
     # -- queries -----------------------------------------------------------------------------
     @_rpc
@@ -79,16 +81,19 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         flt = from_struct(req.filter) if req.HasField("filter") else None
         coll = self.engine.collection(req.collection)
         check_deadline(context, "the query ran")  # the work below is the expensive part
+        # Collection.query's with_text brings the stored metadata too; each is sent if asked
         results = coll.query_batch(texts, vectors=vectors, k=k, profile=profile, filter=flt,
-                                   explain=req.explain, with_text=req.with_text)
+                                   explain=req.explain,
+                                   with_text=req.with_text or req.with_metadata)
+        payload = {"text": req.with_text, "metadata": req.with_metadata}
         tags["profile"] = profile if isinstance(profile, str) else (
             "inline" if profile is not None else "default")
         resp = pb.QueryResponse()
         if req.batch:
             for hits in results:
-                add_hits(resp.batch.add().hits, hits)
+                add_hits(resp.batch.add().hits, hits, **payload)
         else:
-            add_hits(resp.hits, results[0])
+            add_hits(resp.hits, results[0], **payload)
         resp.took_ms = (time.perf_counter() - start) * 1000
         return resp
 
@@ -125,7 +130,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     # -- writes ------------------------------------------------------------------------------
     @_rpc
     def Upsert(self, request_iterator, context, tags):
-        name, coll, docs, errors, received, size, expected = None, None, [], [], 0, 0, None
+        name, coll, records, size, expected = None, None, [], 0, None
         for msg in request_iterator:
             if msg.HasField("expected_total"):
                 if expected is not None and msg.expected_total != expected:
@@ -142,20 +147,23 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                       f"{msg.collection!r}")
             for d in msg.documents:
                 meta = from_struct(d.metadata) if d.HasField("metadata") else {}
-                rec = {"id": d.id, "title": d.title, "text": d.text, "metadata": meta}
-                doc = document_from_record(rec, source="Upsert", line=received + 1)
-                if isinstance(doc, InputError):
-                    errors.append((received, d.id, doc.field or "", doc.reason))
-                else:
-                    docs.append(doc)
-                received += 1
+                records.append({"id": d.id, "title": d.title, "text": d.text, "metadata": meta})
         if coll is None:
             raise InvalidArgument("the Upsert stream named no collection")
+        received = len(records)
         if not context.is_active():  # cancelled: the stream may have been cut short
             raise Cancelled("Upsert was cancelled by the client; nothing was written")
         if expected is not None and expected != received:
             raise InvalidArgument(f"the Upsert stream carried {received} documents but "
                                   f"expected_total is {expected}; nothing was written")
+        # Every bad row the same way (errors[], status OK), declared field types included
+        docs, errors = [], []
+        for i, rec in enumerate(records):
+            doc = document_from_record(rec, source="Upsert", line=i + 1, fields=coll.config.fields)
+            if isinstance(doc, InputError):
+                errors.append((i, rec["id"], doc.field or "", doc.reason))
+            else:
+                docs.append(doc)
         resp = pb.UpsertResponse(received=received, failed=len(errors))
         for i, doc_id, field, message in errors[:self.limits.max_row_errors]:
             resp.errors.add(index=i, id=doc_id, field=field, message=message)
@@ -191,7 +199,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         if req.HasField("profiles"):
             kw["profiles"] = from_struct(req.profiles)
         coll = self.engine.create_collection(req.name, list(req.indexes) or DEFAULT_INDEXES, **kw)
-        return pb.CollectionInfo(name=coll.name, info=to_struct(coll.info()))
+        return pb.CollectionInfo(name=coll.name, info=to_struct(self.redact.info(coll.info())))
 
     @_rpc
     def DropCollection(self, req, context, tags):
@@ -205,7 +213,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     @_rpc
     def DescribeCollection(self, req, context, tags):
         coll = self.engine.collection(req.name)
-        return pb.CollectionInfo(name=coll.name, info=to_struct(coll.info()))
+        return pb.CollectionInfo(name=coll.name, info=to_struct(self.redact.info(coll.info())))
 
     @_rpc
     def Stats(self, req, context, tags):

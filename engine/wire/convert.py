@@ -59,6 +59,15 @@ def from_value(v: struct_pb2.Value) -> Any:
     return None  # null_value or unset
 
 
+def typed_metadata(meta: dict, fields: dict[str, str] | None) -> dict:
+    """Undo the one thing a Struct cannot carry: a declared float field's integral value
+    (2.0) arrives as the int 2. Undeclared metadata has no type to restore."""
+    for name, ftype in (fields or {}).items():
+        if ftype == "float" and isinstance(meta.get(name), int) and not isinstance(meta[name], bool):
+            meta[name] = float(meta[name])
+    return meta
+
+
 def doc_to_proto(doc: Document) -> pb.Document:
     msg = pb.Document(id=doc.id, title=doc.title, text=doc.text)
     if doc.metadata:
@@ -66,30 +75,36 @@ def doc_to_proto(doc: Document) -> pb.Document:
     return msg
 
 
-def doc_from_proto(msg: pb.Document) -> Document:
+def doc_from_proto(msg: pb.Document, fields: dict[str, str] | None = None) -> Document:
     meta = from_struct(msg.metadata) if msg.HasField("metadata") else {}
-    return Document(msg.id, msg.title, msg.text, meta)
+    return Document(msg.id, msg.title, msg.text, typed_metadata(meta, fields))
 
 
-def add_hits(container, hits) -> None:
+def add_hits(container, hits, *, text: bool = True, metadata: bool = True) -> None:
     """Append hits to a repeated ``Hit`` field in place (no intermediate message copies: this
-    is on every query's path)."""
+    is on every query's path); ``text``/``metadata``: whether to send what the hits carry."""
     for hit in hits:
-        _fill_hit(container.add(), hit)
+        _fill_hit(container.add(), hit, text, metadata)
 
 
-def _fill_hit(msg: pb.Hit, hit: Hit) -> None:
+def _fill_hit(msg: pb.Hit, hit: Hit, text: bool, metadata: bool) -> None:
     msg.id, msg.score, msg.rank = hit.id, hit.score, hit.rank
-    if hit.title is not None:
+    if text and hit.title is not None:
         msg.title = hit.title
-    if hit.text is not None:
+    if text and hit.text is not None:
         msg.text = hit.text
     if hit.explain is not None:
         msg.explain.CopyFrom(to_struct(hit.explain))
+    if metadata and hit.metadata is not None:
+        msg.metadata.CopyFrom(to_struct(hit.metadata))
+        if not hit.metadata:
+            msg.metadata.SetInParent()  # an empty Struct: "no metadata", not "not asked"
 
 
-def hit_from_proto(msg: pb.Hit) -> Hit:
+def hit_from_proto(msg: pb.Hit, fields: dict[str, str] | None = None) -> Hit:
     return Hit(msg.id, msg.score, msg.rank,
                msg.title if msg.HasField("title") else None,
                msg.text if msg.HasField("text") else None,
-               from_struct(msg.explain) if msg.HasField("explain") else None)
+               from_struct(msg.explain) if msg.HasField("explain") else None,
+               typed_metadata(from_struct(msg.metadata), fields)
+               if msg.HasField("metadata") else None)

@@ -28,7 +28,7 @@ class QueryItem(_message.Message):
     def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch")
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class QueryRequest(_message.Message):
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     WITH_TEXT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    WITH_METADATA_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
@@ -49,23 +50,26 @@ class QueryRequest(_message.Message):
     explain: bool
     with_text: bool
     batch: _containers.RepeatedCompositeFieldContainer[QueryItem]
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ...) -> None: ...
+    with_metadata: bool
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("id", "score", "rank", "title", "text", "explain")
+    __slots__ = ("id", "score", "rank", "title", "text", "explain", "metadata")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     rank: int
     title: str
     text: str
     explain: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., explain: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    metadata: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., explain: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class HitList(_message.Message):
     __slots__ = ("hits",)

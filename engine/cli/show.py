@@ -1,0 +1,59 @@
+"""How ``polyindex info`` shows a collection to a person: labelled lines, no Python reprs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+_LABELS = [("documents", "documents"), ("segments", "segments"), ("deleted_rows", "deleted rows"),
+           ("indexes", "indexes"), ("profiles", "profiles"), ("model", "model"),
+           ("segment_size", "segment size"), ("fields", "fields"), ("ingest", "last ingest"),
+           ("version", "manifest version"), ("format_version", "format")]
+
+
+def _value(key: str, value, info: dict) -> str:
+    if value is None or value == [] or value == {}:
+        return "-"
+    if key == "model":
+        return f"{value} ({info.get('dtype', '?')})"
+    if key == "fields":
+        return ", ".join(f"{n}:{t}" for n, t in value.items())
+    if key == "ingest":
+        src = value.get("source") or {}
+        state = "done" if value.get("done") else "interrupted, resumes"
+        skipped = value.get("skipped_invalid") or 0
+        return (f"{Path(src.get('path', '?')).name} ({src.get('format', '?')}): {state} at record "
+                f"{value.get('position', 0):,}" + (f", {skipped:,} invalid skipped" if skipped else ""))
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def show_collection(out: Console, info: dict) -> None:
+    out.print(f"[bold]{escape(info['name'])}[/bold]")
+    shown = {k for k, _ in _LABELS} | {"name", "dtype"}
+    rows = [(label, _value(key, info.get(key), info)) for key, label in _LABELS if key in info]
+    rows += [(key.replace("_", " "), _value(key, v, info)) for key, v in info.items()
+             if key not in shown]  # online-mode extras (buffered writes, WAL bytes)
+    width = max(len(label) for label, _ in rows)
+    for label, text in rows:
+        out.print(f"  {label:<{width}}  {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def show_collections(out: Console, data: Path, infos: list[dict]) -> None:
+    if not infos:
+        out.print(f"no collections in {data} (create one with `polyindex index SRC --data {data} "
+                  "--collection NAME`)", highlight=False)
+        return
+    table = Table(title=f"collections in {data}", title_justify="left")
+    for col, justify in (("name", "left"), ("documents", "right"), ("segments", "right"),
+                         ("indexes", "left")):
+        table.add_column(col, justify=justify)
+    for info in infos:
+        table.add_row(escape(info["name"]), f"{info['documents']:,}", f"{info['segments']:,}",
+                      escape(", ".join(info["indexes"])))
+    out.print(table)

@@ -1,0 +1,56 @@
+"""What a remote client sees of the server's file system: names inside the data directory.
+
+Error messages and collection info are written for the embedded engine, where naming a file
+by its absolute path helps. Over the wire the data directory becomes ``<data>`` (a damaged
+file is still named, relative to it) and a bulk-indexed source file is named by its base name.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from polyindex.errors import InputError, PolyindexError
+
+DATA = "<data>"
+
+
+class Redactor:
+    def __init__(self, data_dir: str | Path):
+        path = Path(data_dir)
+        spellings = {str(path), str(path.absolute()), os.path.realpath(path)}
+        # Longest first, so /srv/data/x is not half-replaced by a shorter spelling's match
+        self._roots = sorted((s for s in spellings if s not in ("", ".")), key=len, reverse=True)
+
+    def text(self, message: str) -> str:
+        for root in self._roots:
+            message = message.replace(root, DATA)
+        return message
+
+    def error(self, exc: PolyindexError) -> PolyindexError:
+        """The same exception class with the server's paths taken out of its message."""
+        if isinstance(exc, InputError):
+            source = None if exc.source is None else self.text(exc.source)
+            if source == exc.source and self.text(exc.reason) == exc.reason:
+                return exc
+            return InputError(self.text(exc.reason), source=source, line=exc.line,
+                              field=exc.field, doc_id=exc.doc_id)
+        message = str(exc)
+        clean = self.text(message)
+        if clean == message:
+            return exc
+        out = copy.copy(exc)
+        out.args = (clean,)
+        return out
+
+    def info(self, info: dict) -> dict:
+        """``Collection.info()`` for a remote client: the ingest source by its file name, a
+        model given as a server folder by the folder's name."""
+        info = copy.deepcopy(info)
+        source = (info.get("ingest") or {}).get("source")
+        if isinstance(source, dict) and isinstance(source.get("path"), str):
+            source["path"] = Path(source["path"]).name
+        model = info.get("model")
+        if isinstance(model, str) and os.sep in model and Path(model).is_absolute():
+            info["model"] = Path(model).name
+        return info
