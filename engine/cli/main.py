@@ -1,4 +1,4 @@
-"""The ``polyindex`` command line: index, query, eval, serve, info, demo.
+"""The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, demo.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -133,7 +133,7 @@ def _parse_filter(text: Optional[str]):
 def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
              queries: Path = typer.Option(..., "--queries"),
              qrels: Path = typer.Option(..., "--qrels"),
-             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", help="Repeatable."),
+             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", help="Repeatable; 'all' = every built-in profile of the collection."),
              k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
              run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Keep the TREC runs here."),
              as_json: bool = typer.Option(False, "--json")):
@@ -141,8 +141,10 @@ def eval_cmd(data: Path = DataOpt, collection: str = CollOpt,
     import tempfile
 
     from polyindex.cli.evaluate import evaluate_run, run_queries, write_trec
+    from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     coll = _engine(data).collection(collection)
+    profile = expand(profile, coll)
     qrel = read_qrels(qrels)
     qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
     if not qs:
@@ -193,6 +195,31 @@ def train_ranker(data: Path = DataOpt,
     out.print(f"trained ranker {name!r}: {report['rounds']} rounds on {report['train_queries']} "
               f"queries (validation nDCG@10 {report['valid_ndcg10']}); stored in "
               f"{', '.join(report['collections'])} with rank profile {name!r}")
+
+
+@app.command("tune-bm25")
+def tune_bm25(data: Path = DataOpt, collection: str = CollOpt,
+              queries: Path = typer.Option(..., "--queries", help="queries.jsonl (or a BEIR folder)."),
+              qrels: Path = typer.Option(..., "--qrels", help="Training qrels."),
+              test: Optional[Path] = typer.Option(None, "--test", help="Test qrels: score the tuned setting there instead of cross-validating."),
+              folds: int = typer.Option(5, "--folds", help="Cross-validation folds by query (without --test)."),
+              seed: int = typer.Option(0, "--seed", help="Shuffles the queries into folds."),
+              measure: str = typer.Option("nDCG@10", "--measure", help="ir-measures measure to maximize."),
+              variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated BM25 variants (default bm25,robertson,bm25l,bm25+)."),
+              k1: Optional[str] = typer.Option(None, "--k1", help="Comma-separated k1 values (default 0.5,0.9,1.2,1.5,2.0)."),
+              b: Optional[str] = typer.Option(None, "--b", help="Comma-separated b values (default 0.2,0.4,0.6,0.75,0.9,1.0)."),
+              delta: Optional[str] = typer.Option(None, "--delta", help="Comma-separated delta values for bm25l/bm25+ (default 0.5,1.0)."),
+              store: bool = typer.Option(True, "--store/--no-store", help="Store the best setting as the collection's lexical scorer."),
+              as_json: bool = typer.Option(False, "--json")):
+    """Grid-search the lexical BM25 variant, k1 and b on judged queries; store the best."""
+    from polyindex.cli.tune import parse_grid, render, tune_command
+    report = tune_command(_engine(data), collection, queries, qrels, test, folds=folds,
+                          seed=seed, measure=measure, grid=parse_grid(variants, k1, b, delta),
+                          store=store, progress=not as_json)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        render(report, out)
 
 
 @app.command()
