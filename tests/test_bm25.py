@@ -128,3 +128,118 @@ def test_factory_strings_and_params(tmp_path):
     k.set_scorer("robertson,k1=0.7,b=0.2")
     assert k.describe() == "lexical:robertson,k1=0.7,b=0.2"
     assert prepare(k, [seg], ["river"]).scorer.variant == "robertson"
+
+
+# --------------------------------------------------------------------------- tune-bm25
+
+TOPICS = ("river", "ocean", "forest", "glacier", "desert", "canyon")
+
+
+def tuning_data(folder: Path):
+    """Per topic, 3 short documents (judged relevant) and 3 long ones repeating the topic
+    word (not relevant): the default b=0.75 ranks the long ones first, b=1 the short ones."""
+    docs, qrels = [], {}
+    for t in TOPICS:
+        for i in range(3):
+            docs.append({"_id": f"{t}-s{i}", "title": "", "text": f"{t} short{t}{i}"})
+            filler = " ".join(f"f{t}{i}x{j}" for j in range(90))
+            docs.append({"_id": f"{t}-l{i}", "title": "", "text": f"{(t + ' ') * 10}{filler}"})
+        qrels[f"q-{t}"] = {f"{t}-s{i}": 1 for i in range(3)}
+    queries = [(f"q-{t}", t) for t in TOPICS]
+    path = folder / "docs.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return path, queries, qrels
+
+
+def test_tuned_scorer_is_stored_survives_reopening_and_is_used(tmp_path):
+    import polyindex
+    from polyindex.cli.tune import Grid, tune
+    src, queries, qrels = tuning_data(tmp_path)
+    coll = polyindex.open(tmp_path / "data").create_collection("c", ["lexical"])
+    coll.index(src)
+    before = [h.id for h in coll.query("river", k=3, profile="lexical")]
+    assert all("-l" in i for i in before)  # default b = 0.75: the long documents
+    grid = Grid(variants=("bm25", "bm25l"), k1=(1.5,), b=(0.2, 0.75, 1.0), delta=(0.5,))
+    report = tune(coll, queries, qrels, n_folds=3, grid=grid)
+    assert report["default"]["params"] == "bm25,k1=1.5,b=0.75" and report["stored"]
+    assert report["settings"] == 6
+    cv = report["cross_validation"]
+    assert cv["tuned"] == 1.0 > cv["default"]  # every held-out fold picks a b = 1 setting
+    assert all(f["params"].endswith("b=1") or ",b=1," in f["params"] for f in cv["per_fold"])
+    tuned = report["tuned"]["params"]
+    assert tuned == "bm25,k1=1.5,b=1"  # tie with bm25l: the earlier setting of the grid
+    assert coll.config.lexical_params == tuned
+    assert [h.id for h in coll.query("river", k=3, profile="lexical")] == \
+        ["river-s0", "river-s1", "river-s2"]
+    coll.close()
+    # stored in the manifest, applied when the collection is opened again
+    again = polyindex.open(tmp_path / "data").collection("c")
+    manifest = json.loads((tmp_path / "data" / "c" / "manifest.json").read_text())
+    assert manifest["collection"]["lexical_params"] == tuned
+    assert again.kinds["lexical"].describe() == f"lexical:{tuned}"
+    assert again.config.indexes == ["lexical:bm25,k1=1.5,b=0.75"]  # the factory is unchanged
+    hits = again.query("river", k=3, profile="lexical")
+    explicit = again.query("river", k=3, profile={"retrieve": [
+        {"index": "lexical", "k": 3, "params": "variant=bm25,k1=1.5,b=1"}]})
+    assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in explicit]
+    assert [h.id for h in again.query("river", k=3, profile="lexical-prf")][0].startswith("river-s")
+    # an invalid scorer is refused before anything is stored
+    with pytest.raises(InvalidArgument, match="unknown BM25 variant"):
+        again.commit_metadata(lexical_params="bm99")
+    assert polyindex.open(tmp_path / "data").collection("c").config.lexical_params == tuned
+    # clearing it restores the factory's scorer
+    again.commit_metadata(lexical_params="")
+    assert [h.id for h in again.query("river", k=3, profile="lexical")] == before
+
+
+def test_tune_with_a_test_split_and_errors(tmp_path):
+    import polyindex
+    from polyindex.cli.tune import Grid, parse_grid, tune
+    src, queries, qrels = tuning_data(tmp_path)
+    coll = polyindex.open(tmp_path / "data").create_collection("c", ["lexical"])
+    coll.index(src)
+    train = {q: v for q, v in qrels.items() if q in ("q-river", "q-ocean", "q-forest")}
+    test = {q: v for q, v in qrels.items() if q not in train}
+    grid = Grid(variants=("bm25",), k1=(1.5,), b=(0.75, 1.0))
+    report = tune(coll, queries, train, test_qrels=test, grid=grid, store=False)
+    assert report["test"] == {"queries": 3, "default": pytest.approx(report["test"]["default"]),
+                              "tuned": 1.0} and report["test"]["default"] < 1.0
+    assert "cross_validation" not in report and not report["stored"]
+    assert coll.config.lexical_params == ""
+    with pytest.raises(InvalidArgument, match="--folds must be in 2..6"):
+        tune(coll, queries, qrels, n_folds=7, grid=grid)
+    with pytest.raises(InvalidArgument, match="not an ir-measures measure"):
+        tune(coll, queries, qrels, measure="nDCG@@", grid=grid)
+    with pytest.raises(InvalidArgument, match="no query has training judgements"):
+        tune(coll, queries, {"nope": {"x": 1}}, grid=grid)
+    with pytest.raises(InvalidArgument, match="unknown BM25 variant"):
+        parse_grid("bm25,okapi", None, None, None)
+    assert parse_grid("BM25plus", "1,2", None, None).variants == ("bm25+",)
+
+
+def test_tune_and_eval_all_commands(tmp_path, cli):
+    src, queries, qrels = tuning_data(tmp_path)
+    qfile, qrels_file = tmp_path / "queries.jsonl", tmp_path / "qrels.tsv"
+    qfile.write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries))
+    qrels_file.write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t{r}\n" for q, docs in qrels.items() for d, r in docs.items()))
+    data = tmp_path / "data"
+    assert cli("index", src, "--data", data, "-c", "c", "--index", "lexical",
+               "--no-progress").returncode == 0
+    p = cli("tune-bm25", "--data", data, "-c", "c", "--queries", qfile, "--qrels", qrels_file,
+            "--folds", "3", "--variants", "bm25", "--k1", "1.5", "--b", "0.75,1", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["tuned"]["params"] == "bm25,k1=1.5,b=1" and report["stored"]
+    p = cli("eval", "--data", data, "-c", "c", "--queries", qfile, "--qrels", qrels_file,
+            "--profile", "all", "--json")
+    assert p.returncode == 0, p.stderr
+    results = json.loads(p.stdout)["results"]
+    assert list(results) == ["lexical", "lexical-prf"]  # every built-in of a lexical collection
+    assert results["lexical"]["nDCG@10"] == pytest.approx(1.0)  # the stored scorer is used
+    p = cli("eval", "--data", data, "-c", "c", "--queries", qfile, "--qrels", qrels_file,
+            "--profile", "all")
+    assert p.returncode == 0 and "lexical-prf" in p.stdout and "nDCG@10" in p.stdout
+    bad = cli("tune-bm25", "--data", data, "-c", "c", "--queries", qfile, "--qrels", qrels_file,
+              "--b", "0.5,x")
+    assert bad.returncode == 2 and "--b: expected comma-separated numbers" in bad.stderr
