@@ -12,7 +12,11 @@ Per collection (qrels split ``test``, judged queries only, ir-measures on TREC r
   ``polyindex eval --profile dense --profile dense-prf --profile hybrid --profile hybrid-prf``
   on the lexical + dense collection of bench_quality (``bench/.work/engine/<name>``).
 
-Usage: ``python bench/bench_prf.py [--collections cranfield,adi] [--no-tune] [--dense]``
+With ``--rm3-grid``, RM3's ``orig_weight`` {0.5, 0.7, 0.8} x Anserini's per-document cut
+(``fb_doc_terms`` 0 or 10) on every collection, and the setting each collection gets when it is
+chosen on the *other* collections (leave-one-collection-out: how the default was picked).
+
+Usage: ``python bench/bench_prf.py [--collections cranfield,adi] [--no-tune] [--dense] [--rm3-grid]``
 (default: the ten shared collections; ``--dense`` on cranfield, cisi, medline, adi, cacm,
 nfcorpus unless ``--dense-collections`` says otherwise). Results: bench/results/bench_prf.json.
 """
@@ -58,6 +62,7 @@ def main() -> None:
     ap.add_argument("--dense", action="store_true", help="also Rocchio / hybrid-prf")
     ap.add_argument("--dense-collections", default=",".join(SMALL))
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--rm3-grid", action="store_true", help="RM3 settings, leave-one-collection-out")
     args = ap.parse_args()
     names = [n for n in parse_list(args.collections) if collection_folder(n) is not None]
     out: dict = {"rm3": {}, "tune": {}, "dense": {}}
@@ -88,6 +93,9 @@ def main() -> None:
                         ["collection", "queries", "lexical", "lexical-prf", "delta",
                          "MAP lex", "MAP prf", "bm25 default", "tuned (CV)", "delta",
                          "stored setting (all queries)"], rows))
+    if args.rm3_grid:
+        out["rm3_grid"] = rm3_grid(names, {n: out["rm3"][n]["results"]["lexical"]["nDCG@10"]
+                                           for n in names})
     if args.dense:
         dense_names = [n for n in parse_list(args.dense_collections) if n in names
                        or collection_folder(n) is not None]
@@ -102,6 +110,47 @@ def main() -> None:
         console.print(table("Rocchio (dense-prf) and hybrid-prf, nDCG@10", ["collection",
                             *profiles], rows))
     save_results("bench_prf", out)
+
+
+RM3_GRID = [f"prf=rm3,orig_weight={w},fb_doc_terms={c}" for c in (0, 10) for w in (0.5, 0.7, 0.8)]
+
+
+def rm3_grid(names, lexical: dict[str, float]) -> dict:
+    """nDCG@10 of each RM3 setting (TREC runs of the engine scored with ir-measures, as
+    ``polyindex eval``), then leave-one-collection-out: the setting with the best mean gain
+    over lexical on the other collections, scored on the one left out."""
+    import tempfile
+    from pathlib import Path
+
+    import polyindex
+    from polyindex.cli.evaluate import evaluate_run, run_queries, write_trec
+    from polyindex.ingest.sources import read_qrels, read_queries
+    scores: dict[str, dict[str, float]] = {}
+    for name in names:
+        coll = polyindex.open(LEXICAL_DATA).collection(name)
+        qrels = read_qrels(DATA / name / "qrels" / "test.tsv")
+        qs = [(q, t) for q, t in read_queries(DATA / name) if q in qrels]
+        scores[name] = {}
+        for params in RM3_GRID:
+            profile = {"retrieve": [{"index": "lexical", "k": 1000, "params": params}]}
+            run = run_queries(coll, qs, profile=profile, k=1000)
+            with tempfile.TemporaryDirectory() as tmp:
+                write_trec(Path(tmp) / "run.trec", run, "rm3")
+                scores[name][params] = evaluate_run(Path(tmp) / "run.trec", qrels)["nDCG@10"]
+    loco = {}
+    for name in names:
+        others = [n for n in names if n != name]
+        pick = max(RM3_GRID, key=lambda p: sum(scores[n][p] - lexical[n] for n in others))
+        loco[name] = {"setting": pick, "nDCG@10": scores[name][pick], "lexical": lexical[name]}
+    rows = [[n, f"{lexical[n]:.4f}", *(f"{scores[n][p]:.4f}" for p in RM3_GRID),
+             loco[n]["setting"].replace("prf=rm3,", ""), f"{loco[n]['nDCG@10']:.4f}"]
+            for n in names]
+    console.print(table("RM3 settings, nDCG@10 (w = orig_weight, cut = fb_doc_terms), and the "
+                        "leave-one-collection-out pick",
+                        ["collection", "lexical",
+                         *(p.replace("prf=rm3,orig_weight=", "w=").replace(",fb_doc_terms=", " cut=")
+                           for p in RM3_GRID), "LOCO pick", "LOCO nDCG@10"], rows))
+    return {"scores": scores, "loco": loco}
 
 
 def _lines(folder):

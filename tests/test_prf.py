@@ -77,6 +77,11 @@ def test_rm3_terms_and_weights_equal_hand_computed(tmp_path):
     tfc_over_idf = bm25(1, 4, 2) / math.log(1 + (7 - 2 + 0.5) / 2.5)
     assert scores[2] == pytest.approx(weights["ocean"] * math.log(1 + 5.5 / 2.5) * tfc_over_idf,
                                       rel=1e-6)
+    # fb_doc_terms=1 (Anserini's cut): d0 keeps only ocean (tf 2 beats reef's 1) -> P = 1
+    cut = prepare(k, [seg], ["river"], {**RM3_PARAMS, "fb_doc_terms": "1"}).expansion[0]
+    s1, s0 = bm25(1, 2, 3), bm25(1, 4, 3)
+    assert cut == pytest.approx({"river": 0.5, "forest": 0.5 * s1 / (s1 + s0),
+                                 "ocean": 0.5 * s0 / (s1 + s0)})
     # and feedback changes the ranking: d4 (forest x2) now beats d6 (river, long)
     plain = seg.score(prepare(k, [seg], ["river"], {}), np.arange(7))[0]
     assert plain[4] == 0 and scores[4] > scores[6]
