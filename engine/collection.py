@@ -71,6 +71,7 @@ class Collection:
                 _token_encoder, self.config.model, self.config.dtype))
             kind.load_artifacts(folder / "artifacts" / kind.kind)
             self.kinds[kind.kind] = kind
+        self._tune_kinds()
         self._opened: dict[str, OpenedSegment] = {}
         self._tombstones: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
@@ -132,9 +133,10 @@ class Collection:
                 manifest = load_manifest(self.folder)
                 if manifest.config.uid != self.uid:
                     raise NotFound(f"collection {self.name!r} was dropped (and created again)")
-                if manifest.config.profiles != self.config.profiles:  # e.g. train-ranker elsewhere
+                if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
                     self.config = manifest.config
                     self._profiles.clear()
+                    self._tune_kinds()
                 for name, kind in self.kinds.items():
                     if manifest.artifacts.get(name) and kind.needs_training():
                         kind.load_artifacts(self.folder / "artifacts" / name)
@@ -145,6 +147,14 @@ class Collection:
 
     def refresh(self) -> None:
         self._stamp = None
+
+    def _tune_kinds(self) -> None:
+        """The lexical kind scores with the collection's tuned BM25 (``config.lexical_params``,
+        from ``tune-bm25``), else with its factory string's."""
+        lex = self.kinds.get("lexical")
+        if lex is not None:
+            factory = next(f for f in self.config.indexes if f.partition(":")[0].strip() == "lexical")
+            lex.set_scorer(self.config.lexical_params or factory.partition(":")[2].strip())
 
     # -- encoding --------------------------------------------------------------------------
     @property
@@ -259,14 +269,23 @@ class Collection:
     def artifacts(self) -> dict[str, list[str]]:
         return dict(self.sealed_snapshot().manifest.artifacts)
 
-    def commit_metadata(self, *, profiles: dict | None = None, artifacts: dict | None = None) -> None:
+    def commit_metadata(self, *, profiles: dict | None = None, artifacts: dict | None = None,
+                        lexical_params: str | None = None) -> None:
+        """Commit rank profiles, artifacts and/or the tuned lexical scorer in one version."""
         from polyindex.storage.fsutil import fsync_tree
+        if lexical_params:  # validated and normalized before it is stored
+            lexical_params = from_factory(f"lexical:{lexical_params}").body
         for name in artifacts or {}:
             fsync_tree(self.artifact_dir(name))
         with self.writer() as w:
+            if lexical_params is not None:  # the writer commits a copy of its manifest
+                from dataclasses import replace
+                w.manifest = w.manifest.copy()
+                w.manifest.config = replace(w.manifest.config, lexical_params=lexical_params)
             w.commit_metadata(profiles=profiles, artifacts=artifacts)
             self.config = w.manifest.config
         self._profiles.clear()
+        self._tune_kinds()
         self.refresh()
 
     def profiles(self) -> dict[str, dict]:

@@ -33,6 +33,10 @@ class CollectionConfig:
     # This incarnation of the name: a collection dropped and created again gets a new one, so
     # nothing of the old (a stale handle, its sealer) can commit into the new.
     uid: str = ""
+    # The lexical kind's tuned scorer (``polyindex tune-bm25``): a lexical factory body such
+    # as "bm25l,k1=0.9,b=0.4,delta=0.5" that replaces the factory string's at query time;
+    # empty: the factory string's own. Segments do not depend on it (BM25 is query-time).
+    lexical_params: str = ""
 
     def __post_init__(self):
         validate_name(self.name)
@@ -46,6 +50,10 @@ class CollectionConfig:
             raise InvalidArgument(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
         if not isinstance(self.segment_size, int) or self.segment_size < 1:
             raise InvalidArgument(f"segment_size must be a positive integer, got {self.segment_size!r}")
+        if not isinstance(self.lexical_params, str):
+            raise InvalidArgument(f"lexical_params must be a string, got {self.lexical_params!r}")
+        if self.lexical_params and "lexical" not in kinds:
+            raise InvalidArgument("lexical_params given, but the collection has no lexical index")
         for fname, ftype in self.fields.items():
             validate_name(fname, "field")
             if fname in ("id", "title", "text"):

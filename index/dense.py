@@ -4,7 +4,9 @@ Factory: ``dense`` (auto: ``Flat`` below ``AUTO_HNSW_ROWS`` rows per segment, ``
 above) or any ``faiss.index_factory`` string (``dense:HNSW32,Flat``, ``dense:IVF1024,PQ48``).
 Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
 starts from a clone of that trained template. Inner product on L2-normalized vectors = cosine.
-Search params are faiss parameter strings (``nprobe=32``, ``efSearch=128``).
+Search params are faiss parameter strings (``nprobe=32``, ``efSearch=128``); ``prf=rocchio``
+(with ``fb_docs``, ``orig_weight``) moves the query vector towards its top documents first
+(``polyindex.index.prf``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from polyindex.cuda.device import to_device
 from polyindex.errors import InvalidArgument
+from polyindex.index import prf
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -50,12 +53,19 @@ def _check_factory(body: str, dim: int = 8) -> None:
                               f"({reason})") from None
 
 
+def _faiss_params(params: dict[str, str]) -> dict[str, str]:
+    """The search params faiss gets (the feedback ones act in ``prepare``)."""
+    if not any(k in prf.DENSE_KEYS for k in params):
+        return params
+    return {k: v for k, v in params.items() if k not in prf.DENSE_KEYS}
+
+
 def _check_params(params: dict[str, str]) -> None:
-    unknown = set(params) - set(SEARCH_PARAMS)
+    unknown = set(params) - set(SEARCH_PARAMS) - set(prf.DENSE_KEYS)
     if unknown:
         raise InvalidArgument(f"dense: unknown search parameter(s) {sorted(unknown)}; "
-                              f"known: {sorted(SEARCH_PARAMS)}")
-    for key, value in params.items():
+                              f"known: {sorted(SEARCH_PARAMS) + list(prf.DENSE_KEYS)}")
+    for key, value in _faiss_params(params).items():
         try:
             SEARCH_PARAMS[key](value)
         except ValueError:
@@ -96,7 +106,7 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         vectors = prepared
         if self.n_rows == 0 or (allow is not None and not allow.any()):
             return empty_result(len(vectors), k)
-        sp = self._search_params(params, allow)
+        sp = self._search_params(_faiss_params(params), allow)
         before = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(QUERY_THREADS)  # 2 threads on one pinned CPU: 16 ms a query
         try:
@@ -178,8 +188,10 @@ class DenseKind(IndexKind):
         return DenseSegment(index, folder, docs)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
+        rocchio = None
         if params:
             _check_params(params)
+            rocchio = prf.parse_rocchio(params, "dense search params")
         dim = segments[0].index.d if segments else None
         for i, q in enumerate(queries):
             v = q.vector
@@ -193,4 +205,14 @@ class DenseKind(IndexKind):
         if not np.isfinite(x.sum()) and not np.isfinite(x).all():  # one cheap pass when fine
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
-        return np.ascontiguousarray(x)
+        x = np.ascontiguousarray(x)
+        if rocchio is None:
+            return x
+        # first pass with the same faiss params; feedback = the global top fb_docs
+        first = _faiss_params(params)
+        top = prf.global_top(segments, live,
+                             lambda seg, mask: seg.search(x, rocchio.fb_docs, first, mask),
+                             rocchio.fb_docs, len(x))
+        feedback = [np.stack([segments[s].vectors(np.array([r]))[0] for s, r, _ in fb])
+                    if fb else np.zeros((0, x.shape[1]), np.float32) for fb in top]
+        return prf.rocchio(x, feedback, rocchio)

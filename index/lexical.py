@@ -1,7 +1,12 @@
 """The ``lexical`` index kind: BM25 over an inverted index, scored term-at-a-time with numba.
 
-Factory string ``lexical`` or ``lexical:bm25,k1=1.5,b=0.75`` (the defaults); search params
-``k1=...``/``b=...`` override them per query. Per segment three Arrow IPC files:
+Factory string ``lexical`` or ``lexical:[VARIANT][,k1=..][,b=..][,delta=..]``, default
+``lexical:bm25,k1=1.5,b=0.75``; the variants (``bm25``, ``lucene``, ``robertson``, ``atire``,
+``bm25l``, ``bm25+``) are in ``polyindex.index.bm25``. Search params ``variant=``, ``k1=``,
+``b=``, ``delta=`` override them per query, and ``prf=rm3`` (with ``fb_docs``, ``fb_terms``,
+``orig_weight``, ``fb_max_df``) expands the query by RM3 pseudo-relevance feedback
+(``polyindex.index.prf``). A collection's tuned scorer (``polyindex tune-bm25``) replaces the
+factory's through ``set_scorer``. Per segment these Arrow IPC files:
 
 - ``lexical.vocab.arrow``: ``term`` (string, sorted), ``offset`` (int64, first posting of the
   term), ``df`` (int32, rows of this segment containing it);
@@ -14,13 +19,12 @@ Factory string ``lexical`` or ``lexical:bm25,k1=1.5,b=0.75`` (the defaults); sea
   before it existed open without it (``LexicalSegment.forward`` is None).
 
 Corpus statistics are collection-wide (``prepare`` sums them over the snapshot's live rows),
-so a document scores the same whatever segment it is in. Term score (Lucene/bm25s idf):
+so a document scores the same whatever segment it is in. Default term score (Lucene idf):
 ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))`` with
 ``idf = log(1 + (N - df + 0.5) / (df + 0.5))``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,8 +33,9 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings
+from polyindex.index import bm25, postings, prf
 from polyindex.index.analyzer import Analyzer
+from polyindex.index.bm25 import Scorer
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -38,8 +43,6 @@ from polyindex.index.protocol import (
     SegmentIndex,
     check_format,
     empty_result,
-    option,
-    parse_options,
     register,
 )
 
@@ -55,26 +58,14 @@ _DOCLEN_SCHEMA = {"len": pa.int32()}
 _FORWARD_SCHEMA = {"terms": pa.large_list(pa.int32()), "title_len": pa.int32()}  # own reader
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
-_KNOBS = ("k1", "b")
+_PARAMS = bm25.KNOBS + prf.LEXICAL_KEYS
 
 
-def _fmt(x: float) -> str:
-    text = repr(float(x))
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _bm25_knobs(opts: dict[str, str], k1: float, b: float, where: str) -> tuple[float, float]:
-    unknown = sorted(set(opts) - set(_KNOBS))
+def _check_params(params: dict[str, str], where: str = "lexical search params") -> None:
+    unknown = sorted(set(params) - set(_PARAMS))
     if unknown:
-        raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; "
-                              f"the lexical index knows k1 and b")
-    k1 = option(opts, "k1", float, k1, where=where)
-    b = option(opts, "b", float, b, where=where)
-    if not (math.isfinite(k1) and k1 >= 0):
-        raise InvalidArgument(f"{where}: k1 must be a finite number >= 0, got {k1}")
-    if not (math.isfinite(b) and 0 <= b <= 1):
-        raise InvalidArgument(f"{where}: b must be in [0, 1], got {b}")
-    return k1, b
+        raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the lexical "
+                              f"index knows {', '.join(_PARAMS)}")
 
 
 @dataclass
@@ -82,11 +73,20 @@ class LexicalPrepared:
     """Per query of a batch: its unique terms (first-occurrence order) and their weights."""
 
     terms: list[list[str]]
-    weights: list[list[float]]  # idf x number of times the term is in the query
-    k1: float
-    b: float
+    weights: list[list[float]]  # idf x times in the query (RM3: idf x the RM3 weight)
+    scorer: Scorer
     avgdl: float
     n_docs: int
+    # RM3: per query, each expansion term's weight before idf (``prf.rm3_weights``)
+    expansion: list[dict[str, float]] | None = None
+
+    @property
+    def k1(self) -> float:
+        return self.scorer.k1
+
+    @property
+    def b(self) -> float:
+        return self.scorer.b
 
 
 class LexicalSegment(SegmentIndex):  # and TermStatistics
@@ -120,7 +120,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
     def term_id(self, term: str) -> int | None:
         return self.term_index.get(term)
 
-    def _query_terms(self, prepared: LexicalPrepared):
+    def _query_terms(self, prepared: LexicalPrepared, scale: float = 1.0):
         """Segment-local term ids and weights of each query, flattened with pointers."""
         get = self.term_index.get
         qptr = [0]
@@ -131,36 +131,77 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
                 tid = get(term)
                 if tid is not None:
                     ids.append(tid)
-                    ws.append(w)
+                    ws.append(w * scale)
             qptr.append(len(ids))
         return (np.array(qptr, np.int64), np.array(ids, np.int64), np.array(ws, np.float64))
 
-    def _knobs(self, prepared: LexicalPrepared, params: dict[str, str]) -> tuple[float, float]:
+    def _scorer(self, prepared: LexicalPrepared, params: dict[str, str]) -> Scorer:
         if not params:
-            return prepared.k1, prepared.b
-        return _bm25_knobs(params, prepared.k1, prepared.b, where="lexical search params")
+            return prepared.scorer
+        _check_params(params)
+        scorer = bm25.parse_scorer(params, prepared.scorer, "lexical search params")
+        if scorer.variant != prepared.scorer.variant:  # the idf was computed for that one
+            raise InvalidArgument(f"lexical search params: variant {scorer.variant} differs "
+                                  f"from the one the query was prepared for "
+                                  f"({prepared.scorer.variant})")
+        return scorer
+
+    @staticmethod
+    def _absent(prepared: LexicalPrepared, scorer: Scorer) -> np.ndarray | None:
+        """bm25l/bm25+: per query, what its terms score in a document lacking them."""
+        z = scorer.tfc_absent()
+        if z == 0.0:
+            return None
+        return np.array([sum(ws) * z for ws in prepared.weights], np.float64)
 
     def search(self, prepared: LexicalPrepared, k: int, params: dict[str, str],
                allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        k1, b = self._knobs(prepared, params)
+        scorer = self._scorer(prepared, params)
         nq = len(prepared.terms)
         if k < 0:
             raise InvalidArgument(f"k must be >= 0, got {k}")
-        qptr, qterms, qweights = self._query_terms(prepared)
+        qptr, qterms, qweights = self._query_terms(prepared, scorer.weight_scale)
         if k == 0 or len(qterms) == 0:
             return empty_result(nq, k)
         allow = postings.check_allow(allow, self.n_rows, "lexical search")
-        args = (self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms, qweights,
-                k1, b, prepared.avgdl)
-        return postings.run_search(postings.bm25_search, args, self._pool, nq, k, allow)
+        base = (self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms, qweights,
+                scorer.k1, scorer.b, prepared.avgdl)
+        if scorer.variant == "bm25l":
+            scores, rows = postings.run_search(bm25.bm25l_search, base + (scorer.delta,),
+                                               self._pool, nq, k, allow)
+        else:
+            scores, rows = postings.run_search(postings.bm25_search, base, self._pool, nq, k,
+                                               allow)
+        absent = self._absent(prepared, scorer)
+        if absent is not None:
+            scores = np.where(rows >= 0, scores + absent[:, None].astype(np.float32), scores)
+        return scores, rows
 
     def score(self, prepared: LexicalPrepared, row_ids: np.ndarray) -> np.ndarray:
+        scorer = prepared.scorer
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
-        qptr, qterms, qweights = self._query_terms(prepared)
+        qptr, qterms, qweights = self._query_terms(prepared, scorer.weight_scale)
         out = np.empty((len(prepared.terms), len(rows)), np.float32)
-        postings.bm25_score_rows(self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms,
-                                 qweights, prepared.k1, prepared.b, prepared.avgdl, rows, out)
+        args = (self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms, qweights,
+                scorer.k1, scorer.b, prepared.avgdl)
+        if scorer.variant == "bm25l":
+            bm25.bm25l_score_rows(*args, scorer.delta, rows, out)
+        else:
+            postings.bm25_score_rows(*args, rows, out)
+        absent = self._absent(prepared, scorer)
+        if absent is not None:
+            out += absent[:, None].astype(np.float32)  # NaN (rows out of range) stays NaN
         return out
+
+    def feedback_terms(self, row: int) -> dict[str, int]:
+        """Term counts of one row, from the forward index (RM3 feedback documents)."""
+        if self.forward is None:
+            raise InvalidArgument("prf=rm3 needs the lexical forward index, which this "
+                                  "segment was built without; reindex the collection")
+        row_ptr, _, ids = self.forward
+        tids, counts = np.unique(ids[row_ptr[row]:row_ptr[row + 1]], return_counts=True)
+        terms = self._terms
+        return {terms[t]: c for t, c in zip(tids.tolist(), counts.tolist())}
 
 
 def _read_forward(path: Path) -> pa.Table:
@@ -197,16 +238,15 @@ class LexicalKind(IndexKind):
 
     def __init__(self, body: str):
         where = f"index factory string {f'lexical:{body}' if body else 'lexical'!r}"
-        parts = [p.strip() for p in (body or "").split(",") if p.strip()]
-        if parts and "=" not in parts[0]:
-            if parts[0] != "bm25":
-                raise InvalidArgument(f"{where}: unknown scorer {parts[0]!r}; the lexical "
-                                      f"index scores with bm25")
-            parts = parts[1:]
-        opts = parse_options(",".join(parts), where=where)
-        self.k1, self.b = _bm25_knobs(opts, 1.5, 0.75, where)
+        self.scorer = bm25.parse_body(body, where)
         self.analyzer = _ANALYZER
-        super().__init__(f"bm25,k1={_fmt(self.k1)},b={_fmt(self.b)}")
+        super().__init__(self.scorer.describe())
+
+    def set_scorer(self, body: str) -> None:
+        """Replace the default scorer (a collection's tuned BM25); queries in flight keep the
+        one they prepared with (one attribute, swapped whole)."""
+        self.scorer = bm25.parse_body(body, f"lexical scorer {body!r}")
+        self.body = self.scorer.describe()
 
     # -- segments ------------------------------------------------------------------------
     def build(self, batch: BuildBatch, folder: Path) -> dict:
@@ -306,12 +346,15 @@ class LexicalKind(IndexKind):
 
     def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],
                 live: Sequence[np.ndarray | None], params: dict[str, str], cache: dict) -> Any:
-        k1, b = (self.k1, self.b) if not params else \
-            _bm25_knobs(params, self.k1, self.b, where="lexical search params")
+        scorer = self.scorer
+        rm3 = None
+        if params:
+            _check_params(params)
+            scorer = bm25.parse_scorer(params, scorer, "lexical search params")
+            rm3 = prf.parse_rm3(params, "lexical search params")
         if len(live) != len(segments):
             raise ValueError("lexical prepare: one live mask (or None) per segment")
         n_docs, avgdl = self._collection_stats(segments, live, cache)
-        dfs: dict[str, int] = cache.setdefault("lexical:df", {})
         analyze = self.analyzer.analyze
         all_terms: list[dict[str, int]] = []
         for q in queries:
@@ -325,18 +368,55 @@ class LexicalKind(IndexKind):
             for t in analyze(text):
                 counts[t] = counts.get(t, 0) + 1
             all_terms.append(counts)
-        missing = list({t for counts in all_terms for t in counts if t not in dfs})
+        dfs = self._dfs(all_terms, segments, live, cache)
+        prepared = self._weigh(all_terms, dfs, scorer, avgdl, n_docs)
+        if rm3 is None:
+            return prepared
+        expansion = self._rm3(prepared, all_terms, rm3, segments, live, cache, n_docs)
+        out = self._weigh(expansion, self._dfs(expansion, segments, live, cache), scorer,
+                          avgdl, n_docs)
+        out.expansion = expansion
+        return out
+
+    def _dfs(self, term_maps, segments, live, cache: dict) -> dict[str, int]:
+        """The snapshot's df cache, filled for every term of ``term_maps``."""
+        dfs: dict[str, int] = cache.setdefault("lexical:df", {})
+        missing = list({t for m in term_maps for t in m if t not in dfs})
         if missing:
             dfs.update(zip(missing, self._doc_freqs(missing, segments, live)))
+        return dfs
+
+    @staticmethod
+    def _weigh(term_maps: Sequence[dict], dfs: dict[str, int], scorer: Scorer, avgdl: float,
+               n_docs: int) -> LexicalPrepared:
+        """Per query, its terms that some live row has, weighted by idf x the given weight."""
         terms_out, weights_out = [], []
-        log = math.log
-        for counts in all_terms:
+        idf = scorer.idf
+        for m in term_maps:
             ts, ws = [], []
-            for t, c in counts.items():
+            for t, c in m.items():
                 df = dfs[t]
                 if df:  # a term no live row has matches nothing
-                    ts.append(t)
-                    ws.append(c * log(1.0 + (n_docs - df + 0.5) / (df + 0.5)))
+                    w = c * idf(df, n_docs)
+                    if w > 0:  # (robertson: idf 0 for terms in over half the rows)
+                        ts.append(t)
+                        ws.append(w)
             terms_out.append(ts)
             weights_out.append(ws)
-        return LexicalPrepared(terms_out, weights_out, k1, b, avgdl, n_docs)
+        return LexicalPrepared(terms_out, weights_out, scorer, avgdl, n_docs)
+
+    def _rm3(self, first: LexicalPrepared, query_terms: list[dict[str, int]], rm3: prf.RM3,
+             segments, live, cache, n_docs: int) -> list[dict[str, float]]:
+        """Each query's RM3 weights, from the global top ``fb_docs`` of the first pass."""
+        top = prf.global_top(segments, live,
+                             lambda seg, mask: seg.search(first, rm3.fb_docs, {}, mask),
+                             rm3.fb_docs, len(query_terms))
+        docs = [[(segments[s].feedback_terms(r), score) for s, r, score in fb] for fb in top]
+        dfs = self._dfs([c for fb in docs for c, _ in fb], segments, live, cache)
+        limit = rm3.max_df * n_docs
+        out = []
+        for counts, fb in zip(query_terms, docs):
+            kept = [({t: c for t, c in doc.items() if dfs[t] <= limit}, score)
+                    for doc, score in fb]
+            out.append(prf.rm3_weights(counts, kept, rm3))
+        return out

@@ -1,4 +1,5 @@
-"""The ``polyindex`` command line: index, query, eval, serve, info, verify, demo.
+"""The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
+demo.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -194,7 +195,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
              data: Optional[Path] = typer.Option(None, "--data", help="Data directory (to run queries; not with --run)."),
              collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection to query (not with --run)."),
              queries: Optional[Path] = typer.Option(None, "--queries", help="Queries: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
-             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", metavar="PROFILE", help="Repeatable. " + PROFILES_HELP),
+             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", metavar="PROFILE", help="Repeatable; 'all' = every built-in profile of the collection. " + PROFILES_HELP),
              run: Optional[List[Path]] = typer.Option(None, "--run", metavar="FILE", help="Score this existing TREC run file instead of querying (repeatable)."),
              measure: Optional[List[str]] = typer.Option(None, "--measure", "-m", metavar="MEASURE", help="An ir-measures measure, repeatable (e.g. nDCG@10, P@5, R@1000, RR, Judged@10). Default: nDCG@10, R@100, MRR@10, MAP."),
              k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
@@ -207,6 +208,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     import tempfile
 
     from polyindex.cli.evaluate import evaluate_run, parse_measures, run_queries, write_trec
+    from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     measures = parse_measures(measure)
     qrel = read_qrels(qrels)
@@ -226,6 +228,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
             raise InvalidArgument(f"give {', '.join(missing)} (to run queries) or --run FILE "
                                   "(to score a run)")
         coll = _engine(data, readonly=True).collection(collection)
+        profile = expand(profile, coll)
         qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
         if not qs:
             raise InvalidArgument(f"no query in {queries} has judgements in {qrels}")
@@ -279,6 +282,31 @@ def train_ranker(data: Path = DataOpt,
               f"queries (validation nDCG@10 {'-' if ndcg is None else f'{ndcg:.4f}'} on "
               f"{report['valid_queries']} queries); stored in "
               f"{', '.join(report['collections'])} with rank profile {name!r}")
+
+
+@app.command("tune-bm25")
+def tune_bm25(data: Path = DataOpt, collection: str = CollOpt,
+              queries: Path = typer.Option(..., "--queries", help="queries.jsonl (or a BEIR folder)."),
+              qrels: Path = typer.Option(..., "--qrels", help="Training qrels."),
+              test: Optional[Path] = typer.Option(None, "--test", help="Test qrels: score the tuned setting there instead of cross-validating."),
+              folds: int = typer.Option(5, "--folds", help="Cross-validation folds by query (without --test)."),
+              seed: int = typer.Option(0, "--seed", help="Shuffles the queries into folds."),
+              measure: str = typer.Option("nDCG@10", "--measure", help="ir-measures measure to maximize."),
+              variants: Optional[str] = typer.Option(None, "--variants", help="Comma-separated BM25 variants (default bm25,robertson,bm25l,bm25+)."),
+              k1: Optional[str] = typer.Option(None, "--k1", help="Comma-separated k1 values (default 0.5,0.9,1.2,1.5,2.0)."),
+              b: Optional[str] = typer.Option(None, "--b", help="Comma-separated b values (default 0.2,0.4,0.6,0.75,0.9,1.0)."),
+              delta: Optional[str] = typer.Option(None, "--delta", help="Comma-separated delta values for bm25l/bm25+ (default 0.5,1.0)."),
+              store: bool = typer.Option(True, "--store/--no-store", help="Store the best setting as the collection's lexical scorer."),
+              as_json: bool = typer.Option(False, "--json")):
+    """Grid-search the lexical BM25 variant, k1 and b on judged queries; store the best."""
+    from polyindex.cli.tune import parse_grid, render, tune_command
+    report = tune_command(_engine(data), collection, queries, qrels, test, folds=folds,
+                          seed=seed, measure=measure, grid=parse_grid(variants, k1, b, delta),
+                          store=store, progress=not as_json)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        render(report, out)
 
 
 @app.command()

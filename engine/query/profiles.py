@@ -9,7 +9,9 @@ A profile is a dict that round-trips through the manifest::
 Every index kind of a collection gets a single-stage profile of its own name; ``hybrid``
 fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60);
 ``hybrid-sparse`` fuses lexical top-1000 and sparse top-100 the same way; ``hybrid-mv``
-fuses lexical top-1000, dense top-100 and multivector top-100.
+fuses lexical top-1000, dense top-100 and multivector top-100. ``lexical-prf`` is lexical with
+RM3 pseudo-relevance feedback (``prf=rm3``), ``dense-prf`` dense with Rocchio feedback
+(``prf=rocchio``), and ``hybrid-prf`` fuses the two like ``hybrid``.
 """
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ HYBRID_TREE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "tree", "
 HYBRID_MV = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100},
                           {"index": "multivector", "k": 100}],
              "fuse": {"method": "rrf", "k": 60}}
+
+# Pseudo-relevance feedback (polyindex.index.prf): RM3 on lexical, Rocchio on dense.
+LEXICAL_PRF = {"retrieve": [{"index": "lexical", "k": SINGLE_STAGE_K, "params": "prf=rm3"}]}
+DENSE_PRF = {"retrieve": [{"index": "dense", "k": SINGLE_STAGE_K, "params": "prf=rocchio"}]}
+HYBRID_PRF = {"retrieve": [{"index": "lexical", "k": 1000, "params": "prf=rm3"},
+                           {"index": "dense", "k": 100, "params": "prf=rocchio"}],
+              "fuse": {"method": "rrf", "k": 60}}
 
 
 # The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
@@ -119,6 +128,12 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
         out["hybrid-tree"] = HYBRID_TREE
     if {"lexical", "dense", "multivector"} <= set(kinds):
         out["hybrid-mv"] = HYBRID_MV
+    if "lexical" in kinds:
+        out["lexical-prf"] = LEXICAL_PRF
+    if "dense" in kinds:
+        out["dense-prf"] = DENSE_PRF
+    if "lexical" in kinds and "dense" in kinds:
+        out["hybrid-prf"] = HYBRID_PRF
     return out
 
 
