@@ -1,7 +1,7 @@
 """The ``lexical`` index kind: BM25 over an inverted index, scored term-at-a-time with numba.
 
-Factory string ``lexical`` or ``lexical:bm25,k1=1.5,b=0.75`` (the defaults); search params
-``k1=...``/``b=...`` override them per query. Per segment three Arrow IPC files:
+Factory string ``lexical:bm25[,k1=K1][,b=B]``. Default: ``lexical:bm25,k1=1.5,b=0.75``.
+Search params ``k1=...``/``b=...`` override them per query. Per segment three Arrow IPC files:
 
 - ``lexical.vocab.arrow``: ``term`` (string, sorted), ``offset`` (int64, first posting of the
   term), ``df`` (int32, rows of this segment containing it);
