@@ -77,11 +77,16 @@ class Profile:
         fuse = dict(data.get("fuse") or {"method": "rrf", "k": 60})
         if fuse.get("method") not in FUSE_METHODS:
             raise InvalidArgument(f"{where}: fuse.method must be one of {FUSE_METHODS}")
-        if fuse["method"] == "weighted":
-            weights = fuse.get("weights", {})
-            bad = set(weights) - {s.index for s in stages}
-            if bad:
-                raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
+        weights = fuse.get("weights", {})  # both methods take per-kind weights
+        if not isinstance(weights, dict):
+            raise InvalidArgument(f"{where}: fuse.weights must map retrieved kinds to numbers")
+        bad = set(weights) - {s.index for s in stages}
+        if bad:
+            raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
+        for kind, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1e6:
+                raise InvalidArgument(f"{where}: fuse.weights[{kind!r}] must be a number >= 0, "
+                                      f"got {w!r}")
         rerank = data.get("rerank")
         if rerank is not None:
             if not isinstance(rerank, dict) or \
