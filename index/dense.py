@@ -2,6 +2,7 @@
 
 Factory: ``dense`` (auto: ``Flat`` below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat``
 above) or any ``faiss.index_factory`` string (``dense:HNSW32,Flat``, ``dense:IVF1024,PQ48``).
+Default: ``dense`` (auto).
 Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
 starts from a clone of that trained template. Inner product on L2-normalized vectors = cosine.
 Search params are faiss parameter strings (``nprobe=32``, ``efSearch=128``); ``prf=rocchio``

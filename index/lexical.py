@@ -1,8 +1,8 @@
 """The ``lexical`` index kind: BM25 over an inverted index, scored term-at-a-time with numba.
 
-Factory string ``lexical`` or ``lexical:[VARIANT][,k1=..][,b=..][,delta=..]``, default
-``lexical:bm25,k1=1.5,b=0.75``; the variants (``bm25``, ``lucene``, ``robertson``, ``atire``,
-``bm25l``, ``bm25+``) are in ``polyindex.index.bm25``. Search params ``variant=``, ``k1=``,
+Factory string ``lexical`` or ``lexical:[VARIANT][,k1=..][,b=..][,delta=..]``.
+Default: ``lexical:bm25,k1=1.5,b=0.75``. The variants (``bm25``, ``lucene``, ``robertson``,
+``atire``, ``bm25l``, ``bm25+``) are in ``polyindex.index.bm25``. Search params ``variant=``, ``k1=``,
 ``b=``, ``delta=`` override them per query, and ``prf=rm3`` (with ``fb_docs``, ``fb_terms``,
 ``orig_weight``, ``fb_max_df``) expands the query by RM3 pseudo-relevance feedback
 (``polyindex.index.prf``). A collection's tuned scorer (``polyindex tune-bm25``) replaces the

@@ -5,8 +5,8 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024]``; default
-``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
+[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024]``.
+Default: ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
 scale per token that undoes most of the reconstruction's loss along the original, see
 ``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens).
 ``prune=P`` keeps the top P (fraction, 0 < P <= 1) of each document's tokens by salience

@@ -4,11 +4,15 @@ A collection-level projector (``sparse_projector``: a k-sparse autoencoder train
 segment's embeddings) maps each dense embedding to its top-k of D latents; the latents are the
 vocabulary of an inverted index that shares its machinery with ``lexical`` (``postings``).
 
-Factory: ``sparse:UHD16384,k=64[,binary][,k_query=64][,seed=0][,epochs=10][,rescore=0]``.
-``UHD<D>``: D latents (4,096-65,536); ``k``: latents per document; ``k_query``: per query
-(default k); ``binary``: documents keep only which latents fired and a match counts 1 (the
-score is the overlap count), otherwise weights are float16; ``rescore=R``: re-rank the top R
-by the exact dense inner product with the segment's stored embeddings (0 = pure sparse scores).
+Factory: ``sparse[:UHD<D>][,k=K][,k_query=Q][,rescore=R][,binary][,seed=0][,epochs=E]``.
+Default: ``sparse:UHD4096,k=64,k_query=32,rescore=400``.
+``UHD<D>``: D latents (4,096-65,536); ``k``: latents per document; ``k_query``: per query;
+``binary``: documents keep only which latents fired and a match counts 1 (the score is the
+overlap count), otherwise weights are float16; ``rescore=R``: re-rank the top R by the exact
+dense inner product with the segment's stored embeddings (the default: the sparse index is the
+candidate generator of an exact dense score); ``rescore=0``: pure sparse scores.
+``describe()`` always spells out ``k_query`` and ``rescore``: they decide what a query
+returns, so the stored string says it (an omitted option takes the default above).
 Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxscore|exhaustive``
 (term-at-a-time MaxScore or exhaustive, same top-k; auto takes MaxScore when the query's
 posting lists are long), ``rescore=R``.
@@ -50,6 +54,8 @@ _TERMS_SCHEMA = {"offset": pa.int64(), "maxw": pa.float32()}
 _LUT = postings.half_lut()
 _NO_VALS = np.zeros(0, np.uint16)
 _SEARCH_KNOBS = ("k", "prune", "rescore")
+# The default configuration (README, docs/ARCHITECTURE.md and tests/test_defaults.py agree).
+DEFAULTS = {"dim": 4096, "k": 64, "k_query": 32, "rescore": 400, "seed": 0, "epochs": 10}
 AUTO_PRUNE_POSTINGS = 50_000  # per query: below it exhaustive scoring is faster than MaxScore
 
 
@@ -135,7 +141,7 @@ class SparseSegment(SegmentIndex):
 def _parse(body: str) -> dict:
     where = f"index factory string {('sparse:' + body) if body else 'sparse'!r}"
     parts = [p.strip() for p in (body or "").split(",") if p.strip()]
-    dim = 16384
+    dim = DEFAULTS["dim"]
     if parts and "=" not in parts[0] and parts[0] != "binary":
         head = parts.pop(0)
         if not head.upper().startswith("UHD") or not head[3:].isdigit():
@@ -148,14 +154,13 @@ def _parse(body: str) -> dict:
         raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the sparse "
                               f"index knows k, k_query, seed, epochs, rescore and binary")
     out = {"dim": dim, "binary": binary}
-    for key, default in (("k", 64), ("k_query", None), ("seed", 0), ("epochs", 10),
-                         ("rescore", 0)):
-        out[key] = option(opts, key, int, default, where=where)
+    for key in ("k", "k_query", "seed", "epochs", "rescore"):
+        out[key] = option(opts, key, int, DEFAULTS[key], where=where)
     if not MIN_DIM <= dim <= MAX_DIM:
         raise InvalidArgument(f"{where}: D must be in {MIN_DIM}..{MAX_DIM}, got {dim}")
     for key, lo, hi in (("k", 1, min(1024, dim)), ("k_query", 1, dim), ("epochs", 1, 1000),
                         ("seed", 0, 2**31 - 1), ("rescore", 0, 100_000)):
-        if out[key] is not None and not lo <= out[key] <= hi:
+        if not lo <= out[key] <= hi:
             raise InvalidArgument(f"{where}: {key} must be in {lo}..{hi}, got {out[key]}")
     return out
 
@@ -168,14 +173,14 @@ class SparseKind(IndexKind):
     def __init__(self, body: str):
         cfg = _parse(body)
         self.dim, self.k, self.binary = cfg["dim"], cfg["k"], cfg["binary"]
-        self.k_query = cfg["k_query"] or cfg["k"]
+        self.k_query = cfg["k_query"]
         self.seed, self.epochs, self.rescore = cfg["seed"], cfg["epochs"], cfg["rescore"]
         self.projector: Projector | None = None
         self._saved = False
-        text = f"UHD{self.dim},k={self.k}" + (",binary" if self.binary else "")
-        for key, value, default in (("k_query", self.k_query, self.k), ("seed", self.seed, 0),
-                                    ("epochs", self.epochs, 10), ("rescore", self.rescore, 0)):
-            if value != default:
+        text = f"UHD{self.dim},k={self.k},k_query={self.k_query},rescore={self.rescore}" + (
+            ",binary" if self.binary else "")
+        for key, value in (("seed", self.seed), ("epochs", self.epochs)):
+            if value != DEFAULTS[key]:
                 text += f",{key}={value}"
         super().__init__(text)
 

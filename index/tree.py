@@ -1,11 +1,12 @@
 """The ``tree`` kind: a Cobweb-style hierarchy of prototypes over the document embeddings.
 
 Factory: ``tree:branch=16,leaf=64[,sim=cos|dot|gauss][,rank=best|path][,budget=128][,temp=T]
-[,group=G][,seed=S]``. ``branch``: most children per node (2-256); ``leaf``: most documents per
-leaf (1-4096); ``group``: segments above this many documents build their top levels by k-means
-(``tree_build``), 0 = always incremental; ``sim``/``rank``/``budget``/``temp``: search defaults
-(``tree_search``). Search params ``budget`` (expanded nodes, 0 = unlimited), ``rank``, ``sim``
-and ``temp`` override them per query.
+[,group=G][,seed=S]``. Default: ``tree:branch=16,leaf=64``. ``branch``: most children per node
+(2-256); ``leaf``: most documents per leaf (1-4096); ``group``: segments above this many
+documents build their top levels by k-means (``tree_build``), 0 = always incremental;
+``sim``/``rank``/``budget``/``temp``: search defaults (``tree_search``). Search params
+``budget`` (expanded nodes, 0 = unlimited), ``rank``, ``sim`` and ``temp`` override them per
+query.
 
 Where the tree lives: one tree per segment, built when the segment is built (segments are
 immutable). Within a segment every document is inserted incrementally (Cobweb operators), after

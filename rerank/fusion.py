@@ -4,14 +4,18 @@ from __future__ import annotations
 import numpy as np
 
 
-def rrf(keys_per_list: list[np.ndarray], k: int = 60) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal rank fusion of ranked key lists (-1 padded): score = sum 1 / (k + rank)."""
+def rrf(keys_per_list: list[np.ndarray], k: int = 60,
+        weights: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal rank fusion of ranked key lists (-1 padded): score = sum w / (k + rank),
+    w = the list's weight (1 each by default; a weak leg weighted down cannot outvote a
+    strong one)."""
     all_keys, all_scores = [], []
-    for keys in keys_per_list:
+    weights = [1.0] * len(keys_per_list) if weights is None else weights
+    for keys, w in zip(keys_per_list, weights):
         valid = keys >= 0
         ranks = np.arange(1, len(keys) + 1, dtype=np.float64)
         all_keys.append(keys[valid])
-        all_scores.append(1.0 / (k + ranks[valid]))
+        all_scores.append(w / (k + ranks[valid]))
     return _sum_by_key(all_keys, all_scores)
 
 

@@ -365,7 +365,7 @@ def test_collection_with_multivector_survives_reopen(tmp_path):
     stored = snap.segments[0].docs.embeddings()
     plain = coll.encoder.encode([f"{d['title']} {d['text']}" for d in docs])
     np.testing.assert_allclose(stored, plain, atol=1e-6)
-    reopened = polyindex.open(tmp_path).collection("c")
+    reopened = polyindex.open(tmp_path, readonly=True).collection("c")
     after = reopened.query(text, k=10, profile="multivector")
     assert [(h.id, h.score) for h in after] == [(h.id, h.score) for h in before]
     # score() of the hits (rerank mode) gives the search scores back

@@ -159,6 +159,7 @@ def trained(tmp_path_factory):
     eng = polyindex.open(tmp / "data")
     coll = eng.create_collection("topics", ["lexical", "dense"])
     coll.add(docs)
+    eng.close()  # train-ranker below is the directory's next writer
     from polyindex.rerank import train as train_mod
     old = dict(train_mod.PARAMS)
     train_mod.PARAMS.update(min_data_in_leaf=5)  # a tiny data set

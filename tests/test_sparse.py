@@ -155,21 +155,24 @@ def test_projector_save_load_and_determinism(tmp_path):
 
 def test_factory_strings():
     kind = from_factory("sparse:UHD16384,k=64")
-    assert isinstance(kind, SparseKind) and kind.describe() == "sparse:UHD16384,k=64"
-    assert (kind.dim, kind.k, kind.k_query, kind.binary) == (16384, 64, 64, False)
-    kind = from_factory("sparse:UHD4096,k=16,binary,k_query=32,seed=3,epochs=5")
-    assert kind.describe() == "sparse:UHD4096,k=16,binary,k_query=32,seed=3,epochs=5"
+    assert isinstance(kind, SparseKind)
+    # k_query and rescore decide what a query returns: describe() always says them
+    assert kind.describe() == "sparse:UHD16384,k=64,k_query=32,rescore=400"
+    assert (kind.dim, kind.k, kind.k_query, kind.binary, kind.rescore) == (16384, 64, 32, False, 400)
+    kind = from_factory("sparse:UHD4096,k=16,binary,k_query=32,seed=3,epochs=5,rescore=0")
+    assert kind.describe() == "sparse:UHD4096,k=16,k_query=32,rescore=0,binary,seed=3,epochs=5"
     assert from_factory(kind.describe()).describe() == kind.describe()
-    assert from_factory("sparse").describe() == "sparse:UHD16384,k=64"
+    assert from_factory("sparse").describe() == "sparse:UHD4096,k=64,k_query=32,rescore=400"
     for bad in ("sparse:UHD100,k=4", "sparse:UHD70000", "sparse:XYZ", "sparse:UHD4096,k=0",
-                "sparse:UHD4096,k=abc", "sparse:UHD4096,foo=1", "sparse:UHD4096,epochs=0"):
+                "sparse:UHD4096,k=abc", "sparse:UHD4096,foo=1", "sparse:UHD4096,epochs=0",
+                "sparse:UHD4096,k_query=5000"):
         with pytest.raises(InvalidArgument):
             from_factory(bad)
 
 
 def test_kind_build_open_search(tmp_path):
     x, q = unit(600, seed=6), unit(5, seed=7)
-    kind = from_factory("sparse:UHD4096,k=16,epochs=1")
+    kind = from_factory("sparse:UHD4096,k=16,epochs=1,rescore=0")  # pure: score() == search
     assert kind.needs_training()
     batch = BuildBatch([str(i) for i in range(600)], [""] * 600, ["t"] * 600, x)
     write_docs(tmp_path, [Document(str(i), "", "t", {}) for i in range(600)], {}, x)  # for rescore
@@ -220,7 +223,7 @@ def test_end_to_end_collection(tmp_path, corpus):
         {"index": "sparse", "k": 1, "params": "rescore=20"}]})
     assert top[0].id == "chess"
     # reopened: the projector comes back from the artifacts, results are identical
-    again = polyindex.open(tmp_path).collection("s")
+    again = polyindex.open(tmp_path, readonly=True).collection("s")
     assert [h.id for h in again.query("chocolate cake with butter", profile="sparse", k=5)] == \
         [h.id for h in hits]
 

@@ -279,7 +279,7 @@ def test_end_to_end_collection(tmp_path, corpus):
         assert h.score <= 0  # a log-probability
     coll.delete(["cake"])
     assert "cake" not in [h.id for h in coll.query("chocolate cake", profile="tree", k=5)]
-    again = polyindex.open(tmp_path).collection("t")
+    again = polyindex.open(tmp_path, readonly=True).collection("t")
     assert [h.id for h in again.query("striker goal", profile="tree", k=4)] == \
         [h.id for h in coll.query("striker goal", profile="tree", k=4)]
 

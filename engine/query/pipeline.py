@@ -88,12 +88,12 @@ def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
         scores, keys = lists[0]
         n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
         return keys[:n][:keep], scores[:n][:keep]
+    w = profile.fuse.get("weights", {})  # per retrieved kind, 1 when not named
+    weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
     if profile.fuse["method"] == "rrf":
-        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60))
+        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights)
     else:
-        w = profile.fuse.get("weights", {})
-        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists],
-                                       [float(w.get(st.index, 1.0)) for st in profile.retrieve])
+        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights)
     return keys[:keep], scores[:keep]
 
 

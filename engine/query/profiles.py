@@ -7,9 +7,10 @@ A profile is a dict that round-trips through the manifest::
      "fuse": {"method": "rrf", "k": 60}}
 
 Every index kind of a collection gets a single-stage profile of its own name; ``hybrid``
-fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60);
-``hybrid-sparse`` fuses lexical top-1000 and sparse top-100 the same way; ``hybrid-mv``
-fuses lexical top-1000, dense top-100 and multivector top-100. ``lexical-prf`` is lexical with
+fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60, the dense leg
+weighted 1.5); ``hybrid-sparse`` and ``hybrid-tree`` fuse lexical top-1000 with sparse or tree
+top-100 the same way; ``hybrid-mv`` fuses lexical top-1000, dense top-100 and multivector
+top-100 (equal weights). ``lexical-prf`` is lexical with
 RM3 pseudo-relevance feedback (``prf=rm3``), ``dense-prf`` dense with Rocchio feedback
 (``prf=rocchio``), and ``hybrid-prf`` fuses the two like ``hybrid``.
 """
@@ -22,13 +23,18 @@ from polyindex.index.protocol import parse_options
 
 FUSE_METHODS = ("rrf", "weighted")
 SINGLE_STAGE_K = 1000
+# The built-in hybrids weight their neural leg 1.5 against lexical's 1 in the RRF: at equal
+# weights hybrid-sparse fell below its sparse leg on medline (0.7874 vs 0.7878 nDCG@10), and
+# a fused list must not lose to its best leg (issue 23; bench/README.md, "hybrids").
+NEURAL_WEIGHT = 1.5
 HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
-          "fuse": {"method": "rrf", "k": 60}}
+          "fuse": {"method": "rrf", "k": 60, "weights": {"dense": NEURAL_WEIGHT}}}
 HYBRID_SPARSE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "sparse", "k": 100}],
-                 "fuse": {"method": "rrf", "k": 60}}
+                 "fuse": {"method": "rrf", "k": 60, "weights": {"sparse": NEURAL_WEIGHT}}}
 # ``hybrid-tree``: lexical top-1000 and tree top-100, reciprocal rank fusion (k=60)
 HYBRID_TREE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "tree", "k": 100}],
-               "fuse": {"method": "rrf", "k": 60}}
+               "fuse": {"method": "rrf", "k": 60, "weights": {"tree": NEURAL_WEIGHT}}}
+# two neural legs against one lexical already outvote it; not re-measured with weights
 HYBRID_MV = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100},
                           {"index": "multivector", "k": 100}],
              "fuse": {"method": "rrf", "k": 60}}
@@ -42,8 +48,8 @@ HYBRID_PRF = {"retrieve": [{"index": "lexical", "k": 1000, "params": "prf=rm3"},
 
 
 # The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
-# its own ranker named "general".
-LTR = {"retrieve": HYBRID["retrieve"], "fuse": HYBRID["fuse"],
+# its own ranker named "general". Its window is the unweighted RRF it was trained on.
+LTR = {"retrieve": HYBRID["retrieve"], "fuse": {"method": "rrf", "k": 60},
        "rerank": {"model": "general", "window": 100}}
 
 
@@ -86,11 +92,16 @@ class Profile:
         fuse = dict(data.get("fuse") or {"method": "rrf", "k": 60})
         if fuse.get("method") not in FUSE_METHODS:
             raise InvalidArgument(f"{where}: fuse.method must be one of {FUSE_METHODS}")
-        if fuse["method"] == "weighted":
-            weights = fuse.get("weights", {})
-            bad = set(weights) - {s.index for s in stages}
-            if bad:
-                raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
+        weights = fuse.get("weights", {})  # both methods take per-kind weights
+        if not isinstance(weights, dict):
+            raise InvalidArgument(f"{where}: fuse.weights must map retrieved kinds to numbers")
+        bad = set(weights) - {s.index for s in stages}
+        if bad:
+            raise InvalidArgument(f"{where}: fuse.weights names {sorted(bad)}, not retrieved")
+        for kind, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1e6:
+                raise InvalidArgument(f"{where}: fuse.weights[{kind!r}] must be a number >= 0, "
+                                      f"got {w!r}")
         rerank = data.get("rerank")
         if rerank is not None:
             if not isinstance(rerank, dict) or \
