@@ -59,6 +59,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           index: Optional[List[str]] = typer.Option(None, "--index", metavar="FACTORY", help="Factory string, repeatable (default: lexical + dense)."),
           field: Optional[List[str]] = typer.Option(None, "--field", metavar="NAME:TYPE", help="Filterable metadata field NAME:TYPE (string|int|float|bool), repeatable."),
           segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
+          model: Optional[str] = typer.Option(None, "--model", help="Text model of a new collection (default all-MiniLM-L6-v2); 'none': vectors-only, no encoder loaded."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
@@ -93,8 +94,9 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                   f"{coll.config.indexes}; --index gave {index}")
     else:
         fields = dict(_parse_field(f) for f in field or [])
+        kw = {} if model is None else {"model": None if model.lower() == "none" else model}
         coll = eng.create_collection(collection, index or ["lexical", "dense"],
-                                     segment_size=segment_size, fields=fields)
+                                     segment_size=segment_size, fields=fields, **kw)
     try:
         report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
     except BaseException:
