@@ -284,3 +284,27 @@ def test_named_fields_beside_a_text_model_keep_the_model_field(eng):
     assert coll.query("word7", profile="lexical")[0].id == "d7"
     assert coll.query(vector=img[8], using="image")[0].id == "d8"
     assert "dense@image" in coll.profiles()
+
+
+def test_online_writes_carry_user_vectors_through_the_wal(tmp_path):
+    x = vecs(60, 8, unit=True)
+    img = vecs(60, 3, seed=4)
+    eng = polyindex.open(tmp_path / "d", online=True)
+    coll = eng.create_collection("v", ["dense:Flat", "dense@image:metric=l2,HNSW16,Flat"],
+                                 model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i], "vectors": {"image": img[i]}} for i in range(40)])
+    coll.add([{"id": f"d{i}", "vector": x[i], "vectors": {"image": img[i]}} for i in range(40, 60)])
+    assert coll.query(vector=x[45], k=1)[0].id == "d45"  # from the buffer, before a seal
+    eng._collections.clear()  # no close(): the next open replays the WAL
+    coll._online._stop.set()
+    coll._online._thread.join()
+    eng2 = polyindex.open(tmp_path / "d", online=True)
+    coll2 = eng2.collection("v")
+    assert coll2.count() == 60
+    assert coll2.query(vector=img[50], using="image", k=1)[0].id == "d50"
+    got = coll2.get(["d50"], with_vectors=True)[0]
+    assert np.array_equal(got.vectors["dense"], x[50]) and np.array_equal(got.vectors["image"], img[50])
+    eng2.close()  # seals
+    coll3 = polyindex.open(tmp_path / "d").collection("v")
+    got = coll3.get(["d7"], with_vectors=True)[0]
+    assert np.array_equal(got.vectors["image"], img[7]) and coll3.count() == 60

@@ -113,7 +113,8 @@ class VectorSpec:
 
     def check(self, vectors: dict[str, np.ndarray] | None, *, source: str | None,
               line: int | None, doc_id: str | None) -> InputError | None:
-        """The first problem of one document's vectors, or None (fixes unknown dimensions)."""
+        """The first problem of one document's vectors, or None. Fixes unknown dimensions;
+        normalizes cosine fields' vectors in ``vectors`` (in place)."""
         def error(field, msg):
             return InputError(msg, source=source, line=line, field=field, doc_id=doc_id)
         vectors = vectors or {}
@@ -133,19 +134,16 @@ class VectorSpec:
                 spec.dim = len(v)
             elif len(v) != spec.dim:
                 return error(where, f"vector has dimension {len(v)}, field {name!r} has {spec.dim}")
-            if spec.metric == "cosine" and not np.any(v):
-                return error(where, "a zero vector has no direction (cosine field)")
+            if spec.metric == "cosine":  # stored unit length, as the index compares them
+                norm = float(np.linalg.norm(v))
+                if norm == 0:
+                    return error(where, "a zero vector has no direction (cosine field)")
+                vectors[name] = (v / norm).astype(np.float32)
         return None
 
     def stack(self, docs: Sequence) -> dict[str, np.ndarray]:
-        """Checked documents' vectors as one float32 (n, d) matrix per field (cosine fields
-        normalized), in document order."""
-        out = {}
-        for name, spec in self.fields.items():
-            m = np.empty((len(docs), spec.dim or 0), np.float32)
-            for i, d in enumerate(docs):
-                m[i] = d.vectors[name]
-            if spec.metric == "cosine":
-                m /= np.linalg.norm(m, axis=1, keepdims=True)
-            out[name] = m
-        return out
+        """Checked documents' vectors as one float32 (n, d) matrix per field, in order."""
+        if not docs:
+            return {}
+        return {name: np.stack([d.vectors[name] for d in docs]).astype(np.float32, copy=False)
+                for name in self.fields}
