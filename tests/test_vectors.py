@@ -308,3 +308,71 @@ def test_online_writes_carry_user_vectors_through_the_wal(tmp_path):
     coll3 = polyindex.open(tmp_path / "d").collection("v")
     got = coll3.get(["d7"], with_vectors=True)[0]
     assert np.array_equal(got.vectors["image"], img[7]) and coll3.count() == 60
+
+
+# ---------------------------------------------------------------- filtered ANN keeps recall
+
+def clustered(n, d, seed=0, centers=50):
+    """Vectors with the structure of embeddings: clusters on a low-dimensional subspace plus
+    noise, unit length."""
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((8, d))
+    c = rng.standard_normal((centers, 8)) * 2
+    x = (c[rng.integers(0, centers, n)] + rng.standard_normal((n, 8))) @ basis
+    x += 0.3 * rng.standard_normal((n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def filtered_coll(tmp_path_factory):
+    n, d = 12_000, 32
+    x = clustered(n, d)
+    eng = polyindex.open(tmp_path_factory.mktemp("f") / "d")
+    coll = eng.create_collection("v", ["dense:HNSW16,Flat", "dense@ivf:IVF64,Flat"], model=None,
+                                 fields={"bucket": "int"})
+    coll.add([{"id": f"d{i}", "vector": x[i], "vectors": {"ivf": x[i]}, "bucket": i % 1000}
+              for i in range(n)])
+    yield coll, x
+    eng.close()
+
+
+@pytest.mark.parametrize("index", ["dense", "dense@ivf"])
+@pytest.mark.parametrize("plan", ["ann", "exact"])
+@pytest.mark.parametrize("selectivity", [0.5, 0.1, 0.01, 0.001])
+def test_filtered_search_keeps_recall(filtered_coll, index, plan, selectivity):
+    coll, x = filtered_coll
+    q = clustered(20, x.shape[1], seed=9)
+    allowed = np.flatnonzero(np.arange(len(x)) % 1000 < selectivity * 1000)
+    flt = {"bucket": {"lt": int(selectivity * 1000)}}
+    # the budget that gives the unfiltered search its recall; the planner widens it
+    knob = "efSearch=64" if index == "dense" else "nprobe=8"
+    params = f"{knob},exact_below=" + ("1" if plan == "ann" else "100000")
+    prof = {"retrieve": [{"index": index, "k": 10, "params": params}]}
+    ref, _ = brute(x[allowed], q, 10)
+    vec = {"dense": q} if index == "dense" else {"ivf": q}
+    recall = []
+    for qi in range(len(q)):
+        hits = coll.query(vector={f: v[qi] for f, v in vec.items()}, k=10, profile=prof, filter=flt)
+        want = {f"d{allowed[r]}" for r in ref[qi]}
+        assert len(hits) == min(10, len(allowed))
+        assert all(int(h.id[1:]) % 1000 < selectivity * 1000 for h in hits)  # only allowed rows
+        recall.append(len(want & {h.id for h in hits}) / len(want))
+    assert np.mean(recall) >= (0.999 if plan == "exact" else 0.95), recall
+
+
+def test_tombstones_are_planned_like_filters(tmp_path):
+    x = clustered(6000, 16, seed=3)
+    eng = polyindex.open(tmp_path / "d")
+    coll = eng.create_collection("v", ["dense:HNSW16,Flat"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(len(x))])
+    coll.delete([f"d{i}" for i in range(len(x)) if i % 50])  # 2% stay
+    live = np.arange(0, len(x), 50)
+    q = clustered(10, 16, seed=4)
+    ref, _ = brute(x[live], q, 10)
+    for plan in ("efSearch=64,exact_below=1", "efSearch=64"):
+        prof = {"retrieve": [{"index": "dense", "k": 10, "params": plan}]}
+        rec = [len({f"d{live[r]}" for r in ref[i]} &
+                   {h.id for h in coll.query(vector=q[i], k=10, profile=prof)}) / 10
+               for i in range(len(q))]
+        assert np.mean(rec) >= 0.95, (plan, rec)
+    eng.close()
