@@ -376,3 +376,59 @@ def test_tombstones_are_planned_like_filters(tmp_path):
                for i in range(len(q))]
         assert np.mean(rec) >= 0.95, (plan, rec)
     eng.close()
+
+
+# ---------------------------------------------------------------- standard vector files
+
+def _fvecs(path, x, dtype=np.float32):
+    n, d = x.shape
+    rec = np.empty((n, 4 + d * np.dtype(dtype).itemsize), np.uint8)
+    rec[:, :4] = np.full((n, 1), d, np.int32).view(np.uint8)
+    rec[:, 4:] = np.ascontiguousarray(x.astype(dtype)).view(np.uint8).reshape(n, -1)
+    rec.tofile(path)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "fvecs", "bvecs", "hdf5"])
+def test_vector_files_round_trip(eng, tmp_path, fmt):
+    x = vecs(150, 8)
+    if fmt == "bvecs":
+        x = np.random.default_rng(0).integers(0, 256, (150, 8)).astype(np.float32)
+    path = tmp_path / f"v.{fmt}"
+    if fmt == "npy":
+        np.save(path, x)
+    elif fmt in ("fvecs", "bvecs"):
+        _fvecs(path, x, np.float32 if fmt == "fvecs" else np.uint8)
+    else:
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(path, "w") as f:
+            f["train"], f["test"] = x, x[:3]
+    ids = None
+    if fmt == "npy":
+        ids = tmp_path / "ids.txt"
+        ids.write_text("".join(f"doc-{i}\n" for i in range(150)))
+    coll = eng.create_collection("v", ["dense:Flat"], model=None, segment_size=64)
+    coll.index(_src(path, ids))
+    names = [f"doc-{i}" for i in range(150)] if ids else [str(i) for i in range(150)]
+    got = coll.get(names, with_vectors=True)
+    assert np.array_equal(np.stack([g.vectors["dense"] for g in got]), x)
+
+
+def _src(path, ids):
+    from polyindex.ingest.sources import open_source
+    return open_source(path, ids=ids)
+
+
+def test_bad_vector_files_name_the_row(eng, tmp_path):
+    x = vecs(100, 4)
+    x[77, 2] = np.inf
+    np.save(tmp_path / "v.npy", x)
+    coll = eng.create_collection("v", ["dense:Flat"], model=None)
+    with pytest.raises(InputError, match=r"v\.npy:78, id='77', field 'vector'.*component 2 is inf"):
+        coll.index(tmp_path / "v.npy")
+    assert coll.count() == 0
+    (tmp_path / "ids.txt").write_text("a\nb\n")
+    with pytest.raises(InputError, match="the id file has 2 ids, the vector file 100 rows"):
+        coll.index(_src(tmp_path / "v.npy", tmp_path / "ids.txt"))
+    (tmp_path / "t.fvecs").write_bytes(b"\x04\x00\x00\x00" + b"\x00" * 10)
+    with pytest.raises(InputError, match="whole records"):
+        coll.index(tmp_path / "t.fvecs")

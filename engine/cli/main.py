@@ -54,11 +54,12 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parquet or .csv"),
+def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parquet, .arrow, .csv, or a vector file (.npy, .fvecs, .bvecs, ANN-benchmarks .hdf5)"),
           data: Path = DataOpt, collection: str = CollOpt,
           index: Optional[List[str]] = typer.Option(None, "--index", metavar="FACTORY", help="Factory string, repeatable (default: lexical + dense)."),
           field: Optional[List[str]] = typer.Option(None, "--field", metavar="NAME:TYPE", help="Filterable metadata field NAME:TYPE (string|int|float|bool), repeatable."),
           segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
+          ids: Optional[Path] = typer.Option(None, "--ids", metavar="FILE", help="Id file (one per line) of a vector file; default: row numbers."),
           model: Optional[str] = typer.Option(None, "--model", help="Text model of a new collection (default all-MiniLM-L6-v2); 'none': vectors-only, no encoder loaded."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
@@ -70,7 +71,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     The collection is created on first use (with --index and --field); a rerun resumes
     after the last committed segment."""
     from polyindex.ingest.sources import open_source
-    source = open_source(src)
+    source = open_source(src, ids=ids)
     if server is not None:
         from polyindex.cli.remote_index import index_via_server
         fields = dict(_parse_field(f) for f in field or [])

@@ -24,9 +24,10 @@ from polyindex.ingest.records import document_from_record
 from polyindex.ingest.records import jsonable as _jsonable
 from polyindex.ingest.records import kind_of as _kind
 from polyindex.ingest.vector_columns import check_vector_schema, split_vector_columns
+from polyindex.ingest.vector_files import VECTOR_FORMATS, count_rows, vector_file_records
 from polyindex.types import Document
 
-FORMATS = ("beir", "jsonl", "parquet", "arrow", "csv")
+FORMATS = ("beir", "jsonl", "parquet", "arrow", "csv", "npy", "fvecs", "bvecs", "hdf5")
 PARQUET_BATCH = 4096
 _GZIP_MAGIC = b"\x1f\x8b"
 _GZ_COUNT_LIMIT = 200 * 1024 * 1024  # counting lines of a bigger .gz means decompressing it all
@@ -41,13 +42,16 @@ def _detect(path: Path) -> str:
     if path.is_dir():
         return "beir"
     name = path.name.lower()
+    if path.suffix.lower() in VECTOR_FORMATS:
+        return VECTOR_FORMATS[path.suffix.lower()]
     for suffixes, fmt in (((".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"), "jsonl"),
                           ((".parquet",), "parquet"), ((".arrow", ".feather", ".ipc"), "arrow"),
                           ((".csv", ".csv.gz"), "csv")):
         if name.endswith(suffixes):
             return fmt
     raise InvalidArgument(f"{path}: unknown document format (expected a BEIR folder, .jsonl, "
-                          ".jsonl.gz, .ndjson, .parquet, .arrow, .csv or .csv.gz; or pass fmt=)")
+                          ".jsonl.gz, .ndjson, .parquet, .arrow, .csv, .csv.gz, .npy, .fvecs, "
+                          ".bvecs or .hdf5; or pass fmt=)")
 
 
 def _beir_corpus(folder: Path) -> Path:
@@ -57,11 +61,14 @@ def _beir_corpus(folder: Path) -> Path:
     raise InvalidArgument(f"{folder}: BEIR folder has no corpus.jsonl or corpus.jsonl.gz")
 
 
-def open_source(path: str | Path, fmt: str | None = None) -> "Source":
-    """Open a document file or BEIR folder; ``fmt`` overrides detection by name."""
+def open_source(path: str | Path, fmt: str | None = None, ids: str | Path | None = None) -> "Source":
+    """Open a document file or BEIR folder; ``fmt`` overrides detection by name; ``ids``: the
+    id file (one per line) of a vector file (.npy, .fvecs, .bvecs, .hdf5)."""
     path = Path(path)
     if not path.exists():
         raise InvalidArgument(f"{path}: no such file or directory")
+    if ids is not None and not Path(ids).is_file():
+        raise InvalidArgument(f"{ids}: no such id file")
     if fmt is not None and fmt not in FORMATS:
         raise InvalidArgument(f"{path}: unknown format {fmt!r} (expected one of {', '.join(FORMATS)})")
     fmt = fmt or _detect(path)
@@ -69,7 +76,12 @@ def open_source(path: str | Path, fmt: str | None = None) -> "Source":
         if fmt != "beir":
             raise InvalidArgument(f"{path}: is a directory, but format {fmt!r} needs a file")
         return Source(path, fmt, _beir_corpus(path))
-    return Source(path, fmt, path)  # fmt="beir" on a file: a bare BEIR corpus.jsonl
+    if ids is not None and fmt not in VECTOR_FORMATS.values():
+        raise InvalidArgument(f"{path}: an id file goes with a vector file (.npy, .fvecs, "
+                              ".bvecs, .hdf5), not with {fmt}")
+    src = Source(path, fmt, path)  # fmt="beir" on a file: a bare BEIR corpus.jsonl
+    src.ids_path = None if ids is None else Path(ids)
+    return src
 
 
 def _is_gzip(path: Path) -> bool:
@@ -335,6 +347,7 @@ class Source:
 
     def __init__(self, path: Path, format: str, data_path: Path):  # noqa: A002 - spec'd name
         self.path, self.format, self.data_path = path, format, data_path
+        self.ids_path: Path | None = None  # the id file of a vector file
 
     def __repr__(self) -> str:
         return f"Source({str(self.path)!r}, format={self.format!r})"
@@ -355,6 +368,8 @@ class Source:
                 return pf.metadata.num_rows
         if self.format == "arrow":
             return None
+        if self.format in VECTOR_FORMATS.values():
+            return count_rows(self.data_path, self.name)
         lines = _count_newlines(self.data_path)
         if lines is None or self.format != "csv":
             return lines
@@ -367,6 +382,8 @@ class Source:
         the collection's ``VectorSpec``, to check each record's vectors."""
         if start < 0:
             raise InvalidArgument(f"start must be >= 0, got {start}")
+        if self.format in VECTOR_FORMATS.values():
+            return vector_file_records(self.data_path, self.name, start, vectors, self.ids_path)
         reader = {"parquet": _parquet_records, "csv": _csv_records,
                   "arrow": _arrow_records}.get(self.format, _jsonl_records)
         return reader(self.data_path, self.name, start, dict(fields or {}), vectors)
