@@ -80,9 +80,19 @@ def _keeps_vectors(index) -> bool:
     return isinstance(index, (faiss.IndexFlat, faiss.IndexHNSWFlat, faiss.IndexIVFFlat))
 
 
-def _check_factory(body: str, dim: int = 8) -> None:
+# A dimension every usual PQ/OPQ sub-quantizer count divides (8..192), to check a factory
+# string before the field's dimension is known.
+PROBE_DIM = 5760
+
+
+def _probe(body: str, dim: int | None = None):
+    """An empty index of a factory string (at the field's dimension when it is known)."""
+    return faiss.index_factory(dim or PROBE_DIM, body, faiss.METRIC_INNER_PRODUCT)
+
+
+def _check_factory(body: str, dim: int | None = None) -> None:
     try:
-        faiss.index_factory(dim, body, faiss.METRIC_INNER_PRODUCT)
+        _probe(body, dim)
     except RuntimeError as e:
         # faiss prefixes the reason with a C++ source location; keep only the reason
         reason = str(e).strip().splitlines()[-1].rpartition(": ")[2] if str(e).strip() else ""
@@ -126,6 +136,8 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         self._column = column
         self._matrix: np.ndarray | None = None
         self._direct_map = False
+        self._ivf = faiss.try_extract_index_ivf(index) is not None
+        self._params: dict[tuple, object] = {}  # faiss SearchParameters by search params
 
     def matrix(self) -> np.ndarray | None:
         """Every row's vector as one (n, d) float32 view: the segment's stored column
@@ -157,13 +169,12 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         higher-is-better, -1 padded rows with -inf."""
         sp = None
         if kwargs:
-            if "nprobe" in kwargs or (faiss.try_extract_index_ivf(self.index) is not None):
-                kwargs = {key: v for key, v in kwargs.items() if key != "efSearch"}
-                sp = faiss.SearchParametersIVF(**kwargs)
-            elif "efSearch" in kwargs:
-                sp = faiss.SearchParametersHNSW(**kwargs)
-            else:
-                sp = faiss.SearchParameters(**kwargs)
+            key = None if "sel" in kwargs else tuple(sorted(kwargs.items()))
+            sp = self._params.get(key) if key is not None else None
+            if sp is None:  # built once per distinct params: this is on every query's path
+                sp = self._search_parameters(kwargs)
+                if key is not None and len(self._params) < 64:
+                    self._params[key] = sp
         before = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(QUERY_THREADS)  # 2 threads on one pinned CPU: 16 ms a query
         try:
@@ -173,10 +184,17 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
             faiss.omp_set_num_threads(before)
         return self._higher_better(scores, rows)
 
+    def _search_parameters(self, kwargs: dict):
+        if "nprobe" in kwargs or self._ivf:
+            return faiss.SearchParametersIVF(**{k: v for k, v in kwargs.items() if k != "efSearch"})
+        if "efSearch" in kwargs:
+            return faiss.SearchParametersHNSW(**kwargs)
+        return faiss.SearchParameters(**kwargs)
+
     def _higher_better(self, scores, rows):
         if self.metric == "l2":
             scores = -scores
-        if (rows < 0).any():
+        if rows.size and rows[:, -1].min() < 0:  # faiss pads at the end only
             scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
         return scores, rows
 
@@ -243,7 +261,7 @@ class DenseKind(IndexKind):
                                       f"got {opts['dim']!r}")
         self.dim = self.declared_dim  # learned from the first segment when not declared
         if self.factory and self.factory != "auto":
-            _check_factory(self.factory)
+            _check_factory(self.factory, self.declared_dim)
         self.template = None  # trained empty index (IVF/PQ), collection-level
         self.body = body
 
@@ -278,13 +296,12 @@ class DenseKind(IndexKind):
     def keeps_vectors(self) -> bool:
         """Whether every segment's faiss index holds the vectors exactly (Flat, HNSW..,Flat,
         IVF..,Flat): then a user-supplied field is stored only there, not also in docs.arrow."""
-        return self._auto() or _keeps_vectors(faiss.index_factory(8, self.factory))
+        return self._auto() or _keeps_vectors(_probe(self.factory, self.dim))
 
     def needs_training(self) -> bool:
         if self._auto():
             return False
-        return self.template is None and not faiss.index_factory(
-            8, self.factory, faiss.METRIC_INNER_PRODUCT).is_trained
+        return self.template is None and not _probe(self.factory, self.dim).is_trained
 
     def _vectors_of(self, batch: BuildBatch) -> np.ndarray | None:
         if self.field == UNNAMED:
