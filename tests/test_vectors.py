@@ -236,6 +236,10 @@ def test_cli_indexes_a_jsonl_of_vectors(tmp_path, cli):
             "--index", "dense:HNSW32,Flat", "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["documents"] == 120
+    r = cli("query", "--data", tmp_path / "data", "--collection", "v", "--vector",
+            json.dumps(x[5].tolist()), "--profile", "dense", "--k", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)) == 3
     coll = polyindex.open(tmp_path / "data").collection("v")
     assert coll.config.model is None
     got = coll.get(["d0", "d119"], with_vectors=True)

@@ -139,14 +139,16 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
           with_metadata: bool = typer.Option(False, "--with-metadata", help="Include each hit's stored metadata."),
           queries: Optional[Path] = typer.Option(None, "--queries", help="Queries for a batch run: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
           run: Optional[Path] = typer.Option(None, "--run", help="Write a TREC run file (with --queries)."),
+          vector: Optional[str] = typer.Option(None, "--vector", metavar="JSON", help="Query vector as JSON: [..] (the unnamed field, or --using's) or {\"FIELD\": [..], ...}."),
+          using: Optional[str] = typer.Option(None, "--using", metavar="FIELD", help="The vector field --vector is for."),
           as_json: bool = JsonOpt):
     """Query a collection (one text, or a batch of queries).
 
     One text prints a table (or --json); --queries FILE writes a TREC run to --run."""
     if queries is not None and run is None:
         raise InvalidArgument("--queries needs --run OUT.trec")
-    if queries is None and not text:
-        raise InvalidArgument("give a query text or --queries FILE")
+    if queries is None and not text and vector is None:
+        raise InvalidArgument("give a query text, --vector or --queries FILE")
     coll = _engine(data, readonly=True).collection(collection)
     flt = _parse_filter(filter)
     if queries is not None:
@@ -162,15 +164,23 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
         else:
             out.print(f"wrote {lines:,} lines for {len(qs)} queries to {run}")
         return
+    vec = None
+    if vector is not None:
+        try:
+            vec = json.loads(vector)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"--vector is not valid JSON: {e}") from None
     # The embedded query's with_text brings title, text and metadata; print what was asked
-    hits = coll.query(text, k=k, profile=profile, filter=flt, explain=explain, with_text=True)
+    hits = coll.query(text or None, vector=vec, using=using, k=k, profile=profile, filter=flt,
+                      explain=explain, with_text=True)
     if as_json:
         print(json.dumps([{"rank": h.rank, "id": h.id, "score": h.score, "title": h.title,
                            **({"text": h.text} if with_text else {}),
                            **({"metadata": h.metadata or {}} if with_metadata else {}),
                            **({"explain": h.explain} if explain else {})} for h in hits]))
         return
-    table = Table(title=f"{collection} · {profile or 'default'} · {text!r}", show_lines=False)
+    shown = repr(text) if text else "vector"
+    table = Table(title=f"{collection} · {profile or 'default'} · {shown}", show_lines=False)
     for col in ("rank", "id", "score", "title / text", *(["metadata"] if with_metadata else [])):
         table.add_column(col, overflow="fold" if col in ("title / text", "metadata") else None)
     for h in hits:
