@@ -130,7 +130,9 @@ def run_factory(factory, x, q, truth, arrow, work, values, n_single, filtered, r
                                  fields={"bucket": "int"})
     coll.index(arrow)
     poly_build = time.perf_counter() - t0
-    coll = polyindex.open(data).collection("ann")  # a fresh open: what a server holds
+    eng.close()
+    eng = polyindex.open(data)  # a fresh open: what a server holds
+    coll = eng.collection("ann")
     coll.query(vector=q[0], k=K, profile="dense")
     poly_rss = rss_mb() - r0
     faiss.omp_set_num_threads(1)

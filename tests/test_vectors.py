@@ -299,17 +299,17 @@ def test_online_writes_carry_user_vectors_through_the_wal(tmp_path):
     coll.add([{"id": f"d{i}", "vector": x[i], "vectors": {"image": img[i]}} for i in range(40)])
     coll.add([{"id": f"d{i}", "vector": x[i], "vectors": {"image": img[i]}} for i in range(40, 60)])
     assert coll.query(vector=x[45], k=1)[0].id == "d45"  # from the buffer, before a seal
-    eng._collections.clear()  # no close(): the next open replays the WAL
-    coll._online._stop.set()
-    coll._online._thread.join()
-    eng2 = polyindex.open(tmp_path / "d", online=True)
+    import shutil
+    shutil.copytree(tmp_path / "d", tmp_path / "crashed")  # as a crash leaves it: nothing sealed
+    eng.close()
+    eng2 = polyindex.open(tmp_path / "crashed", online=True)
     coll2 = eng2.collection("v")
     assert coll2.count() == 60
     assert coll2.query(vector=img[50], using="image", k=1)[0].id == "d50"
     got = coll2.get(["d50"], with_vectors=True)[0]
     assert np.array_equal(got.vectors["dense"], x[50]) and np.array_equal(got.vectors["image"], img[50])
     eng2.close()  # seals
-    coll3 = polyindex.open(tmp_path / "d").collection("v")
+    coll3 = polyindex.open(tmp_path / "crashed").collection("v")
     got = coll3.get(["d7"], with_vectors=True)[0]
     assert np.array_equal(got.vectors["image"], img[7]) and coll3.count() == 60
 
