@@ -82,7 +82,7 @@ class Collection:
                 raise Corrupt(f"{folder / MANIFEST}: stored index {factory!r}: {e}") from e
             kind.attach(device=device, token_encoder=partial(
                 _token_encoder, self.config.model, self.config.dtype))
-            kind.load_artifacts(folder / "artifacts" / kind.name)
+            kind.load_artifacts(folder / "artifacts" / kind.artifact_name)
             self.kinds[kind.name] = kind
         for name, kind in self.kinds.items():  # dimensions taken from the first vectors
             if kind.kind == "dense" and kind.dim is None and manifest.segments:
@@ -151,9 +151,9 @@ class Collection:
                 if manifest.config.profiles != self.config.profiles:  # e.g. train-ranker elsewhere
                     self.config = manifest.config
                     self._profiles.clear()
-                for name, kind in self.kinds.items():
-                    if manifest.artifacts.get(name) and kind.needs_training():
-                        kind.load_artifacts(self.folder / "artifacts" / name)
+                for kind in self.kinds.values():
+                    if manifest.artifacts.get(kind.artifact_name) and kind.needs_training():
+                        kind.load_artifacts(self.folder / "artifacts" / kind.artifact_name)
                 self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
                                                         self._opened, self._tombstones)
                 self._stamp = stamp

@@ -44,7 +44,7 @@ QUERY_THREADS = int(os.environ.get("POLYINDEX_FAISS_THREADS", "1"))
 faiss.omp_set_num_threads(QUERY_THREADS)
 
 AUTO_HNSW_ROWS = 20_000
-INDEX_FILE = "dense.faiss"  # the unnamed field's; a named field's is "dense@FIELD.faiss"
+INDEX_FILE = "dense.faiss"  # the unnamed field's; a named field's is "dense.FIELD.faiss"
 TEMPLATE_FILE = "dense.template.faiss"
 SEARCH_PARAMS = {"nprobe": int, "efSearch": int, "exact_below": int}
 METRICS = ("ip", "cosine", "l2")
@@ -276,7 +276,8 @@ class DenseKind(IndexKind):
 
     @property
     def index_file(self) -> str:
-        return INDEX_FILE if self.field == UNNAMED else f"{self.name}.faiss"
+        # file names stay plain (letters, digits, '_', '-', '.'): "dense.image.faiss"
+        return INDEX_FILE if self.field == UNNAMED else f"dense.{self.field}.faiss"
 
     def describe(self) -> str:
         opts = [f"dim={self.declared_dim}"] if self.declared_dim else []
@@ -315,7 +316,7 @@ class DenseKind(IndexKind):
         self.template = index
 
     def _template_file(self) -> str:
-        return TEMPLATE_FILE if self.field == UNNAMED else f"{self.name}.template.faiss"
+        return TEMPLATE_FILE if self.field == UNNAMED else f"dense.{self.field}.template.faiss"
 
     def save_artifacts(self, folder: Path) -> list[str]:
         if self.template is None:

@@ -171,6 +171,12 @@ class IndexKind(ABC):
         the kind itself, or ``kind@field`` for a named field."""
         return self.kind
 
+    @property
+    def artifact_name(self) -> str:
+        """Its folder under ``artifacts/`` and key in the manifest: a plain name (``dense.image``
+        for ``dense@image``; the manifest refuses names with other characters)."""
+        return self.name.replace("@", ".")
+
     def attach(self, *, device: str = "cpu",
                token_encoder: Callable[[], TokenEncoder] | None = None) -> None:
         """What the collection gives a kind: its placement and, for kinds that encode

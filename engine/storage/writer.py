@@ -220,9 +220,9 @@ class Writer:
         m.artifact_sums[name] = sums
 
     def _train_if_needed(self, m: Manifest, batch: BuildBatch) -> None:
-        for name, kind in self.kinds.items():
+        for kind in self.kinds.values():
             if kind.needs_training():
                 kind.train(batch)
-                art = self.folder / "artifacts" / name
+                art = self.folder / "artifacts" / kind.artifact_name
                 art.mkdir(parents=True, exist_ok=True)
-                self._add_artifact(m, name, kind.save_artifacts(art))
+                self._add_artifact(m, kind.artifact_name, kind.save_artifacts(art))
