@@ -32,14 +32,26 @@ from polyindex.types import MAX_K, MAX_VECTOR_NORM, Document, Hit
 RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
 
 
-def _doc_from(obj: Any, i: int) -> Document:
-    """Accept Documents or dicts ({"id"|"_id", "title"?, "text", "metadata"?, ...})."""
+def _doc_from(obj: Any, i: int, spec) -> Document:
+    """Accept Documents or dicts ({"id"|"_id", "title"?, "text", "metadata"?, "vector"?,
+    "vectors"?, ...}); vectors are checked against the collection's fields (``spec``)."""
+    from polyindex.ingest.records import document_from_record
     if isinstance(obj, Document):
+        if spec or obj.vectors:
+            from polyindex.ingest.vectors import as_vector
+            try:
+                vecs = {f: as_vector(v, f) for f, v in (obj.vectors or {}).items()}
+            except ValueError as e:
+                raise InputError(str(e), source="add()", line=i + 1, doc_id=obj.id,
+                                 field="vectors") from None
+            err = spec.check(vecs, source="add()", line=i + 1, doc_id=obj.id)
+            if err is not None:
+                raise err
+            obj = Document(obj.id, obj.title, obj.text, obj.metadata, vecs)
         return obj
     if not isinstance(obj, dict):
         raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
-    from polyindex.ingest.records import document_from_record
-    item = document_from_record(obj, source="add()", line=i + 1)
+    item = document_from_record(obj, source="add()", line=i + 1, vectors=spec)
     if isinstance(item, InputError):
         raise item
     return item
@@ -61,6 +73,7 @@ class Collection:
         manifest = load_manifest(folder)
         self.config: CollectionConfig = manifest.config
         self.uid = self.config.uid
+        # Keyed by index name: the kind ("dense", "lexical") or a named field ("dense@image").
         self.kinds: dict[str, IndexKind] = {}
         for factory in self.config.indexes:
             try:
@@ -69,8 +82,11 @@ class Collection:
                 raise Corrupt(f"{folder / MANIFEST}: stored index {factory!r}: {e}") from e
             kind.attach(device=device, token_encoder=partial(
                 _token_encoder, self.config.model, self.config.dtype))
-            kind.load_artifacts(folder / "artifacts" / kind.kind)
-            self.kinds[kind.kind] = kind
+            kind.load_artifacts(folder / "artifacts" / kind.artifact_name)
+            self.kinds[kind.name] = kind
+        for name, kind in self.kinds.items():  # dimensions taken from the first vectors
+            if kind.kind == "dense" and kind.dim is None and manifest.segments:
+                kind.dim = manifest.segments[0].indexes.get(name, {}).get("dim")
         self._tune_kinds()
         self._opened: dict[str, OpenedSegment] = {}
         self._tombstones: dict[str, np.ndarray] = {}
@@ -137,9 +153,9 @@ class Collection:
                     self.config = manifest.config
                     self._profiles.clear()
                     self._tune_kinds()
-                for name, kind in self.kinds.items():
-                    if manifest.artifacts.get(name) and kind.needs_training():
-                        kind.load_artifacts(self.folder / "artifacts" / name)
+                for kind in self.kinds.values():
+                    if manifest.artifacts.get(kind.artifact_name) and kind.needs_training():
+                        kind.load_artifacts(self.folder / "artifacts" / kind.artifact_name)
                 self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
                                                         self._opened, self._tombstones)
                 self._stamp = stamp
@@ -159,6 +175,9 @@ class Collection:
     # -- encoding --------------------------------------------------------------------------
     @property
     def encoder(self):
+        if self.config.model is None:
+            raise InvalidArgument(f"collection {self.name!r} has no model (model=None): give "
+                                  "vectors, not text, to the vector indexes")
         if self._encoder is None:
             from polyindex.encode.text import get_encoder
             self._encoder = get_encoder(self.config.model, self.config.dtype)
@@ -176,6 +195,18 @@ class Collection:
         return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
 
     # -- writes ----------------------------------------------------------------------------
+    def vector_spec(self):
+        """The vector fields the user fills (a fresh ``VectorSpec`` per write: dimensions not
+        yet known are fixed by the write's first vector)."""
+        from polyindex.ingest.vectors import VectorSpec
+        return VectorSpec.of(self.kinds, self.config.model)
+
+    def encodes_text(self) -> bool:
+        """Whether writes run the collection's model (the unnamed field comes from text)."""
+        return self.config.model is not None and \
+            "dense" not in self.vector_spec().fields and \
+            any(k.needs_embeddings or k.needs_tokens for k in self.kinds.values())
+
     @contextmanager
     def writer(self):
         if self.readonly:
@@ -183,9 +214,9 @@ class Collection:
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
         with self._lock, writer_lock(self.folder):
-            needs = any(k.needs_embeddings for k in self.kinds.values())
+            needs = self.encodes_text()
             encode = self._encode_docs if needs else None
-            if any(k.needs_tokens for k in self.kinds.values()):
+            if needs and any(k.needs_tokens for k in self.kinds.values()):
                 encode = self._encode_docs_tokens
             w = Writer(self.folder, self.kinds, encode)
             if w.manifest.config.uid != self.uid:
@@ -203,17 +234,19 @@ class Collection:
     def add(self, docs: Iterable[Any]) -> int:
         """Upsert documents (dicts or Documents) as one new segment; all or nothing."""
         unique: dict[str, Document] = {}
+        spec = self.vector_spec()
         for i, d in enumerate(docs):
-            doc = _doc_from(d, i)
+            doc = _doc_from(d, i, spec)
             unique.pop(doc.id, None)
             unique[doc.id] = doc
         if not unique:
             return 0
+        batch = list(unique.values())
         online = self._online  # read once: a concurrent drop sets it to None
         if online is not None:
-            return online.upsert(list(unique.values()))
+            return online.upsert(batch)
         with self.writer() as w:
-            w.commit_segment(list(unique.values()), self.config.fields)
+            w.commit_segment(batch, self.config.fields, vectors=spec.stack(batch) if spec else None)
         self.refresh()
         return len(unique)
 
@@ -231,12 +264,19 @@ class Collection:
     def count(self) -> int:
         return self.snapshot().count()
 
-    def get(self, ids: Sequence[str]) -> list[Document | None]:
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]:
+        """Documents by id (None where absent); ``with_vectors`` adds each document's stored
+        vectors (``Document.vectors``, by field: "dense" and the named fields)."""
         ids = _check_ids(ids)
         snap = self.snapshot()
         out: list[Document | None] = []
         for loc in snap.find(ids):
-            out.append(None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0])
+            doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
+            if doc is not None and with_vectors:
+                seg = snap.segments[loc[0]]
+                doc.vectors = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
+                               for name, k in self.kinds.items() if k.kind == "dense"}
+            out.append(doc)
         return out
 
     def _profile(self, profile):
@@ -291,22 +331,28 @@ class Collection:
     def profiles(self) -> dict[str, dict]:
         return {**builtin_profiles(list(self.kinds)), **self.config.profiles}
 
-    def query(self, text: str | None = None, *, vector=None, k: int = 10, profile=None,
-              filter: dict | None = None, explain: bool = False, with_text: bool = False) -> list[Hit]:
+    def query(self, text: str | None = None, *, vector=None, using: str | None = None,
+              k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
+              with_text: bool = False) -> list[Hit]:
+        """``vector``: a list/array for the unnamed field (or the field ``using`` names), or a
+        dict field -> vector (several named vectors; fused by ``profile``, by default RRF)."""
         vectors = None if vector is None else [vector]
-        return self.query_batch(None if text is None else [text], vectors=vectors, k=k,
-                                profile=profile, filter=filter, explain=explain,
+        return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
+                                k=k, profile=profile, filter=filter, explain=explain,
                                 with_text=with_text)[0]
 
-    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None, k: int = 10,
-                    profile=None, filter: dict | None = None, explain: bool = False,
+    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
+                    using: str | None = None, k: int = 10, profile=None,
+                    filter: dict | None = None, explain: bool = False,
                     with_text: bool = False) -> list[list[Hit]]:
         """Run many queries through one profile; query-wide work is done once per batch."""
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        queries = _make_queries(texts, vectors, using)
+        if profile is None:
+            profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)
-        queries = _make_queries(texts, vectors)
         needs_vec = any(self.kinds[st.index].needs_embeddings for st in prof.retrieve)
         if needs_vec and any(q.vector is None for q in queries):
             missing = [i for i, q in enumerate(queries) if q.vector is None]
@@ -325,6 +371,8 @@ class Collection:
                 "profiles": sorted(self.profiles()), "model": self.config.model,
                 "dtype": self.config.dtype, "segment_size": self.config.segment_size,
                 "fields": self.config.fields,
+                "vector_fields": {f.name: {"index": f.index, "dim": f.dim, "metric": f.metric}
+                                  for f in self.vector_spec().fields.values()},
                 "ingest": m.ingest, "format_version": m.format_version,
                 **(online.pending() if (online := self._online) is not None else {})}
 
@@ -381,7 +429,46 @@ def _check_ids(ids) -> list[str]:
     return list(ids)
 
 
-def _make_queries(texts, vectors) -> list[Query]:
+def default_vector_profile(queries: list[Query], using: str | None, kinds: dict):
+    """The profile a query by named vectors runs when none is given: the field's own index,
+    or reciprocal rank fusion over the fields given. None: the collection's default."""
+    fields = set(queries[0].vectors)
+    if using is not None and using != "dense":
+        fields = {using}
+    if not fields:
+        return None
+    if queries[0].vector is not None:
+        fields.add("dense")
+    names = []
+    for f in sorted(fields):
+        name = "dense" if f == "dense" else f"dense@{f}"
+        if name not in kinds:
+            have = sorted(k.field for k in kinds.values() if k.kind == "dense")
+            raise InvalidArgument(f"no vector field {f!r} in this collection "
+                                  f"(its vector fields: {', '.join(have) or 'none'})")
+        names.append(name)
+    if len(names) == 1:
+        return names[0]
+    return {"retrieve": [{"index": n, "k": 100} for n in names], "fuse": {"method": "rrf", "k": 60}}
+
+
+def _query_vector(value, i: int, field: str) -> np.ndarray:
+    try:
+        vec = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"query {i}: vector must be a list of numbers") from None
+    if vec.ndim != 1 or not vec.size:
+        raise InvalidArgument(f"query {i}: vector must be a non-empty list of numbers")
+    if not np.isfinite(vec).all():
+        raise InvalidArgument(f"query {i}: vector has NaN or infinite values")
+    norm = float(np.linalg.norm(vec.astype(np.float64)))
+    if norm > MAX_VECTOR_NORM:
+        raise InvalidArgument(f"query {i}: vector norm {norm:.3g} is absurd (max "
+                              f"{MAX_VECTOR_NORM:.0e}); scores would overflow")
+    return vec
+
+
+def _make_queries(texts, vectors, using: str | None = None) -> list[Query]:
     if texts is None and vectors is None:
         raise InvalidArgument("a query needs text or a vector")
     n = len(texts) if texts is not None else len(vectors)
@@ -392,23 +479,20 @@ def _make_queries(texts, vectors) -> list[Query]:
         text = None if texts is None else texts[i]
         if text is not None and (not isinstance(text, str) or not text.strip()):
             raise InvalidArgument(f"query {i}: text must be a non-empty string")
-        vec = None
+        vec, named = None, {}
         if vectors is not None:
             if vectors[i] is None:
                 raise InvalidArgument(f"query {i}: vector is missing")
-            try:
-                vec = np.asarray(vectors[i], dtype=np.float32)
-            except (TypeError, ValueError):
-                raise InvalidArgument(f"query {i}: vector must be a list of numbers") from None
-            if vec.ndim != 1 or not vec.size:
-                raise InvalidArgument(f"query {i}: vector must be a non-empty list of numbers")
-            if not np.isfinite(vec).all():
-                raise InvalidArgument(f"query {i}: vector has NaN or infinite values")
-            norm = float(np.linalg.norm(vec.astype(np.float64)))
-            if norm > MAX_VECTOR_NORM:
-                raise InvalidArgument(f"query {i}: vector norm {norm:.3g} is absurd (max "
-                                      f"{MAX_VECTOR_NORM:.0e}); scores would overflow")
-        out.append(Query(text=text, vector=vec))
+            if isinstance(vectors[i], dict):
+                if using is not None:
+                    raise InvalidArgument("give using= with one vector, not with a dict of them")
+                named = {str(f): _query_vector(v, i, f) for f, v in vectors[i].items()}
+                vec = named.pop("dense", None)
+            elif using is not None and using != "dense":
+                named = {using: _query_vector(vectors[i], i, using)}
+            else:
+                vec = _query_vector(vectors[i], i, "dense")
+        out.append(Query(text=text, vector=vec, vectors=named))
     if not out:
         raise InvalidArgument("no queries given")
     return out

@@ -25,7 +25,7 @@ def validate_name(name: str, what: str = "collection") -> str:
 class CollectionConfig:
     name: str
     indexes: list[str] = field(default_factory=lambda: list(DEFAULT_INDEXES))
-    model: str = DEFAULT_MODEL
+    model: str | None = DEFAULT_MODEL  # None: no text encoder (vectors come from the user)
     dtype: str = "bfloat16"
     segment_size: int = 50_000
     fields: dict[str, str] = field(default_factory=dict)  # filterable metadata columns
@@ -45,7 +45,11 @@ class CollectionConfig:
         kinds = [f.partition(":")[0] for f in self.indexes]
         dup = {k for k in kinds if kinds.count(k) > 1}
         if dup:
-            raise InvalidArgument(f"index kind(s) {sorted(dup)} given twice in {self.indexes}")
+            raise InvalidArgument(f"index(es) {sorted(dup)} given twice in {self.indexes} "
+                                  "(name a second vector field: dense@FIELD)")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise InvalidArgument(f"model must be a model name or folder, or None (no model), "
+                                  f"got {self.model!r}")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise InvalidArgument(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
         if not isinstance(self.segment_size, int) or self.segment_size < 1:

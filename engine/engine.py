@@ -66,7 +66,7 @@ class Engine:
                       if not p.name.startswith(".") and (p / MANIFEST).exists())
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
-                          model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> Collection:
@@ -74,6 +74,8 @@ class Engine:
         self._writable()
         kinds = [from_factory(f) for f in indexes]  # validates factory strings up front
         uid = uuid.uuid4().hex
+        from polyindex.ingest.vectors import VectorSpec
+        VectorSpec.of({k.name: k for k in kinds}, model)  # e.g. source=model without a model
         config = CollectionConfig(name=name, indexes=[k.describe() for k in kinds], model=model,
                                   dtype=dtype, segment_size=segment_size, fields=dict(fields or {}),
                                   profiles=dict(profiles or {}), uid=uid)
@@ -81,7 +83,7 @@ class Engine:
             from polyindex.query.profiles import Profile
             for pname, p in profiles.items():
                 validate_name(pname, "profile")
-                Profile.from_json(pname, p, {k.kind for k in kinds})
+                Profile.from_json(pname, p, {k.name for k in kinds})
         with self._lock:
             folder = self.path / name
             if (folder / MANIFEST).exists():

@@ -20,6 +20,8 @@ class Document:
     title: str
     text: str
     metadata: dict[str, Any]
+    # user-supplied vectors by field ("dense": the unnamed field), float32 numpy arrays
+    vectors: dict[str, Any] | None = None
 
 
 def document_text(title: str, text: str) -> str:

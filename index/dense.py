@@ -1,13 +1,21 @@
-"""The ``dense`` kind: sentence-transformers embeddings in a FAISS index per segment.
+"""The ``dense`` kind: one vector field in a FAISS index per segment.
 
-Factory: ``dense`` (auto: ``Flat`` below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat``
-above) or any ``faiss.index_factory`` string (``dense:HNSW32,Flat``, ``dense:IVF1024,PQ48``).
+Factory: ``dense[@FIELD][:OPTIONS,][FAISS]``. ``dense`` is the unnamed field (the collection
+model's embeddings, or the user's vectors in a collection without a model); ``dense@image``
+is a named field whose vectors the user supplies. OPTIONS (any order, before the faiss
+string): ``dim=N`` (else taken from the first vector), ``metric=ip|cosine|l2`` (default ip;
+cosine vectors are stored L2-normalized; l2 scores are ``-squared distance``, so higher is
+better everywhere), ``source=model|user`` (who fills the field). FAISS is ``auto`` (``Flat``
+below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above) or any
+``faiss.index_factory`` string (``HNSW32,Flat``, ``IVF1024,PQ48``). Example:
+``dense@image:dim=512,metric=cosine,HNSW32,Flat``.
+
 Default: ``dense`` (auto).
 Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
-starts from a clone of that trained template. Inner product on L2-normalized vectors = cosine.
-Search params are faiss parameter strings (``nprobe=32``, ``efSearch=128``); ``prf=rocchio``
-(with ``fb_docs``, ``orig_weight``) moves the query vector towards its top documents first
-(``polyindex.index.prf``).
+starts from a clone of that trained template. Search params: ``nprobe``, ``efSearch`` and
+``exact_below`` (see ``dense_filtered``: how a filtered or tombstoned search is planned);
+``prf=rocchio`` (with ``fb_docs``, ``orig_weight``) moves the query vector towards its top
+documents first (``polyindex.index.prf``).
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import numpy as np
 
 from polyindex.cuda.device import to_device
 from polyindex.errors import InvalidArgument
-from polyindex.index import prf
+from polyindex.index import dense_filtered, prf
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -39,14 +47,55 @@ QUERY_THREADS = int(os.environ.get("POLYINDEX_FAISS_THREADS", "1"))
 faiss.omp_set_num_threads(QUERY_THREADS)
 
 AUTO_HNSW_ROWS = 20_000
-INDEX_FILE = "dense.faiss"
+INDEX_FILE = "dense.faiss"  # the unnamed field's; a named field's is "dense.FIELD.faiss"
 TEMPLATE_FILE = "dense.template.faiss"
-SEARCH_PARAMS = {"nprobe": int, "efSearch": int}
+SEARCH_PARAMS = {"nprobe": int, "efSearch": int, "exact_below": int}
+METRICS = ("ip", "cosine", "l2")
+SOURCES = ("model", "user")
+OPTIONS = ("dim", "metric", "source")
+MAX_DIM = 65_536
+UNNAMED = "dense"  # the field name of the unnamed field (a top-level "vector")
+_FIELD_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-def _check_factory(body: str, dim: int = 8) -> None:
+def faiss_metric(metric: str) -> int:
+    return faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
+
+
+def parse_body(body: str, where: str) -> tuple[dict[str, str], str]:
+    """Split a factory body into the leading ``key=value`` options and the faiss string."""
+    opts, rest = {}, []
+    for part in filter(None, (p.strip() for p in (body or "").split(","))):
+        key, sep, value = part.partition("=")
+        if sep and not rest and key.strip() in OPTIONS:
+            opts[key.strip()] = value.strip()
+        elif sep and not rest:
+            raise InvalidArgument(f"{where}: unknown option {key.strip()!r} "
+                                  f"(known: {', '.join(OPTIONS)})")
+        else:
+            rest.append(part)
+    return opts, ",".join(rest)
+
+
+def _keeps_vectors(index) -> bool:
+    """Does the faiss index hold every vector exactly (so nothing else needs to store it)?"""
+    index = faiss.downcast_index(index)
+    return isinstance(index, (faiss.IndexFlat, faiss.IndexHNSWFlat, faiss.IndexIVFFlat))
+
+
+# A dimension every usual PQ/OPQ sub-quantizer count divides (8..192), to check a factory
+# string before the field's dimension is known.
+PROBE_DIM = 5760
+
+
+def _probe(body: str, dim: int | None = None):
+    """An empty index of a factory string (at the field's dimension when it is known)."""
+    return faiss.index_factory(dim or PROBE_DIM, body, faiss.METRIC_INNER_PRODUCT)
+
+
+def _check_factory(body: str, dim: int | None = None) -> None:
     try:
-        faiss.index_factory(dim, body, faiss.METRIC_INNER_PRODUCT)
+        _probe(body, dim)
     except RuntimeError as e:
         # faiss prefixes the reason with a C++ source location; keep only the reason
         reason = str(e).strip().splitlines()[-1].rpartition(": ")[2] if str(e).strip() else ""
@@ -66,48 +115,77 @@ def _check_params(params: dict[str, str]) -> None:
     if unknown:
         raise InvalidArgument(f"dense: unknown search parameter(s) {sorted(unknown)}; "
                               f"known: {sorted(SEARCH_PARAMS) + list(prf.DENSE_KEYS)}")
-    for key, value in _faiss_params(params).items():
+    params = _faiss_params(params)
+    for key, value in params.items():
         try:
             SEARCH_PARAMS[key](value)
         except ValueError:
             raise InvalidArgument(f"dense: search parameter {key}={value!r} is not an integer") from None
 
 
+def _flat_view(index) -> np.ndarray | None:
+    """Zero-copy (n, d) view of a flat (or HNSW-over-flat) index's vectors, else None."""
+    try:
+        idx = faiss.downcast_index(index)
+        if isinstance(idx, faiss.IndexHNSWFlat):
+            idx = faiss.downcast_index(idx.storage)
+        if isinstance(idx, faiss.IndexFlat) and idx.ntotal:
+            return faiss.rev_swig_ptr(idx.get_xb(), idx.ntotal * idx.d).reshape(idx.ntotal, idx.d)
+    except (AttributeError, RuntimeError, TypeError):  # a GPU index: no host pointer
+        pass
+    return None
+
+
 class DenseSegment(SegmentIndex):  # and StoredVectors
-    def __init__(self, index, folder: Path, docs=None):
+    def __init__(self, index, folder: Path, docs=None, column: str = "embedding",
+                 metric: str = "ip"):
         self.index = index
         self.folder = folder
         self.n_rows = index.ntotal
+        self.metric = metric
         self._docs = docs
-        self._embeddings: np.ndarray | None = None
+        self._column = column
+        self._matrix: np.ndarray | None = None
+        self._direct_map = False
+        self._ivf = faiss.try_extract_index_ivf(index) is not None
+        self._params: dict[tuple, object] = {}  # faiss SearchParameters by search params
+
+    def matrix(self) -> np.ndarray | None:
+        """Every row's vector as one (n, d) float32 view: the segment's stored column
+        (memory-mapped) or the faiss index's own flat storage; None when the index keeps
+        only codes and no column was stored."""
+        if self._matrix is None and self.n_rows:
+            if self._docs is not None:
+                self._matrix = (self._docs.embeddings() if self._column == "embedding"
+                                else self._docs.vector_column(self._column))
+            if self._matrix is None:
+                self._matrix = _flat_view(self.index)
+        return self._matrix
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
-        """Stored float32 embeddings of rows (the segment's Arrow column, memory-mapped);
-        without one, the index's own reconstruction."""
-        if self._embeddings is None and self._docs is not None:
-            self._embeddings = self._docs.embeddings()
-        if self._embeddings is not None:
-            return self._embeddings[rows]
+        """Stored float32 vectors of rows; without a stored matrix, the index's reconstruction."""
+        m = self.matrix()
+        if m is not None:
+            return m[rows]
+        if not self._direct_map:
+            try:
+                faiss.extract_index_ivf(self.index).make_direct_map()
+            except RuntimeError:
+                pass  # not an IVF index: reconstruct works as is
+            self._direct_map = True
         return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
 
-    def _search_params(self, params: dict[str, str], allow: np.ndarray | None):
-        kwargs = {k: SEARCH_PARAMS[k](v) for k, v in params.items()}
-        if allow is not None:
-            kwargs["sel"] = faiss.IDSelectorBitmap(np.packbits(allow, bitorder="little"))
-        if not kwargs:
-            return None
-        base = faiss.extract_index_ivf(self.index) if "nprobe" in kwargs else None
-        if base is not None or "nprobe" in kwargs:
-            return faiss.SearchParametersIVF(**kwargs)
-        if "efSearch" in kwargs:
-            return faiss.SearchParametersHNSW(**kwargs)
-        return faiss.SearchParameters(**kwargs)
-
-    def search(self, prepared, k, params, allow):
-        vectors = prepared
-        if self.n_rows == 0 or (allow is not None and not allow.any()):
-            return empty_result(len(vectors), k)
-        sp = self._search_params(_faiss_params(params), allow)
+    def faiss_search(self, vectors: np.ndarray, k: int, kwargs: dict):
+        """One faiss search with parameters (``sel``, ``nprobe``, ``efSearch``); scores
+        higher-is-better, -1 padded rows with -inf."""
+        sp = None
+        if kwargs:
+            key = None if "sel" in kwargs else tuple(sorted(kwargs.items()))
+            sp = self._params.get(key) if key is not None else None
+            if sp is None:  # built once per distinct params: this is on every query's path
+                sp = self._search_parameters(kwargs)
+                if key is not None and len(self._params) < 64:
+                    self._params[key] = sp
         before = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(QUERY_THREADS)  # 2 threads on one pinned CPU: 16 ms a query
         try:
@@ -115,97 +193,212 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
                             else self.index.search(vectors, k, params=sp))
         finally:
             faiss.omp_set_num_threads(before)
+        return self._higher_better(scores, rows)
+
+    def _search_parameters(self, kwargs: dict):
+        if "nprobe" in kwargs or self._ivf:
+            return faiss.SearchParametersIVF(**{k: v for k, v in kwargs.items() if k != "efSearch"})
+        if "efSearch" in kwargs:
+            return faiss.SearchParametersHNSW(**kwargs)
+        return faiss.SearchParameters(**kwargs)
+
+    def _higher_better(self, scores, rows):
+        if self.metric == "l2":
+            scores = -scores
+        if rows.size and rows[:, -1].min() < 0:  # faiss pads at the end only
+            scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
         return scores, rows
+
+    def search(self, prepared, k, params, allow):
+        vectors = prepared
+        if self.n_rows == 0 or (allow is not None and not allow.any()):
+            return empty_result(len(vectors), k)
+        params = _faiss_params(params)
+        if allow is None:
+            kwargs = {key: SEARCH_PARAMS[key](v) for key, v in params.items()
+                      if key != "exact_below"}
+            return self.faiss_search(vectors, k, kwargs)
+        return dense_filtered.search(self, vectors, k, params, allow)
 
     def score(self, prepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64)
         out = np.full((len(prepared), len(rows)), np.nan, dtype=np.float32)
         ok = (rows >= 0) & (rows < self.n_rows)
         if ok.any():
-            out[:, ok] = prepared @ self.vectors(rows[ok]).T
+            out[:, ok] = exact_scores(prepared, self.vectors(rows[ok]), self.metric)
         return out
+
+
+def exact_scores(q: np.ndarray, x: np.ndarray, metric: str) -> np.ndarray:
+    """(nq, n) higher-is-better scores of query vectors against vectors, as the index scores."""
+    s = q @ x.T
+    if metric == "l2":
+        s = 2 * s - (q * q).sum(1)[:, None] - (x * x).sum(1)[None, :]
+    return s
 
 
 @register
 class DenseKind(IndexKind):
     kind = "dense"
-    needs_embeddings = True
+    named_fields = True
+    needs_embeddings = True  # the unnamed field reads BuildBatch.embeddings; named fields don't
 
-    def __init__(self, body: str):
+    def __init__(self, body: str, field: str | None = None):
         super().__init__(body)
-        if body and body != "auto":
-            _check_factory(body)
+        where = f"dense{'@' + field if field else ''}:{body}"
+        if field is not None and (not _FIELD_RE.match(field) or field == UNNAMED):
+            raise InvalidArgument(f"{where}: vector field name {field!r} must be 1-64 letters, "
+                                  f"digits, '_' or '-' (and not {UNNAMED!r}, the unnamed field)")
+        self.field = field or UNNAMED
+        self.needs_embeddings = field is None
+        opts, self.factory = parse_body(body, where)
+        self.metric = opts.get("metric", "ip")
+        if self.metric not in METRICS:
+            raise InvalidArgument(f"{where}: metric must be one of {', '.join(METRICS)}, "
+                                  f"got {self.metric!r}")
+        self.source = opts.get("source")  # None: decided by the collection (model or not)
+        if self.source is not None and self.source not in SOURCES:
+            raise InvalidArgument(f"{where}: source must be model or user, got {self.source!r}")
+        if field is not None and self.source == "model":
+            raise InvalidArgument(f"{where}: a named field holds the user's vectors "
+                                  "(source=model is for the unnamed field 'dense')")
+        self.declared_dim = None
+        if "dim" in opts:
+            try:
+                self.declared_dim = int(opts["dim"])
+            except ValueError:
+                self.declared_dim = 0
+            if not 1 <= self.declared_dim <= MAX_DIM:
+                raise InvalidArgument(f"{where}: dim must be an integer in 1..{MAX_DIM}, "
+                                      f"got {opts['dim']!r}")
+        self.dim = self.declared_dim  # learned from the first segment when not declared
+        if self.factory and self.factory != "auto":
+            _check_factory(self.factory, self.declared_dim)
         self.template = None  # trained empty index (IVF/PQ), collection-level
+        self.body = body
+
+    @property
+    def name(self) -> str:
+        return UNNAMED if self.field == UNNAMED else f"dense@{self.field}"
+
+    @property
+    def column(self) -> str:
+        """The segment's stored column for this field (``embedding`` for the unnamed one)."""
+        return "embedding" if self.field == UNNAMED else f"vector.{self.field}"
+
+    @property
+    def index_file(self) -> str:
+        # file names stay plain (letters, digits, '_', '-', '.'): "dense.image.faiss"
+        return INDEX_FILE if self.field == UNNAMED else f"dense.{self.field}.faiss"
 
     def describe(self) -> str:
-        return f"dense:{self.body}" if self.body and self.body != "auto" else "dense"
+        opts = [f"dim={self.declared_dim}"] if self.declared_dim else []
+        opts += [f"metric={self.metric}"] if self.metric != "ip" else []
+        opts += [f"source={self.source}"] if self.source else []
+        body = ",".join(opts + ([self.factory] if self.factory and self.factory != "auto" else []))
+        return f"{self.name}:{body}" if body else self.name
+
+    def _auto(self) -> bool:
+        return not self.factory or self.factory == "auto"
 
     def _factory_for(self, n_rows: int) -> str:
-        if self.body and self.body != "auto":
-            return self.body
+        if not self._auto():
+            return self.factory
         return "HNSW32,Flat" if n_rows >= AUTO_HNSW_ROWS else "Flat"
 
+    def keeps_vectors(self) -> bool:
+        """Whether every segment's faiss index holds the vectors exactly (Flat, HNSW..,Flat,
+        IVF..,Flat): then a user-supplied field is stored only there, not also in docs.arrow."""
+        return self._auto() or _keeps_vectors(_probe(self.factory, self.dim))
+
     def needs_training(self) -> bool:
-        if not self.body or self.body == "auto":
+        if self._auto():
             return False
-        return self.template is None and not faiss.index_factory(
-            8, self.body, faiss.METRIC_INNER_PRODUCT).is_trained
+        return self.template is None and not _probe(self.factory, self.dim).is_trained
+
+    def _vectors_of(self, batch: BuildBatch) -> np.ndarray | None:
+        if self.field == UNNAMED:
+            return batch.embeddings if batch.embeddings is not None else batch.vectors.get(UNNAMED)
+        return batch.vectors.get(self.field)
 
     def train(self, sample: BuildBatch) -> None:
-        x = np.ascontiguousarray(sample.embeddings, dtype=np.float32)
-        index = faiss.index_factory(x.shape[1], self.body, faiss.METRIC_INNER_PRODUCT)
+        x = np.ascontiguousarray(self._vectors_of(sample), dtype=np.float32)
+        index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
         index.train(x)
         self.template = index
+
+    def _template_file(self) -> str:
+        return TEMPLATE_FILE if self.field == UNNAMED else f"dense.{self.field}.template.faiss"
 
     def save_artifacts(self, folder: Path) -> list[str]:
         if self.template is None:
             return []
-        faiss.write_index(self.template, str(folder / TEMPLATE_FILE))
-        return [TEMPLATE_FILE]
+        faiss.write_index(self.template, str(folder / self._template_file()))
+        return [self._template_file()]
 
     def load_artifacts(self, folder: Path) -> None:
-        path = folder / TEMPLATE_FILE
+        path = folder / self._template_file()
         if path.exists():
             self.template = faiss.read_index(str(path))
 
     def build(self, batch: BuildBatch, folder: Path) -> dict:
-        x = batch.embeddings
+        x = self._vectors_of(batch)
         if x is None:
-            raise InvalidArgument("dense: the segment has no embeddings to index")
+            raise InvalidArgument(f"{self.name}: the segment has no vectors to index")
+        if self.dim is not None and x.shape[1] != self.dim:
+            raise InvalidArgument(f"{self.name}: vectors have dimension {x.shape[1]}, "
+                                  f"the field has {self.dim}")
         factory = self._factory_for(len(x))
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:
-            index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
             if not index.is_trained:  # a per-segment fallback; collections train a template first
                 index.train(x)
         index.add(np.ascontiguousarray(x, dtype=np.float32))
-        faiss.write_index(index, str(folder / INDEX_FILE))
-        return {"factory": factory, "dim": int(x.shape[1]), "n_rows": int(len(x)),
-                "files": [INDEX_FILE]}
+        faiss.write_index(index, str(folder / self.index_file))
+        self.dim = int(x.shape[1])
+        info = {"factory": factory, "dim": int(x.shape[1]), "n_rows": int(len(x)),
+                "files": [self.index_file]}
+        if self.field != UNNAMED or self.metric != "ip":
+            info.update(field=self.field, metric=self.metric)
+        return info
 
     def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:
-        index = to_device(faiss.read_index(str(folder / INDEX_FILE)), self.device)
-        return DenseSegment(index, folder, docs)
+        index = to_device(faiss.read_index(str(folder / self.index_file)), self.device)
+        if self.dim is None:
+            self.dim = info.get("dim")
+        return DenseSegment(index, folder, docs, self.column, self.metric)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         rocchio = None
         if params:
             _check_params(params)
             rocchio = prf.parse_rocchio(params, "dense search params")
-        dim = segments[0].index.d if segments else None
+        dim = segments[0].index.d if segments else self.dim
+        vecs = []
         for i, q in enumerate(queries):
-            v = q.vector
+            v = q.vector if self.field == UNNAMED else q.vectors.get(self.field)
             if v is None:
-                raise InvalidArgument("the dense index needs a query vector or query text")
+                raise InvalidArgument(
+                    "the dense index needs a query vector or query text" if self.field == UNNAMED
+                    else f"query {i}: no vector for field {self.field!r} "
+                         f"(query(vector=..., using={self.field!r}))")
             if v.ndim != 1 or (dim is not None and v.shape[0] != dim):
                 raise InvalidArgument(f"query {i}: vector has shape {v.shape}, "
-                                      f"the dense index has dimension {dim}")
-        x = (queries[0].vector.reshape(1, -1) if len(queries) == 1
-             else np.stack([q.vector for q in queries])).astype(np.float32, copy=False)
+                                      f"the {self.name} index has dimension {dim}")
+            vecs.append(v)
+        x = (vecs[0].reshape(1, -1) if len(vecs) == 1 else np.stack(vecs)).astype(np.float32,
+                                                                                  copy=False)
         if not np.isfinite(x.sum()) and not np.isfinite(x).all():  # one cheap pass when fine
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
+        if self.metric == "cosine":
+            norms = np.linalg.norm(x, axis=1, keepdims=True)
+            if (norms == 0).any():
+                raise InvalidArgument(f"query {int(np.flatnonzero(norms == 0)[0])}: a zero "
+                                      f"vector has no cosine similarity ({self.name})")
+            x = x / norms
         x = np.ascontiguousarray(x)
         if rocchio is None:
             return x

@@ -62,6 +62,8 @@ class BuildBatch:
     texts: Sequence[str]
     embeddings: np.ndarray | None = None  # (n, d) float32, L2-normalized, when the collection encodes
     tokens: Sequence[DocTokens] | None = None  # per row, when a kind ``needs_tokens``
+    # user-supplied vectors by field name ("dense" is the unnamed field, also ``embeddings``)
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,8 +71,9 @@ class Query:
     """One query as the user gave it; kinds read what they need."""
 
     text: str | None = None
-    vector: np.ndarray | None = None  # (d,) float32 query embedding
+    vector: np.ndarray | None = None  # (d,) float32 query embedding (the unnamed field)
     extra: dict[str, Any] = field(default_factory=dict)
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)  # named fields' query vectors
 
 
 class SegmentDocs(Protocol):
@@ -84,6 +87,9 @@ class SegmentDocs(Protocol):
 
     def column(self, name: str) -> list:
         """One stored column (``title``, ``text``, ...) as Python values, in row order."""
+
+    def vector_column(self, name: str) -> np.ndarray | None:
+        """(n_rows, d) float32 view of a stored vector column (``vector.<field>``), or None."""
 
 
 class TokenEncoder(Protocol):
@@ -147,6 +153,8 @@ class IndexKind(ABC):
     """Collection-level index kind (one per representation of a collection)."""
 
     kind: ClassVar[str]
+    # Kinds that may be declared several times under a field name (``dense@image``).
+    named_fields: ClassVar[bool] = False
     needs_embeddings: ClassVar[bool] = False
     # Per-token embeddings (``BuildBatch.tokens``), from the same forward pass as the dense
     # embedding; kinds that set it also encode texts themselves when a batch has none.
@@ -156,6 +164,18 @@ class IndexKind(ABC):
         self.body = body
         self.device = "cpu"
         self._token_encoder: Callable[[], TokenEncoder] | None = None
+
+    @property
+    def name(self) -> str:
+        """The index name a collection keys this kind by (profiles, manifest, artifacts):
+        the kind itself, or ``kind@field`` for a named field."""
+        return self.kind
+
+    @property
+    def artifact_name(self) -> str:
+        """Its folder under ``artifacts/`` and key in the manifest: a plain name (``dense.image``
+        for ``dense@image``; the manifest refuses names with other characters)."""
+        return self.name.replace("@", ".")
 
     def attach(self, *, device: str = "cpu",
                token_encoder: Callable[[], TokenEncoder] | None = None) -> None:
@@ -233,11 +253,17 @@ def from_factory(factory: str) -> IndexKind:
     _load_builtin_kinds()
     if not isinstance(factory, str) or not factory.strip():
         raise InvalidArgument(f"index factory string must be a non-empty string, got {factory!r}")
-    kind, _, body = factory.strip().partition(":")
+    head, _, body = factory.strip().partition(":")
+    kind, at, field_name = head.strip().partition("@")
     cls = _REGISTRY.get(kind.strip())
     if cls is None:
         raise InvalidArgument(f"unknown index kind {kind!r} in factory string {factory!r}; "
                               f"known kinds: {', '.join(sorted(_REGISTRY))}")
+    if at:
+        if not cls.named_fields:
+            raise InvalidArgument(f"index kind {kind!r} has no named fields ({factory!r}); "
+                                  "only dense takes '@FIELD'")
+        return cls(body.strip(), field=field_name.strip())
     return cls(body.strip())
 
 

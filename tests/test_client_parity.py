@@ -230,3 +230,38 @@ def test_vectors_and_vector_errors(dense_pair):
             coll.query(vector=vec[:10], profile="dense")
     assert emb.get(["cake", "x"]) == cli.get(["cake", "x"])
     assert emb.count() == cli.count()
+
+
+# ---------------------------------------------------------------- user vectors, both ways
+
+def _unit(n, d, seed):
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_user_vectors_named_fields(eng):
+    """Upsert with packed vectors per named field, query by each, by both, read them back."""
+    img, cap = _unit(40, 8, 1), _unit(40, 5, 2)
+    coll = eng.create_collection(f"c{next(_names)}", ["dense@image:Flat", "dense:metric=l2,Flat"],
+                                 model=None)
+    docs = [{"id": f"d{i}", "vector": cap[i].tolist(), "vectors": {"image": img[i]}}
+            for i in range(40)]
+    assert coll.add(docs) == 40
+    assert ids(coll.query(vector=img[3], using="image", k=2))[0] == "d3"
+    assert ids(coll.query(vector=cap[4], k=2, profile="dense"))[0] == "d4"
+    assert ids(coll.query(vector={"image": img[5], "dense": cap[5]}, k=1)) == ["d5"]
+    batch = coll.query_batch(vectors=[img[6], img[7]], using="image", k=1)
+    assert [ids(h) for h in batch] == [["d6"], ["d7"]]
+    got = coll.get(["d9"], with_vectors=True)[0]
+    assert np.array_equal(got.vectors["image"], img[9]) and np.array_equal(got.vectors["dense"], cap[9])
+    assert coll.get(["d9"])[0].vectors is None
+    bad = [dict(docs[0], id="n0"), {"id": "n1", "vector": cap[1].tolist(),
+                                    "vectors": {"image": [1.0] * 7}}]
+    with pytest.raises(InputError, match=r"add\(\):2, id='n1', field 'vectors.image'.*dimension 7"):
+        coll.add(bad)
+    bad = [{"id": "n2", "vector": [float("nan")] * 5, "vectors": {"image": img[0]}}]
+    with pytest.raises(InputError, match="component 0 is nan"):
+        coll.add(bad)
+    assert coll.count() == 40 and coll.get(["n0"]) == [None]
+    with pytest.raises(InvalidArgument, match="no vector field 'nope'"):
+        coll.query(vector=img[0], using="nope")

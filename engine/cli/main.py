@@ -55,11 +55,13 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parquet or .csv"),
+def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parquet, .arrow, .csv, or a vector file (.npy, .fvecs, .bvecs, ANN-benchmarks .hdf5)"),
           data: Path = DataOpt, collection: str = CollOpt,
           index: Optional[List[str]] = typer.Option(None, "--index", metavar="FACTORY", help="Factory string, repeatable (default: lexical + dense)."),
           field: Optional[List[str]] = typer.Option(None, "--field", metavar="NAME:TYPE", help="Filterable metadata field NAME:TYPE (string|int|float|bool), repeatable."),
           segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
+          ids: Optional[Path] = typer.Option(None, "--ids", metavar="FILE", help="Id file (one per line) of a vector file; default: row numbers."),
+          model: Optional[str] = typer.Option(None, "--model", help="Text model of a new collection (default all-MiniLM-L6-v2); 'none': vectors-only, no encoder loaded."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
@@ -70,7 +72,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     The collection is created on first use (with --index and --field); a rerun resumes
     after the last committed segment."""
     from polyindex.ingest.sources import open_source
-    source = open_source(src)
+    source = open_source(src, ids=ids)
     if server is not None:
         from polyindex.cli.remote_index import index_via_server
         fields = dict(_parse_field(f) for f in field or [])
@@ -94,8 +96,9 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                   f"{coll.config.indexes}; --index gave {index}")
     else:
         fields = dict(_parse_field(f) for f in field or [])
+        kw = {} if model is None else {"model": None if model.lower() == "none" else model}
         coll = eng.create_collection(collection, index or ["lexical", "dense"],
-                                     segment_size=segment_size, fields=fields)
+                                     segment_size=segment_size, fields=fields, **kw)
     try:
         report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
     except BaseException:
@@ -137,14 +140,16 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
           with_metadata: bool = typer.Option(False, "--with-metadata", help="Include each hit's stored metadata."),
           queries: Optional[Path] = typer.Option(None, "--queries", help="Queries for a batch run: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
           run: Optional[Path] = typer.Option(None, "--run", help="Write a TREC run file (with --queries)."),
+          vector: Optional[str] = typer.Option(None, "--vector", metavar="JSON", help="Query vector as JSON: [..] (the unnamed field, or --using's) or {\"FIELD\": [..], ...}."),
+          using: Optional[str] = typer.Option(None, "--using", metavar="FIELD", help="The vector field --vector is for."),
           as_json: bool = JsonOpt):
     """Query a collection (one text, or a batch of queries).
 
     One text prints a table (or --json); --queries FILE writes a TREC run to --run."""
     if queries is not None and run is None:
         raise InvalidArgument("--queries needs --run OUT.trec")
-    if queries is None and not text:
-        raise InvalidArgument("give a query text or --queries FILE")
+    if queries is None and not text and vector is None:
+        raise InvalidArgument("give a query text, --vector or --queries FILE")
     coll = _engine(data, readonly=True).collection(collection)
     flt = _parse_filter(filter)
     if queries is not None:
@@ -160,15 +165,23 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
         else:
             out.print(f"wrote {lines:,} lines for {len(qs)} queries to {run}")
         return
+    vec = None
+    if vector is not None:
+        try:
+            vec = json.loads(vector)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"--vector is not valid JSON: {e}") from None
     # The embedded query's with_text brings title, text and metadata; print what was asked
-    hits = coll.query(text, k=k, profile=profile, filter=flt, explain=explain, with_text=True)
+    hits = coll.query(text or None, vector=vec, using=using, k=k, profile=profile, filter=flt,
+                      explain=explain, with_text=True)
     if as_json:
         print(json.dumps([{"rank": h.rank, "id": h.id, "score": h.score, "title": h.title,
                            **({"text": h.text} if with_text else {}),
                            **({"metadata": h.metadata or {}} if with_metadata else {}),
                            **({"explain": h.explain} if explain else {})} for h in hits]))
         return
-    table = Table(title=f"{collection} · {profile or 'default'} · {text!r}", show_lines=False)
+    shown = repr(text) if text else "vector"
+    table = Table(title=f"{collection} · {profile or 'default'} · {shown}", show_lines=False)
     for col in ("rank", "id", "score", "title / text", *(["metadata"] if with_metadata else [])):
         table.add_column(col, overflow="fold" if col in ("title / text", "metadata") else None)
     for h in hits:

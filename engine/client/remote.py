@@ -136,13 +136,14 @@ class Client:
         return RemoteCollection(self, name, _fields_of(info))
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
-                          model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> "RemoteCollection":
         try:
             req = pb.CreateCollectionRequest(name=name, indexes=list(indexes), fields=fields or {},
-                                             segment_size=segment_size, model=model, dtype=dtype,
+                                             segment_size=segment_size,
+                                             model="none" if model is None else model, dtype=dtype,
                                              exist_ok=exist_ok)
         except (TypeError, ValueError) as e:  # a wrongly typed argument (protobuf is strict)
             raise InvalidArgument(f"create_collection: {e}") from None
@@ -209,20 +210,23 @@ class RemoteCollection:
     def __init__(self, client: Client, name: str, fields: dict[str, str] | None = None):
         self.client, self.name, self.fields = client, name, dict(fields or {})
 
-    def query(self, text: str | None = None, *, vector=None, k: int = 10, profile=None,
-              filter: dict | None = None, explain: bool = False, with_text: bool = False,
-              with_metadata: bool | None = None, timeout: float | None = None) -> list[Hit]:
+    def query(self, text: str | None = None, *, vector=None, using: str | None = None,
+              k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
+              with_text: bool = False, with_metadata: bool | None = None,
+              timeout: float | None = None) -> list[Hit]:
         """``with_text``: hits carry title and text; ``with_metadata``: their metadata (None:
-        the same as ``with_text``, as the embedded ``Collection.query`` does)."""
-        req = self._request(k, profile, filter, explain, with_text, with_metadata)
+        the same as ``with_text``, as the embedded ``Collection.query`` does). ``vector``: a
+        list/array (the unnamed field, or ``using``'s) or a dict field -> vector."""
+        req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
         if text is not None:
             req.text = _text(text, 0)
         if vector is not None:
-            req.vector.extend(_vector(vector, 0))
+            _put_vector(req, vector, 0)
         resp = self.client._call("Query", req, timeout=timeout)
         return [hit_from_proto(h, self.fields) for h in resp.hits]
 
-    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None, k: int = 10,
+    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
+                    using: str | None = None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
                     timeout: float | None = None) -> list[list[Hit]]:
@@ -235,18 +239,19 @@ class RemoteCollection:
             raise InvalidArgument("no queries given")
         out: list[list[Hit]] = []
         for start in range(0, n, QUERY_BATCH):
-            req = self._request(k, profile, filter, explain, with_text, with_metadata)
+            req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
             for i in range(start, min(n, start + QUERY_BATCH)):
                 item = req.batch.add()
                 if texts is not None and texts[i] is not None:
                     item.text = _text(texts[i], i)
                 if vectors is not None:
-                    item.vector.extend(_vector(vectors[i], i))
+                    _put_vector(item, vectors[i], i)
             resp = self.client._call("Query", req, timeout=timeout)
             out.extend([hit_from_proto(h, self.fields) for h in hl.hits] for hl in resp.batch)
         return out
 
-    def _request(self, k, profile, filter, explain, with_text, with_metadata) -> pb.QueryRequest:
+    def _request(self, k, profile, filter, explain, with_text, with_metadata,
+                 using=None) -> pb.QueryRequest:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= _INT64_MAX:
             # the server checks 1..10000; here only what cannot travel as an int64
             raise (ResourceExhausted if isinstance(k, int) and not isinstance(k, bool) and k > 1
@@ -255,6 +260,10 @@ class RemoteCollection:
             with_metadata = with_text
         req = pb.QueryRequest(collection=self.name, k=k, explain=bool(explain),
                               with_text=bool(with_text), with_metadata=bool(with_metadata))
+        if using is not None:
+            if not isinstance(using, str):
+                raise InvalidArgument(f"using must be a vector field name, got {using!r}")
+            req.using = using
         if isinstance(profile, dict):
             req.inline_profile.CopyFrom(_struct(profile, "profile"))
         elif profile is not None:
@@ -299,9 +308,10 @@ class RemoteCollection:
         ids = _check_ids(ids)
         return self.client._call("Delete", pb.DeleteRequest(collection=self.name, ids=ids)).deleted
 
-    def get(self, ids: Sequence[str]) -> list[Document | None]:
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]:
         ids = _check_ids(ids)
-        resp = self.client._call("Get", pb.GetRequest(collection=self.name, ids=ids))
+        resp = self.client._call("Get", pb.GetRequest(collection=self.name, ids=ids,
+                                                      with_vectors=bool(with_vectors)))
         return [doc_from_proto(d, self.fields) if found else None
                 for d, found in zip(resp.documents, resp.found)]
 
@@ -327,6 +337,15 @@ def _text(text, i: int) -> str:
     if not isinstance(text, str):
         raise InvalidArgument(f"query {i}: text must be a non-empty string")
     return text
+
+
+def _put_vector(msg, vector, i: int) -> None:
+    """A query's vector into a QueryRequest or QueryItem: a dict goes to ``vectors``."""
+    if isinstance(vector, dict):
+        for name, v in vector.items():
+            msg.vectors[str(name)].values.extend(_vector(v, i))
+    else:
+        msg.vector.extend(_vector(vector, i))
 
 
 def _vector(vector, i: int) -> list[float]:

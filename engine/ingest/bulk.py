@@ -44,6 +44,7 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         total = source.estimate_total()
         size = collection.config.segment_size
         fields = collection.config.fields
+        spec = collection.vector_spec()
         buffer: dict = {}
         position = start
 
@@ -54,7 +55,7 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         advance = phases.records(f"indexing {source.path.name}",
                                  None if total is None else total - start)
         encode_progress = advance if w.encode is not None else None
-        for pos, item in source.records(start, fields):
+        for pos, item in source.records(start, fields, vectors=spec):
             position = pos + 1
             if isinstance(item, InputError):
                 if not skip_invalid:
@@ -66,15 +67,16 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
                 advance(1)  # the replaced record will never be encoded
             buffer[item.id] = item
             if len(buffer) >= size:
-                _seal(w, buffer, fields, state(False), encode_progress, advance, report)
-        _seal(w, buffer, fields, state(True), encode_progress, advance, report)
+                _seal(w, buffer, fields, state(False), encode_progress, advance, report, spec)
+        _seal(w, buffer, fields, state(True), encode_progress, advance, report, spec)
     collection.refresh()
     return report
 
 
-def _seal(w, buffer, fields, ingest, encode_progress, advance, report) -> None:
+def _seal(w, buffer, fields, ingest, encode_progress, advance, report, spec) -> None:
     docs = list(buffer.values())
-    w.commit_segment(docs, fields, ingest=ingest, on_encoded=encode_progress)
+    vectors = spec.stack(docs) if spec and docs else None
+    w.commit_segment(docs, fields, ingest=ingest, on_encoded=encode_progress, vectors=vectors)
     if encode_progress is None:
         advance(len(docs))
     report.indexed += len(docs)

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from polyindex.errors import InputError
+from polyindex.ingest.vectors import VECTOR_KEYS, vectors_of_record
 from polyindex.types import Document
 
 MAX_ID_CHARS = 1024
@@ -82,18 +83,30 @@ def typed_value(value: Any, ftype: str, from_text: bool = False) -> Any:
 
 def document_from_record(rec: dict[str, Any], source: str | None = None,
                          line: int | None = None, fields: dict[str, str] | None = None,
-                         from_text: bool = False) -> Document | InputError:
+                         from_text: bool = False, vectors=None) -> Document | InputError:
     """Validate one parsed record (JSON object, CSV/Parquet row, or a dict given to add()).
 
     ``fields`` (the collection's declared fields) are type-checked here, where the record's
-    file and line are known; ``from_text`` parses them from text first (CSV)."""
+    file and line are known; ``from_text`` parses them from text first (CSV).
+    ``vectors`` (a ``VectorSpec``) checks the record's vectors against a collection's vector
+    fields; without it they are only checked to be well-formed. A record with vectors may
+    leave out its text."""
     id_field = "_id" if "_id" in rec else "id"
     try:
         doc_id = _check_id(rec.get(id_field))
     except ValueError as e:
         return InputError(str(e), source=source, line=line, field=id_field)
+    vecs, vfield, verr = vectors_of_record(rec) if _has_vectors(rec) else (None, None, None)
+    if verr is not None:
+        return InputError(verr, source=source, line=line, field=vfield, doc_id=doc_id)
+    if vectors is not None:
+        err = vectors.check(vecs, source=source, line=line, doc_id=doc_id)
+        if err is not None:
+            return err
     text, title = rec.get("text"), rec.get("title")
     title = "" if title is None else title
+    if text is None and vecs is not None:
+        text = ""
     bad = None
     if text is None:
         bad = ("missing text", "text")
@@ -108,7 +121,8 @@ def document_from_record(rec: dict[str, Any], source: str | None = None,
     if isinstance(nested, dict):  # BEIR keeps extra fields in "metadata": flatten them
         metadata.update(nested)
     for key, value in rec.items():
-        if key not in (id_field, "text", "title") and not (key == "metadata" and isinstance(value, dict)):
+        if key not in (id_field, "text", "title", *VECTOR_KEYS) and \
+                not (key == "metadata" and isinstance(value, dict)):
             metadata[key] = value  # top-level keys win over same-named nested ones
     for name, ftype in (fields or {}).items():
         if name in metadata:
@@ -120,4 +134,8 @@ def document_from_record(rec: dict[str, Any], source: str | None = None,
                 metadata.pop(name)  # an empty CSV cell: the document has no value there
             else:
                 metadata[name] = value
-    return Document(doc_id, title, text, metadata)
+    return Document(doc_id, title, text, metadata, vecs)
+
+
+def _has_vectors(rec: dict[str, Any]) -> bool:
+    return rec.get("vector") is not None or rec.get("vectors") is not None

@@ -1,4 +1,9 @@
-"""Streaming document readers (BEIR, JSONL, Parquet, CSV) with precise, located errors.
+"""Streaming document readers (BEIR, JSONL, Parquet, Arrow IPC, CSV) with precise, located errors.
+
+Vectors (see ``ingest.vectors``): JSONL records carry ``"vector"`` / ``"vectors"``; Parquet and
+Arrow files carry columns ``vector`` (the unnamed field), ``vector.<field>`` or a struct
+column ``vectors``, each FixedSizeList or list of numbers, read as numpy views of the Arrow
+buffers (no per-value Python objects); CSV refuses vector columns.
 
 ``Source.records()`` yields ``(position, Document | InputError)``: a bad record is handed to the
 caller as a value so that it can choose to fail or to skip. Problems that make the rest of a
@@ -18,9 +23,11 @@ from polyindex.errors import InputError, InvalidArgument
 from polyindex.ingest.records import document_from_record
 from polyindex.ingest.records import jsonable as _jsonable
 from polyindex.ingest.records import kind_of as _kind
+from polyindex.ingest.vector_columns import check_vector_schema, split_vector_columns
+from polyindex.ingest.vector_files import VECTOR_FORMATS, count_rows, vector_file_records
 from polyindex.types import Document
 
-FORMATS = ("beir", "jsonl", "parquet", "csv")
+FORMATS = ("beir", "jsonl", "parquet", "arrow", "csv", "npy", "fvecs", "bvecs", "hdf5")
 PARQUET_BATCH = 4096
 _GZIP_MAGIC = b"\x1f\x8b"
 _GZ_COUNT_LIMIT = 200 * 1024 * 1024  # counting lines of a bigger .gz means decompressing it all
@@ -35,12 +42,16 @@ def _detect(path: Path) -> str:
     if path.is_dir():
         return "beir"
     name = path.name.lower()
+    if path.suffix.lower() in VECTOR_FORMATS:
+        return VECTOR_FORMATS[path.suffix.lower()]
     for suffixes, fmt in (((".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"), "jsonl"),
-                          ((".parquet",), "parquet"), ((".csv", ".csv.gz"), "csv")):
+                          ((".parquet",), "parquet"), ((".arrow", ".feather", ".ipc"), "arrow"),
+                          ((".csv", ".csv.gz"), "csv")):
         if name.endswith(suffixes):
             return fmt
     raise InvalidArgument(f"{path}: unknown document format (expected a BEIR folder, .jsonl, "
-                          ".jsonl.gz, .ndjson, .parquet, .csv or .csv.gz; or pass fmt=)")
+                          ".jsonl.gz, .ndjson, .parquet, .arrow, .csv, .csv.gz, .npy, .fvecs, "
+                          ".bvecs or .hdf5; or pass fmt=)")
 
 
 def _beir_corpus(folder: Path) -> Path:
@@ -50,11 +61,14 @@ def _beir_corpus(folder: Path) -> Path:
     raise InvalidArgument(f"{folder}: BEIR folder has no corpus.jsonl or corpus.jsonl.gz")
 
 
-def open_source(path: str | Path, fmt: str | None = None) -> "Source":
-    """Open a document file or BEIR folder; ``fmt`` overrides detection by name."""
+def open_source(path: str | Path, fmt: str | None = None, ids: str | Path | None = None) -> "Source":
+    """Open a document file or BEIR folder; ``fmt`` overrides detection by name; ``ids``: the
+    id file (one per line) of a vector file (.npy, .fvecs, .bvecs, .hdf5)."""
     path = Path(path)
     if not path.exists():
         raise InvalidArgument(f"{path}: no such file or directory")
+    if ids is not None and not Path(ids).is_file():
+        raise InvalidArgument(f"{ids}: no such id file")
     if fmt is not None and fmt not in FORMATS:
         raise InvalidArgument(f"{path}: unknown format {fmt!r} (expected one of {', '.join(FORMATS)})")
     fmt = fmt or _detect(path)
@@ -62,7 +76,12 @@ def open_source(path: str | Path, fmt: str | None = None) -> "Source":
         if fmt != "beir":
             raise InvalidArgument(f"{path}: is a directory, but format {fmt!r} needs a file")
         return Source(path, fmt, _beir_corpus(path))
-    return Source(path, fmt, path)  # fmt="beir" on a file: a bare BEIR corpus.jsonl
+    if ids is not None and fmt not in VECTOR_FORMATS.values():
+        raise InvalidArgument(f"{path}: an id file goes with a vector file (.npy, .fvecs, "
+                              ".bvecs, .hdf5), not with {fmt}")
+    src = Source(path, fmt, path)  # fmt="beir" on a file: a bare BEIR corpus.jsonl
+    src.ids_path = None if ids is None else Path(ids)
+    return src
 
 
 def _is_gzip(path: Path) -> bool:
@@ -119,11 +138,11 @@ def _parse_json_line(raw: bytes, source: str, lineno: int) -> dict[str, Any] | I
     return obj
 
 
-def _jsonl_records(path: Path, source: str, start: int, fields: dict[str, str]
-                   ) -> Iterator[tuple[int, Document | InputError]]:
+def _jsonl_records(path: Path, source: str, start: int, fields: dict[str, str],
+                   vectors=None) -> Iterator[tuple[int, Document | InputError]]:
     for position, lineno, obj in _json_lines(path, source, start):
         yield position, (obj if isinstance(obj, InputError)
-                         else document_from_record(obj, source, lineno, fields))
+                         else document_from_record(obj, source, lineno, fields, vectors=vectors))
 
 
 # ---------------------------------------------------------------- CSV
@@ -149,8 +168,8 @@ class _DecodedLines:
             return raw.decode("utf-8", "replace")
 
 
-def _csv_records(path: Path, source: str, start: int, fields: dict[str, str]
-                 ) -> Iterator[tuple[int, Document | InputError]]:
+def _csv_records(path: Path, source: str, start: int, fields: dict[str, str],
+                 vectors=None) -> Iterator[tuple[int, Document | InputError]]:
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
     with _open_bytes(path) as f:
         lines = _DecodedLines(f)
@@ -172,7 +191,7 @@ def _csv_records(path: Path, source: str, start: int, fields: dict[str, str]
             position += 1
             if position <= start:
                 continue
-            yield position - 1, _csv_row(header, row, lines, first, last, source, fields)
+            yield position - 1, _csv_row(header, row, lines, first, last, source, fields, vectors)
 
 
 def _csv_header(reader: Any, lines: _DecodedLines, source: str) -> list[str]:
@@ -187,18 +206,23 @@ def _csv_header(reader: Any, lines: _DecodedLines, source: str) -> list[str]:
             raise InputError(f"CSV header row has no {col!r} column", source=source, line=1, field=col)
     if len(set(header)) != len(header):
         raise InputError("CSV header has duplicate column names", source=source, line=1)
+    for col in header:
+        if col in ("vector", "vectors") or col.startswith("vector."):
+            raise InputError("CSV cannot carry vectors (a cell is text, not a list of floats); "
+                             "use JSONL, Parquet or Arrow", source=source, line=1, field=col)
     return header
 
 
 def _csv_row(header: list[str], row: list[str], lines: _DecodedLines, first: int, last: int,
-             source: str, fields: dict[str, str]) -> Document | InputError:
+             source: str, fields: dict[str, str], vectors=None) -> Document | InputError:
     bad = [(n, lines.bad.pop(n)) for n in range(first, last + 1) if n in lines.bad]  # pop: bounded dict
     if bad:
         return InputError(bad[0][1], source=source, line=bad[0][0])
     if len(row) != len(header):
         return InputError(f"expected {len(header)} fields, got {len(row)}", source=source, line=first)
     # Every CSV cell is text: declared fields are parsed to their type (year:int -> 1961)
-    return document_from_record(dict(zip(header, row)), source, first, fields, from_text=True)
+    return document_from_record(dict(zip(header, row)), source, first, fields, from_text=True,
+                                vectors=vectors)
 
 
 # ---------------------------------------------------------------- Parquet
@@ -215,7 +239,8 @@ def _check_parquet_schema(schema: Any, source: str) -> None:
     import pyarrow.types as pt
     names = schema.names
     id_col = "_id" if "_id" in names else "id"
-    for col in (id_col, "text"):
+    has_vectors = any(n in ("vector", "vectors") or n.startswith("vector.") for n in names)
+    for col in (id_col,) if has_vectors else (id_col, "text"):  # vectors may stand for the text
         if col not in names:
             raise InputError(f"Parquet file has no {col!r} column", source=source, field=col)
     is_str = lambda t: pt.is_string(t) or pt.is_large_string(t) or str(t) == "string_view"  # noqa: E731
@@ -228,11 +253,12 @@ def _check_parquet_schema(schema: Any, source: str) -> None:
                              source=source, field=col)
 
 
-def _parquet_records(path: Path, source: str, start: int, fields: dict[str, str]
-                     ) -> Iterator[tuple[int, Document | InputError]]:
+def _parquet_records(path: Path, source: str, start: int, fields: dict[str, str],
+                     vectors=None) -> Iterator[tuple[int, Document | InputError]]:
     pf = _parquet_file(path, source)
     with pf:
         _check_parquet_schema(pf.schema_arrow, source)
+        check_vector_schema(pf.schema_arrow, source)
         # Skip whole row groups without reading them; slice the first batch for the remainder.
         groups, skip, position = [], start, 0
         for i in range(pf.metadata.num_row_groups):
@@ -256,10 +282,49 @@ def _parquet_records(path: Path, source: str, start: int, fields: dict[str, str]
                 continue
             if skip:
                 batch, position, skip = batch.slice(skip), position + skip, 0
-            for rec in batch.to_pylist():
-                rec = {k: v if k in _CORE else _jsonable(v) for k, v in rec.items()}
-                yield position, document_from_record(rec, source, position + 1, fields)
+            for item in batch_records(batch, source, position, fields, vectors):
+                yield position, item
                 position += 1
+
+
+def batch_records(batch, source: str, position: int, fields: dict[str, str] | None = None,
+                  vectors=None) -> Iterator[Document | InputError]:
+    """The records of one Arrow batch (rows ``position + 1`` ...): vector columns as numpy
+    rows of the batch's buffers, everything else as Python values."""
+    vecs, rest = split_vector_columns(batch)
+    for j, rec in enumerate(rest.to_pylist()):
+        rec = {k: v if k in _CORE else _jsonable(v) for k, v in rec.items()}
+        if vecs:
+            rec["vectors"] = {f: m[j] for f, m in vecs.items()}
+        yield document_from_record(rec, source, position + j + 1, fields, vectors=vectors)
+
+
+# ---------------------------------------------------------------- Arrow IPC
+
+def _arrow_records(path: Path, source: str, start: int, fields: dict[str, str],
+                   vectors=None) -> Iterator[tuple[int, Document | InputError]]:
+    import pyarrow as pa
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+    except Exception:  # noqa: BLE001 - not the file format: maybe the stream format
+        try:
+            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+        except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError
+            raise InputError(f"not a readable Arrow IPC file: {e}", source=source) from e
+    _check_parquet_schema(reader.schema, source)
+    check_vector_schema(reader.schema, source)
+    batches = ([reader.get_batch(i) for i in range(reader.num_record_batches)]
+               if hasattr(reader, "num_record_batches") else reader)
+    position = 0
+    for batch in batches:
+        if position + batch.num_rows <= start:
+            position += batch.num_rows
+            continue
+        if position < start:
+            batch, position = batch.slice(start - position), start
+        for item in batch_records(batch, source, position, fields, vectors):
+            yield position, item
+            position += 1
 
 
 # ---------------------------------------------------------------- Source
@@ -282,6 +347,7 @@ class Source:
 
     def __init__(self, path: Path, format: str, data_path: Path):  # noqa: A002 - spec'd name
         self.path, self.format, self.data_path = path, format, data_path
+        self.ids_path: Path | None = None  # the id file of a vector file
 
     def __repr__(self) -> str:
         return f"Source({str(self.path)!r}, format={self.format!r})"
@@ -300,19 +366,27 @@ class Source:
         if self.format == "parquet":
             with _parquet_file(self.data_path, self.name) as pf:
                 return pf.metadata.num_rows
+        if self.format == "arrow":
+            return None
+        if self.format in VECTOR_FORMATS.values():
+            return count_rows(self.data_path, self.name)
         lines = _count_newlines(self.data_path)
         if lines is None or self.format != "csv":
             return lines
         return max(lines - 1, 0)  # the header
 
-    def records(self, start: int = 0, fields: dict[str, str] | None = None
+    def records(self, start: int = 0, fields: dict[str, str] | None = None, vectors=None
                 ) -> Iterator[tuple[int, Document | InputError]]:
         """``fields``: declared metadata fields (name -> type), checked per record (CSV text
-        parsed to the type), so a wrong value is reported with its file and line."""
+        parsed to the type), so a wrong value is reported with its file and line. ``vectors``:
+        the collection's ``VectorSpec``, to check each record's vectors."""
         if start < 0:
             raise InvalidArgument(f"start must be >= 0, got {start}")
-        reader = {"parquet": _parquet_records, "csv": _csv_records}.get(self.format, _jsonl_records)
-        return reader(self.data_path, self.name, start, dict(fields or {}))
+        if self.format in VECTOR_FORMATS.values():
+            return vector_file_records(self.data_path, self.name, start, vectors, self.ids_path)
+        reader = {"parquet": _parquet_records, "csv": _csv_records,
+                  "arrow": _arrow_records}.get(self.format, _jsonl_records)
+        return reader(self.data_path, self.name, start, dict(fields or {}), vectors)
 
 
 # ---------------------------------------------------------------- queries and qrels

@@ -95,7 +95,10 @@ class OnlineWrites:
         self.coll = coll
         self.seal_docs = SEAL_DOCS if seal_docs is None else seal_docs
         self.seal_seconds = SEAL_SECONDS if seal_seconds is None else seal_seconds
-        self.needs_vectors = any(k.needs_embeddings for k in coll.kinds.values())
+        # model embeddings are encoded here; user vectors travel on the documents
+        self.needs_vectors = coll.encodes_text() and any(k.needs_embeddings
+                                                         for k in coll.kinds.values())
+        self.spec = coll.vector_spec()
         self.max_backlog = MAX_BACKLOG or max(50_000, 10 * self.seal_docs)
         self.scratch = coll.folder / "buffer"
         shutil.rmtree(self.scratch, ignore_errors=True)  # buffer segments are rebuilt from the WAL
@@ -124,7 +127,9 @@ class OnlineWrites:
 
     # -- writes ----------------------------------------------------------------------------
     def upsert(self, docs: list[Document]) -> int:
-        record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] for d in docs]}
+        record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] +
+                                           ([{f: v.tolist() for f, v in d.vectors.items()}]
+                                            if d.vectors else []) for d in docs]}
         vectors = self._encode(docs)  # before the WAL: an encoder failure acknowledges nothing
         with self.lock:
             self._check_writable(len(docs))
@@ -185,7 +190,8 @@ class OnlineWrites:
 
     def _build(self, docs, vectors) -> OpenedSegment:
         folder = self.scratch / f"buf-{next(self._names):08d}"
-        infos = build_segment(folder, docs, self.coll.config.fields, self.coll.kinds, vectors)
+        infos = build_segment(folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
+                              vectors=self.spec.stack(docs) if self.spec else None)
         return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
 
     def _merge_active(self) -> None:
@@ -274,7 +280,8 @@ class OnlineWrites:
                 with self.coll.writer() as w:
                     w.commit_segment(docs, self.coll.config.fields, embeddings=vectors,
                                      delete_ids=sorted(frozen.deleted - frozen.docs.keys()),
-                                     wal_through=frozen.through)
+                                     wal_through=frozen.through,
+                                     vectors=self.spec.stack(docs) if self.spec else None)
             except BaseException as e:
                 self.seal_failures += 1
                 self.last_seal_error = f"{type(e).__name__}: {e}"
@@ -316,9 +323,10 @@ class OnlineWrites:
         deleted: set[str] = set()
         for _seq, rec in self.wal.replay():
             if rec["op"] == "upsert":
-                for i, t, x, m in rec["docs"]:
+                for i, t, x, m, *v in rec["docs"]:
                     docs.pop(i, None)
-                    docs[i] = Document(i, t, x, m)
+                    docs[i] = Document(i, t, x, m, {f: np.asarray(a, np.float32)
+                                                    for f, a in v[0].items()} if v else None)
                     deleted.discard(i)
             else:
                 for i in rec["ids"]:

@@ -21,7 +21,13 @@ from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.service.redact import Redactor
 from polyindex.types import MAX_K
 from polyindex.wire import grpc_errors
-from polyindex.wire.convert import add_hits, doc_to_proto, from_struct, to_struct
+from polyindex.wire.convert import (
+    add_hits,
+    doc_to_proto,
+    from_struct,
+    to_struct,
+    vectors_from_proto,
+)
 from polyindex.wire.grpc_errors import Cancelled, DeadlineExceeded
 
 
@@ -84,7 +90,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         # Collection.query's with_text brings the stored metadata too; each is sent if asked
         results = coll.query_batch(texts, vectors=vectors, k=k, profile=profile, filter=flt,
                                    explain=req.explain,
-                                   with_text=req.with_text or req.with_metadata)
+                                   with_text=req.with_text or req.with_metadata,
+                                   using=req.using if req.HasField("using") else None)
         payload = {"text": req.with_text, "metadata": req.with_metadata}
         tags["profile"] = profile if isinstance(profile, str) else (
             "inline" if profile is not None else "default")
@@ -101,7 +108,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         """(texts | None, vectors | None) for query_batch, with the size limits checked."""
         lim = self.limits
         if req.batch:
-            if req.HasField("text") or req.vector:
+            if req.HasField("text") or req.vector or req.vectors:
                 raise InvalidArgument("give either text/vector or batch, not both")
             if len(req.batch) > lim.max_batch:
                 raise ResourceExhausted(f"{len(req.batch)} queries in one batch (max {lim.max_batch})")
@@ -111,6 +118,16 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         texts = [it.text if it.HasField("text") else None for it in items]
         # np.array reads the repeated field in C (3 us for 384 floats; list() then asarray: 36)
         vectors = [np.array(it.vector, dtype=np.float32) if it.vector else None for it in items]
+        for i, it in enumerate(items):
+            if it.vectors:  # named fields: a dict per query ("dense" may be among them)
+                named = vectors_from_proto(it.vectors)
+                if vectors[i] is not None:
+                    named.setdefault("dense", vectors[i])
+                too_long = [f for f, v in named.items() if len(v) > lim.max_vector_dims]
+                if too_long:
+                    raise InvalidArgument(f"query {i}: vector {too_long[0]!r} has more than "
+                                          f"{lim.max_vector_dims} dimensions")
+                vectors[i] = named
         for i, (t, v) in enumerate(zip(texts, vectors)):
             if t is None and v is None:
                 raise InvalidArgument("a query needs text or a vector" if not req.batch
@@ -118,7 +135,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             if t is not None and len(t) > lim.max_text_chars:
                 raise InvalidArgument(f"query {i}: text is {len(t)} characters long "
                                       f"(max {lim.max_text_chars})")
-            if v is not None and len(v) > lim.max_vector_dims:
+            if v is not None and not isinstance(v, dict) and len(v) > lim.max_vector_dims:
                 raise InvalidArgument(f"query {i}: vector has {len(v)} dimensions "
                                       f"(max {lim.max_vector_dims})")
         has_vec = [v is not None for v in vectors]
@@ -131,6 +148,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     @_rpc
     def Upsert(self, request_iterator, context, tags):
         name, coll, records, size, expected = None, None, [], 0, None
+        spec = None
         for msg in request_iterator:
             if msg.HasField("expected_total"):
                 if expected is not None and msg.expected_total != expected:
@@ -142,12 +160,16 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                         "split it into several calls")
             if msg.collection and name is None:
                 name, coll = msg.collection, self.engine.collection(msg.collection)  # fail fast
+                spec = coll.vector_spec()  # every row's vectors checked, errors per row
             elif msg.collection and msg.collection != name:
                 raise InvalidArgument(f"one Upsert stream names two collections: {name!r} and "
                                       f"{msg.collection!r}")
             for d in msg.documents:
                 meta = from_struct(d.metadata) if d.HasField("metadata") else {}
-                records.append({"id": d.id, "title": d.title, "text": d.text, "metadata": meta})
+                rec = {"id": d.id, "title": d.title, "text": d.text, "metadata": meta}
+                if d.vectors:
+                    rec["vectors"] = vectors_from_proto(d.vectors)
+                records.append(rec)
         if coll is None:
             raise InvalidArgument("the Upsert stream named no collection")
         received = len(records)
@@ -159,7 +181,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         # Every bad row the same way (errors[], status OK), declared field types included
         docs, errors = [], []
         for i, rec in enumerate(records):
-            doc = document_from_record(rec, source="Upsert", line=i + 1, fields=coll.config.fields)
+            doc = document_from_record(rec, source="Upsert", line=i + 1, fields=coll.config.fields,
+                                       vectors=spec)
             if isinstance(doc, InputError):
                 errors.append((i, rec["id"], doc.field or "", doc.reason))
             else:
@@ -180,7 +203,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     # -- reads -------------------------------------------------------------------------------
     @_rpc
     def Get(self, req, context, tags):
-        docs = self.engine.collection(req.collection).get(list(req.ids))
+        docs = self.engine.collection(req.collection).get(list(req.ids),
+                                                          with_vectors=req.with_vectors)
         resp = pb.GetResponse()
         for doc_id, doc in zip(req.ids, docs):
             resp.documents.append(doc_to_proto(doc) if doc is not None else pb.Document())
@@ -196,6 +220,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         for key in ("segment_size", "model", "dtype"):
             if req.HasField(key):
                 kw[key] = getattr(req, key)
+        if kw.get("model") == "none":
+            kw["model"] = None
         if req.HasField("profiles"):
             kw["profiles"] = from_struct(req.profiles)
         coll = self.engine.create_collection(req.name, list(req.indexes) or DEFAULT_INDEXES, **kw)

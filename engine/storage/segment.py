@@ -36,8 +36,10 @@ def _field_column(docs: Sequence[Document], name: str, ftype: str) -> pa.Array:
 
 
 def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
-               embeddings: np.ndarray | None) -> None:
-    """Write the documents of one segment (in row order) to ``folder/docs.arrow``."""
+               embeddings: np.ndarray | None,
+               vector_columns: dict[str, np.ndarray] | None = None) -> None:
+    """Write the documents of one segment (in row order) to ``folder/docs.arrow``;
+    ``vector_columns`` are more (n, d) float32 columns by name (``vector.<field>``)."""
     cols = {
         "id": pa.array([d.id for d in docs], pa.string()),
         "title": pa.array([d.title for d in docs], pa.string()),
@@ -52,6 +54,9 @@ def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
         n, dim = embeddings.shape
         flat = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1))
         cols["embedding"] = pa.FixedSizeListArray.from_arrays(flat, dim)
+    for name, m in (vector_columns or {}).items():
+        flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
+        cols[name] = pa.FixedSizeListArray.from_arrays(flat, m.shape[1])
     table = pa.table(cols)
     with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -88,6 +93,7 @@ class Segment:
                 raise Corrupt(f"segment {seg_id}: {path} has no string column {name!r}")
         self._ids: np.ndarray | None = None
         self._emb: np.ndarray | None = None
+        self._vec: dict[str, np.ndarray] = {}
         self._id_rows: dict[str, int] | None = None
 
     @property
@@ -121,6 +127,15 @@ class Segment:
             self._emb = col.values.to_numpy(zero_copy_only=False).reshape(len(col), -1)
         return self._emb
 
+    def vector_column(self, name: str) -> np.ndarray | None:
+        """(n_rows, d) float32 view of a stored vector column (``vector.<field>``), or None."""
+        if name == "embedding":
+            return self.embeddings()
+        if name not in self._vec and name in self.table.column_names:
+            col = self.table.column(name).combine_chunks()
+            self._vec[name] = col.values.to_numpy(zero_copy_only=False).reshape(len(col), -1)
+        return self._vec.get(name)
+
     def rows(self, rows: Sequence[int], columns: Sequence[str] = ("id", "title", "text")) -> list[dict]:
         sub = self.table.select(list(columns)).take(pa.array(np.asarray(rows, dtype=np.int64)))
         return sub.to_pylist()
@@ -128,7 +143,8 @@ class Segment:
     def documents(self, rows: Sequence[int]) -> list[Document]:
         out = []
         fields = [c for c in self.table.column_names
-                  if c not in ("id", "title", "text", "metadata_json", "embedding")]
+                  if c not in ("id", "title", "text", "metadata_json", "embedding")
+                  and not c.startswith("vector.")]
         for r in self.rows(rows, ["id", "title", "text", "metadata_json", *fields]):
             meta = json.loads(r["metadata_json"]) if r["metadata_json"] else {}
             meta.update({f: r[f] for f in fields if r[f] is not None})

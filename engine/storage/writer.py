@@ -35,19 +35,43 @@ from polyindex.types import Document, document_text
 
 
 def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
-             tokens: Sequence[DocTokens] | None = None) -> BuildBatch:
+             tokens: Sequence[DocTokens] | None = None,
+             vectors: dict[str, np.ndarray] | None = None) -> BuildBatch:
+    if embeddings is None and vectors:
+        embeddings = vectors.get("dense")  # the unnamed field, filled by the user
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
-                      embeddings, tokens)
+                      embeddings, tokens, dict(vectors or {}))
+
+
+def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
+                   vectors: dict[str, np.ndarray] | None):
+    """(embedding column or None, {vector.<field>: matrix}) for docs.arrow: each user vector
+    is stored once, in the faiss index when it keeps vectors exactly (Flat, HNSW..,Flat),
+    else as a column; model embeddings stay a column (tree and sparse read it)."""
+    vectors = vectors or {}
+    dense = {getattr(k, "field", None): k for k in kinds.values() if k.kind == "dense"}
+
+    def in_index(f: str) -> bool:
+        return f in dense and dense[f].keeps_vectors()
+
+    columns = {f"vector.{f}": m for f, m in vectors.items() if f != "dense" and not in_index(f)}
+    if embeddings is None and "dense" in vectors:  # the unnamed field, filled by the user
+        others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
+        embeddings = None if in_index("dense") and not others_read else vectors["dense"]
+    return embeddings, columns
 
 
 def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str],
                   kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
-                  tokens: Sequence[DocTokens] | None = None) -> dict[str, dict]:
-    """Write a segment's files (documents and every kind's index) into a fresh ``folder``."""
+                  tokens: Sequence[DocTokens] | None = None,
+                  vectors: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+    """Write a segment's files (documents and every kind's index) into a fresh ``folder``;
+    ``vectors`` are the user's vectors by field (the unnamed one is ``"dense"``)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    write_docs(folder, docs, fields, embeddings)
-    batch = batch_of(docs, embeddings, tokens)
+    column, extra = stored_columns(kinds, embeddings, vectors)
+    write_docs(folder, docs, fields, column, extra)
+    batch = batch_of(docs, embeddings, tokens, vectors)
     return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
@@ -123,10 +147,12 @@ class Writer:
                        embeddings: np.ndarray | None = None,
                        delete_ids: Sequence[str] = (),
                        tokens: Sequence[DocTokens] | None = None,
-                       wal_through: int | None = None) -> SegmentEntry | None:
+                       wal_through: int | None = None,
+                       vectors: dict[str, np.ndarray] | None = None) -> SegmentEntry | None:
         """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
         with ``delete_ids`` tombstoned first; returns the new segment's entry. ``wal_through``:
-        the WAL sequence number these writes reach (online seals)."""
+        the WAL sequence number these writes reach (online seals). ``vectors``: the user's
+        vectors by field, (n, d) float32 in document order."""
         m = self.manifest.copy()
         if ingest is not None:
             m.ingest = ingest
@@ -141,11 +167,11 @@ class Writer:
             # encode returns embeddings, or (embeddings, tokens) when a kind needs tokens
             out = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
             embeddings, tokens = out if isinstance(out, tuple) else (out, None)
-        self._train_if_needed(m, batch_of(docs, embeddings, tokens))
+        self._train_if_needed(m, batch_of(docs, embeddings, tokens, vectors))
         seg_id = f"seg-{m.next_segment:06d}"
         tmp = self.folder / "segments" / f".{seg_id}.tmp"
         failpoints.hit("commit.segment.write", tmp)
-        infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens)
+        infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens, vectors)
         fsync_tree(tmp, "commit.segment")
         # Summed after the fsync: one read of each file, from the page cache.
         files = {p.name: sum_file(p) for p in sorted(tmp.iterdir())}
@@ -194,9 +220,9 @@ class Writer:
         m.artifact_sums[name] = sums
 
     def _train_if_needed(self, m: Manifest, batch: BuildBatch) -> None:
-        for name, kind in self.kinds.items():
+        for kind in self.kinds.values():
             if kind.needs_training():
                 kind.train(batch)
-                art = self.folder / "artifacts" / name
+                art = self.folder / "artifacts" / kind.artifact_name
                 art.mkdir(parents=True, exist_ok=True)
-                self._add_artifact(m, name, kind.save_artifacts(art))
+                self._add_artifact(m, kind.artifact_name, kind.save_artifacts(art))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from google.protobuf import struct_pb2
 
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
@@ -72,12 +73,20 @@ def doc_to_proto(doc: Document) -> pb.Document:
     msg = pb.Document(id=doc.id, title=doc.title, text=doc.text)
     if doc.metadata:
         msg.metadata.CopyFrom(to_struct(doc.metadata))
+    for name, v in (doc.vectors or {}).items():
+        msg.vectors[name].values.extend(np.asarray(v, np.float32).tolist())
     return msg
+
+
+def vectors_from_proto(field) -> dict[str, np.ndarray]:
+    """A ``map<string, Vector>`` as float32 arrays (read in C, no per-value Python floats)."""
+    return {name: np.array(v.values, dtype=np.float32) for name, v in field.items()}
 
 
 def doc_from_proto(msg: pb.Document, fields: dict[str, str] | None = None) -> Document:
     meta = from_struct(msg.metadata) if msg.HasField("metadata") else {}
-    return Document(msg.id, msg.title, msg.text, typed_metadata(meta, fields))
+    return Document(msg.id, msg.title, msg.text, typed_metadata(meta, fields),
+                    vectors_from_proto(msg.vectors) or None)
 
 
 def add_hits(container, hits, *, text: bool = True, metadata: bool = True) -> None:

@@ -8,27 +8,58 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Document(_message.Message):
-    __slots__ = ("id", "title", "text", "metadata")
+    __slots__ = ("id", "title", "text", "metadata", "vectors")
+    class VectorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Vector
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Vector, _Mapping]] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
     id: str
     title: str
     text: str
     metadata: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    vectors: _containers.MessageMap[str, Vector]
+    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ...) -> None: ...
+
+class Vector(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class QueryItem(_message.Message):
-    __slots__ = ("text", "vector")
+    __slots__ = ("text", "vector", "vectors")
+    class VectorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Vector
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Vector, _Mapping]] = ...) -> None: ...
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ...) -> None: ...
+    vectors: _containers.MessageMap[str, Vector]
+    def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata")
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using")
+    class VectorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Vector
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Vector, _Mapping]] = ...) -> None: ...
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +71,8 @@ class QueryRequest(_message.Message):
     WITH_TEXT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     WITH_METADATA_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    USING_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
@@ -51,7 +84,9 @@ class QueryRequest(_message.Message):
     with_text: bool
     batch: _containers.RepeatedCompositeFieldContainer[QueryItem]
     with_metadata: bool
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ...) -> None: ...
+    vectors: _containers.MessageMap[str, Vector]
+    using: str
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("id", "score", "rank", "title", "text", "explain", "metadata")
@@ -136,12 +171,14 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("collection", "ids")
+    __slots__ = ("collection", "ids", "with_vectors")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_VECTORS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    with_vectors: bool
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., with_vectors: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("documents", "found", "missing_ids")
