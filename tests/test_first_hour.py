@@ -303,7 +303,7 @@ def server(tmp_path_factory, frontend):
 
 
 def test_14_hits_carry_metadata_when_asked(server, tmp_path, cli):
-    srv, data = server
+    srv, _ = server
     with Client(srv.address) as c:
         coll = c.collection("docs")
         plain = coll.query("swept wing", k=1)[0]
