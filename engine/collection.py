@@ -333,18 +333,20 @@ class Collection:
 
     def query(self, text: str | None = None, *, vector=None, using: str | None = None,
               k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
-              with_text: bool = False) -> list[Hit]:
+              with_text: bool = False, with_metadata: bool | None = None) -> list[Hit]:
         """``vector``: a list/array for the unnamed field (or the field ``using`` names), or a
-        dict field -> vector (several named vectors; fused by ``profile``, by default RRF)."""
+        dict field -> vector (several named vectors; fused by ``profile``, by default RRF).
+        ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata."""
         vectors = None if vector is None else [vector]
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
                                 k=k, profile=profile, filter=filter, explain=explain,
-                                with_text=with_text)[0]
+                                with_text=with_text, with_metadata=with_metadata)[0]
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, k: int = 10, profile=None,
                     filter: dict | None = None, explain: bool = False,
-                    with_text: bool = False) -> list[list[Hit]]:
+                    with_text: bool = False,
+                    with_metadata: bool | None = None) -> list[list[Hit]]:
         """Run many queries through one profile; query-wide work is done once per batch."""
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
@@ -360,7 +362,7 @@ class Collection:
             for i, v in zip(missing, vecs):
                 queries[i].vector = v
         expr = None if filter is None else compile_filter(filter, self.config.fields)
-        return run(self.snapshot(), queries, prof, k, expr, explain, with_text)
+        return run(self.snapshot(), queries, prof, k, expr, explain, with_text, with_metadata)
 
     def info(self) -> dict:
         snap = self.snapshot()
