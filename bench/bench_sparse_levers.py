@@ -17,6 +17,7 @@ Usage: ``python bench/bench_sparse_levers.py hybrids cranfield medline`` /
 ``python bench/bench_sparse_levers.py levers nfcorpus base,d16384,nocontrast``
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 CACHE = common.WORK / "sparse" / "vec"
+WEIGHTS = tuple(float(w) for w in os.environ.get("NEURAL_WEIGHTS", "1,1.5,2,3").split(","))
 
 
 def load(name):
@@ -175,7 +177,7 @@ def hybrids(names):
         r = {k: ev(v) for k, v in legs.items()}
         top = {"lexical": topk(L, 1000), **{k: topk(v, 100) for k, v in legs.items() if k != "lexical"}}
         for other in ("dense", "sparse-pure", "sparse-r400", "tree"):
-            for w in (1.0, 1.5, 2.0, 3.0):
+            for w in WEIGHTS:
                 r[f"lex+{other} w{w}"] = ev(rrf_scores([top["lexical"], top[other]], [1.0, w], n))
         res[name] = r
         print(name, json.dumps({k: round(v, 4) for k, v in r.items()}), flush=True)
