@@ -2,7 +2,7 @@
 
 Parts (``--parts quality,synthetic,train``):
 
-- **quality**: per collection (cranfield, nfcorpus, arguana, npl) the document embeddings are
+- **quality**: per collection (cranfield, nfcorpus, arguana, cisi, medline, npl) the document embeddings are
   read from the engine collection bench_quality builds (``bench/.work/engine/<name>``, built
   with ``polyindex index`` under ``bench/.work/sparse/engine`` when absent) and the judged test
   queries are encoded with the engine's encoder (cached). One projector per collection is
@@ -424,7 +424,7 @@ def targets(results: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--collections", default="cranfield,nfcorpus,arguana,npl")
+    ap.add_argument("--collections", default="cranfield,nfcorpus,arguana,cisi,medline,npl")
     ap.add_argument("--parts", default="quality,synthetic,train")
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--epochs", type=int, default=10)
