@@ -18,7 +18,7 @@ HYBRID = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 
 def coll(tmp_path_factory, corpus):
     tmp = tmp_path_factory.mktemp("ks")
     c = polyindex.open(tmp).create_collection(
-        "s", ["lexical", "dense", "sparse:UHD4096,k=16,epochs=2"], segment_size=100)
+        "s", ["lexical", "dense", "sparse:UHD4096,k=16,epochs=2,rescore=0"], segment_size=100)
     filler = corpus.make(tmp / "filler.jsonl", 150, seed=3, dup_frac=0.0, words=12)
     c.add(filler + DOCS)  # two segments: scores must not depend on where a row lives
     c.delete(["d7"])
@@ -26,7 +26,7 @@ def coll(tmp_path_factory, corpus):
 
 
 def sparse_scores(coll, text):
-    """The sparse kind's own score of every document it retrieves for ``text``."""
+    """The sparse kind's own score of every document it retrieves for ``text`` (pure: rescore=0)."""
     return {h.id: h.score for h in coll.query(text, profile="sparse", k=1000)}
 
 
