@@ -17,7 +17,7 @@ from polyindex.index.protocol import from_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("lexical", "dense", "multivector", "sparse", "tree")
-TABLE_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|\s*`([^`]+)`\s*\|", re.M)
+TABLE_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|\s*`([^`]+)`\s*\|", re.MULTILINE)
 DOCSTRING = re.compile(r"Default: ``([^`]+)``")
 
 
