@@ -182,6 +182,8 @@ def check_queries(coll, records: list[dict], expected: dict[str, dict], profile=
 
 def check_after_kill(data: Path, records: list[dict], dense: bool = False) -> tuple[str, int, bool]:
     """Committed state = the committed prefix of the file. Returns (phase, position, done)."""
+    if not data.exists():  # killed before the CLI made the data directory
+        return "before-create", 0, False
     eng = polyindex.open(data, readonly=True)
     if "c" not in eng.list_collections():
         assert not (data / "c" / MANIFEST).exists()
