@@ -15,22 +15,22 @@ from pathlib import Path
 from polyindex.storage.failpoints import hit
 
 
-def fsync_dir(path: Path, point: str = "fs") -> None:
-    hit(f"{point}.fsync_dir", path)
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path, point: str = "fs") -> None:
+    hit(f"{point}.fsync_dir", path)
+    _fsync(path)
 
 
 def fsync_file(path: Path, point: str = "fs") -> None:
     hit(f"{point}.fsync", path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path)
 
 
 def fsync_tree(folder: Path, point: str = "fs") -> None:
