@@ -175,7 +175,7 @@ def run_factory(factory, x, q, truth, arrow, work, values, n_single, filtered, r
     if filtered:
         out["filtered"] = run_filtered(coll, x, q[:n_single], knob, values, factory)
     rows_out.append(out)
-    del raw
+    raw = None  # free the raw index before the next factory (lambdas above close over it)
     eng.close()
     return out
 
