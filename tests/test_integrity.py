@@ -102,11 +102,7 @@ def probe(data: Path) -> dict:
     coll = polyindex.open(data).collection("c")
     snap = coll.snapshot()
     for name in PROFILES:
-        # dense: nprobe given, since an IVF index with tombstones and no nprobe fails its
-        # search parameters (a dense-kind bug of its own, not storage)
-        spec = {"retrieve": [{"index": "dense", "k": 10, "params": "nprobe=4"}]} \
-            if name == "dense" else name
-        prof = resolve_profile(spec, list(coll.kinds), {})
+        prof = resolve_profile(name, list(coll.kinds), {})
         hits = run(snap, queries(), prof, 10, with_text=True)
         out[name] = [[(h.id, round(float(h.score), 5), h.text) for h in q] for q in hits]
     ids = [f"d{i}" for i in range(N_FIRST + N_SECOND)]
