@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -24,7 +24,10 @@ from polyindex.index.protocol import IndexKind, Query, from_factory
 from polyindex.query.filters import compile_filter
 from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, resolve_profile
+from polyindex.storage import gc
 from polyindex.storage.manifest import MANIFEST, load_manifest
+from polyindex.storage.merge import Cancelled, build_merge, commit_merge
+from polyindex.storage.merge_policy import TieredPolicy, compact_plan
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import Writer, writer_lock
 from polyindex.types import MAX_K, MAX_VECTOR_NORM, Document, Hit
@@ -97,10 +100,19 @@ class Collection:
         self._encoder = None
         self._profiles: dict = {}
         self._manifest_path = str(folder / MANIFEST)
+        # Files later commits stopped naming that a live snapshot still pinned (retried after
+        # the next commit), and whether this writer has swept for a crash's leftovers yet.
+        self._garbage: set[str] = set()
+        self._swept = False
+        self.merge_stats = {"merges": 0, "merge_failures": 0, "last_merge_error": None,
+                            "rows_merged": 0, "rows_reclaimed": 0}
         self._online = None
+        self._merger = None
         if online:
+            from polyindex.online.merging import BackgroundMerger
             from polyindex.online.writes import OnlineWrites
             self._online = OnlineWrites(self)
+            self._merger = BackgroundMerger.start_for(self)
         elif not readonly and _has_wal(folder):
             # Acknowledged online writes not yet sealed (the server stopped before sealing):
             # an offline writer seals them first, so nothing acknowledged is left unseen.
@@ -146,20 +158,52 @@ class Collection:
                 raise NotFound(f"collection {self.name!r} was dropped") from None
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._snapshot is None or stamp != self._stamp:
-                manifest = load_manifest(self.folder)
-                if manifest.config.uid != self.uid:
-                    raise NotFound(f"collection {self.name!r} was dropped (and created again)")
-                if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
-                    self.config = manifest.config
-                    self._profiles.clear()
-                    self._tune_kinds()
-                for kind in self.kinds.values():
-                    if manifest.artifacts.get(kind.artifact_name) and kind.needs_training():
-                        kind.load_artifacts(self.folder / "artifacts" / kind.artifact_name)
-                self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
-                                                        self._opened, self._tombstones)
+                for attempt in range(5):
+                    try:
+                        self._load_snapshot()
+                        break
+                    except Corrupt:
+                        # A writer in another process committed and removed what our
+                        # manifest named while we opened it: read the new manifest. Damage
+                        # under an unchanged manifest is reported.
+                        if attempt == 4 or not self._manifest_moved(stamp):
+                            raise
+                        stamp = self._manifest_stamp()
                 self._stamp = stamp
             return self._snapshot
+
+    def _manifest_stamp(self):
+        st = os.stat(self._manifest_path)
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _manifest_moved(self, stamp) -> bool:
+        try:
+            return self._manifest_stamp() != stamp
+        except FileNotFoundError:
+            raise NotFound(f"collection {self.name!r} was dropped") from None
+
+    def _load_snapshot(self) -> None:
+        """Read the manifest and open what is new in it (under ``self._lock``)."""
+        manifest = load_manifest(self.folder)
+        if manifest.config.uid != self.uid:
+            raise NotFound(f"collection {self.name!r} was dropped (and created again)")
+        if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
+            self.config = manifest.config
+            self._profiles.clear()
+            self._tune_kinds()
+        for kind in self.kinds.values():
+            if manifest.artifacts.get(kind.artifact_name) and kind.needs_training():
+                kind.load_artifacts(self.folder / "artifacts" / kind.artifact_name)
+        self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
+                                                self._opened, self._tombstones)
+        # Segments and tombstone versions gone from the manifest (merged away,
+        # replaced): older snapshots keep their own references; the caches let go.
+        ids = {e.id for e in manifest.segments}
+        for gone in [k for k in self._opened if k not in ids]:
+            del self._opened[gone]
+        names = {e.tombstones for e in manifest.segments}
+        for gone in [k for k in self._tombstones if k not in names]:
+            del self._tombstones[gone]
 
     def refresh(self) -> None:
         self._stamp = None
@@ -222,6 +266,18 @@ class Collection:
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             yield w
+            self._collect(w)
+
+    def _collect(self, w: Writer) -> None:
+        """Remove what this writer's commits stopped naming (and, the first time, what a
+        crash left behind), unless a live snapshot pins it; under the writer's lock."""
+        candidates = self._garbage | set(w.garbage)
+        if not self._swept:
+            candidates.update(gc.sweep(self.folder, w.manifest))
+            self._swept = True
+        if candidates:
+            _, later = gc.remove(self.folder, sorted(candidates), w.manifest)
+            self._garbage = set(later)
 
     def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
               force: bool = False):
@@ -376,7 +432,80 @@ class Collection:
                 "vector_fields": {f.name: {"index": f.index, "dim": f.dim, "metric": f.metric}
                                   for f in self.vector_spec().fields.values()},
                 "ingest": m.ingest, "format_version": m.format_version,
+                **gc.disk_usage(self.folder, m),
+                # merges this process made (a server's background merging, compact)
+                **(self.merge_stats if self._merger is not None or self.merge_stats["merges"]
+                   else {}),
                 **(online.pending() if (online := self._online) is not None else {})}
+
+    # -- compaction ------------------------------------------------------------------------
+    def merge(self, ids: Sequence[str], stop=lambda: False) -> dict | None:
+        """Merge the segments ``ids`` into one (their live rows; deleted rows dropped): built
+        from a snapshot while queries and writes go on, swapped in by one commit. None when
+        the segments changed under it (another merge, a drop)."""
+        snap = self.sealed_snapshot()
+        spec = self.vector_spec()
+        built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
+                            self.encodes_text(), stop)
+        online = self._online
+        try:
+            # The online writer's seal lock: no seal commits between ours and the re-base
+            # of its buffer onto the new manifest.
+            with (online.seal_lock if online is not None else nullcontext()):
+                with self.writer() as w:
+                    entry = commit_merge(w, built)
+                self.refresh()
+                if online is not None:
+                    online.rebase()
+        except Cancelled:
+            return None
+        except BaseException:
+            built.discard()
+            self.merge_stats["merge_failures"] += 1
+            raise
+        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in set(built.sources))
+        st = self.merge_stats
+        st["merges"] += 1
+        st["rows_merged"] += built.n_rows
+        st["rows_reclaimed"] += rows_in - built.n_rows
+        return {"sources": built.sources, "segment": entry.id if entry else None,
+                "rows": built.n_rows, "rows_dropped": rows_in - built.n_rows,
+                "seconds": round(built.seconds, 3)}
+
+    def compact(self, max_segments: int | None = None, on_merge=None) -> dict:
+        """Merge until the merge policy is satisfied (or at most ``max_segments`` remain) and
+        no segment keeps deleted rows; then remove every unreferenced file. Returns a report
+        (segments, rows and bytes before and after, the merges); ``on_merge(report)`` is
+        called after each merge."""
+        if max_segments is not None and (not isinstance(max_segments, int)
+                                         or isinstance(max_segments, bool) or max_segments < 1):
+            raise InvalidArgument(f"max_segments must be a positive integer, got {max_segments!r}")
+        policy = TieredPolicy.from_env()
+        before = self.storage_report()
+        merges = []
+        limit = 2 * before["segments"] + 8  # concurrent deletes cannot keep it busy forever
+        t0 = time.perf_counter()
+        while len(merges) < limit:
+            plan = compact_plan(self.sealed_snapshot().manifest.segments, policy, max_segments)
+            if plan is None:
+                break
+            report = self.merge(plan)
+            if report is None:
+                continue
+            merges.append(report)
+            if on_merge is not None:
+                on_merge(report)
+        with self.writer():
+            self._swept = False  # a full sweep on the way out
+        return {"collection": self.name, "before": before, "after": self.storage_report(),
+                "merges": merges, "seconds": round(time.perf_counter() - t0, 3)}
+
+    def storage_report(self) -> dict:
+        """Segments, rows and bytes of the committed manifest (no buffered writes)."""
+        m = self.sealed_snapshot().manifest
+        return {"segments": len(m.segments), "rows": sum(s.n_rows for s in m.segments),
+                "deleted_rows": sum(s.n_deleted for s in m.segments),
+                **gc.disk_usage(self.folder, m)}
 
     def seal(self) -> None:
         """Online mode: seal the buffered writes into a segment now."""
@@ -387,6 +516,7 @@ class Collection:
     def close(self) -> None:
         """Release resources; in online mode, seal what is buffered first."""
         online = self._online
+        self._stop_merger()
         try:
             if online is not None:
                 online.close()  # seals first: the collection is still open for that
@@ -398,11 +528,17 @@ class Collection:
     def abandon(self) -> None:
         """Close without sealing (the collection is being dropped): stops the sealer, waits
         for an in-flight seal, closes the WAL; every later call answers NotFound."""
+        self._stop_merger()
         online, self._online = self._online, None
         self.closed = True
         self._dir_lock = None
         if online is not None:
             online.abandon()
+
+    def _stop_merger(self) -> None:
+        merger, self._merger = self._merger, None
+        if merger is not None:
+            merger.stop()  # an unfinished merge is abandoned: nothing of it committed
 
 
 def _token_encoder(model: str, dtype: str):

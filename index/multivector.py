@@ -399,30 +399,34 @@ class MultivectorKind(IndexKind):
             doc, codes = pairs // cb.k, pairs % cb.k
             lengths = np.bincount(doc, minlength=n).astype(np.int64)
             res = None
-        code_type = pa.uint8() if cb.k <= 256 else pa.uint16()
-        cols = {"codes": pa.array(codes.astype(code_type.to_pandas_dtype()), code_type)}
-        if res is not None:
-            cols["residual"] = pa.FixedSizeBinaryArray.from_buffers(
-                pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
-            cols["scale"] = pa.array(cb.scales(x, codes, res), pa.float16())
-        _write(folder / TOKENS_FILE, cols)
-        # token counts, not offsets: 2 bytes per document instead of 4 (pure-code documents
-        # hold few distinct codes, so this is part of their bytes per token)
-        len_type = pa.uint16() if lengths.max(initial=0) < 65536 else pa.uint32()
-        _write(folder / DOCS_FILE, {"n_tokens": pa.array(lengths, len_type)})
-        # inverted lists: centroid -> documents having a token with that code (ascending)
-        doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        pairs = np.unique(codes.astype(np.int64) * max(n, 1) + doc)
-        ivf_off = np.concatenate([[0], np.cumsum(np.bincount(pairs // max(n, 1), minlength=cb.k))])
-        _write(folder / IVF_FILE, {"docs": pa.ListArray.from_arrays(
-            pa.array(ivf_off.astype(np.int32)), pa.array((pairs % max(n, 1)).astype(np.int32)))})
-        files = [TOKENS_FILE, DOCS_FILE, IVF_FILE]
-        sizes = {f: (folder / f).stat().st_size for f in files}
-        return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
-                "scale": res is not None,
-                "tokens_in": n_in, "tokens_kept": n_kept, "tokens_stored": int(lengths.sum()),
-                "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source,
-                "ivf_entries": int(len(pairs)), "bytes": sizes, "files": files}
+        scale = cb.scales(x, codes, res) if res is not None else None
+        info = _write_segment(folder, cb, codes, res, scale, lengths)
+        return {**info, "tokens_in": n_in, "tokens_kept": n_kept,
+                "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source}
+
+    def merge(self, parts, batch: BuildBatch, folder: Path) -> dict:
+        """Merged segments keep their stored tokens: codes, residuals and scales of the kept
+        rows are copied (no re-encoding, no re-quantization); the inverted lists are rebuilt."""
+        cb = self.codebook
+        codes, res, scale, lengths = [], [], [], []
+        has_scale = all(seg.scale is not _NO_SCALE for seg, _ in parts)
+        for seg, rows in parts:
+            starts, ends = seg.offsets[rows], seg.offsets[rows + 1]
+            take = _token_ranges(starts, ends)
+            lengths.append(ends - starts)
+            codes.append(np.asarray(seg.codes[take], np.int64))
+            if cb.m:
+                res.append(seg.res[take])
+                if has_scale:
+                    scale.append(seg.scale[take])
+        lengths = np.concatenate(lengths).astype(np.int64)
+        info = _write_segment(Path(folder), cb, np.concatenate(codes),
+                              np.concatenate(res) if cb.m else None,
+                              np.concatenate(scale).view(np.float16) if cb.m and has_scale
+                              else None, lengths)
+        stored = int(lengths.sum())
+        return {**info, "tokens_in": stored, "tokens_kept": stored, "kept_fraction": 1.0,
+                "salience": "merged"}
 
     def open(self, folder: Path, info: dict, docs=None) -> MultivectorSegment:
         folder = Path(folder)
@@ -517,6 +521,47 @@ class MultivectorKind(IndexKind):
                                cb.signature(q) if self.bits and cb.bits else None,
                                probes.astype(np.int64)))
         return MVPrepared(out, nprobe, ndocs, exhaustive)
+
+
+def _token_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenated token indices of the ranges [starts[i], ends[i])."""
+    lengths = (ends - starts).astype(np.int64)
+    if not len(lengths) or not lengths.sum():
+        return np.zeros(0, np.int64)
+    shift = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                      lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + shift
+
+
+def _write_segment(folder: Path, cb, codes: np.ndarray, res: np.ndarray | None,
+                   scale: np.ndarray | None, lengths: np.ndarray) -> dict:
+    """A segment's three files from its stored tokens (``lengths`` per document); the
+    part of the build info they determine."""
+    n = len(lengths)
+    code_type = pa.uint8() if cb.k <= 256 else pa.uint16()
+    cols = {"codes": pa.array(codes.astype(code_type.to_pandas_dtype()), code_type)}
+    if res is not None:
+        cols["residual"] = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
+        if scale is not None:
+            cols["scale"] = pa.array(np.asarray(scale, np.float16), pa.float16())
+    _write(folder / TOKENS_FILE, cols)
+    # token counts, not offsets: 2 bytes per document instead of 4 (pure-code documents
+    # hold few distinct codes, so this is part of their bytes per token)
+    len_type = pa.uint16() if lengths.max(initial=0) < 65536 else pa.uint32()
+    _write(folder / DOCS_FILE, {"n_tokens": pa.array(lengths, len_type)})
+    # inverted lists: centroid -> documents having a token with that code (ascending)
+    doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    pairs = np.unique(codes.astype(np.int64) * max(n, 1) + doc)
+    ivf_off = np.concatenate([[0], np.cumsum(np.bincount(pairs // max(n, 1), minlength=cb.k))])
+    _write(folder / IVF_FILE, {"docs": pa.ListArray.from_arrays(
+        pa.array(ivf_off.astype(np.int32)), pa.array((pairs % max(n, 1)).astype(np.int32)))})
+    files = [TOKENS_FILE, DOCS_FILE, IVF_FILE]
+    sizes = {f: (folder / f).stat().st_size for f in files}
+    return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
+            "scale": res is not None and scale is not None,
+            "tokens_stored": int(lengths.sum()), "ivf_entries": int(len(pairs)),
+            "bytes": sizes, "files": files}
 
 
 def _write(path: Path, columns: dict) -> None:

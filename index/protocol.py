@@ -134,6 +134,17 @@ class TermStatistics(Protocol):
     def term_id(self, term: str) -> int | None: ...
 
 
+@runtime_checkable
+class Merges(Protocol):
+    """An index kind that merges segments from their own stored data instead of building
+    from the documents (e.g. multivector copies token codes: no re-encoding). ``parts`` are
+    (segment index, rows kept) in merged order; ``batch`` is the merged rows' documents and
+    vectors, for whatever the kind rebuilds. Returns the build info, as ``build``."""
+
+    def merge(self, parts: Sequence[tuple["SegmentIndex", np.ndarray]], batch: BuildBatch,
+              folder: Path) -> dict: ...
+
+
 class SegmentIndex(ABC):
     """One kind's index over one sealed segment."""
 

@@ -1,5 +1,5 @@
 """The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
-demo.
+compact, demo.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -373,6 +373,31 @@ def _print_verify(reports, ok: bool) -> None:
         out.print("no collections found")
     elif ok:
         out.print(f"all {len(reports)} collection(s) intact")
+
+
+@app.command()
+def compact(data: Path = DataOpt, collection: str = CollOpt,
+            max_segments: Optional[int] = typer.Option(None, "--max-segments", min=1, help="Merge until at most this many segments remain (default: one segment per size tier)."),
+            as_json: bool = JsonOpt):
+    """Merge segments and reclaim deleted rows and unreferenced files.
+
+    Needs the data directory's writer lock: stop a server first, or let its background
+    merging do the work."""
+    from polyindex.cli.show import show_compaction
+    eng = _engine(data, create=False)
+    coll = eng.collection(collection)
+
+    def step(r):
+        if not as_json:
+            out.print(f"merged {len(r['sources'])} segment(s) -> {r['segment'] or '(none)'}: "
+                      f"{r['rows']:,} rows kept, {r['rows_dropped']:,} deleted rows dropped, "
+                      f"{r['seconds']:.1f} s", highlight=False)
+    report = coll.compact(max_segments=max_segments, on_merge=step)
+    eng.close()
+    if as_json:
+        print(json.dumps(report))
+    else:
+        show_compaction(out, report)
 
 
 @app.command()

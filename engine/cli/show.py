@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 _LABELS = [("documents", "documents"), ("segments", "segments"), ("deleted_rows", "deleted rows"),
+           ("bytes_on_disk", "bytes on disk"), ("bytes_reclaimable", "bytes reclaimable"),
            ("indexes", "indexes"), ("profiles", "profiles"), ("model", "model"),
            ("segment_size", "segment size"), ("fields", "fields"), ("ingest", "last ingest"),
            ("version", "manifest version"), ("format_version", "format")]
@@ -42,6 +43,22 @@ def show_collection(out: Console, info: dict) -> None:
     width = max(len(label) for label, _ in rows)
     for label, text in rows:
         out.print(f"  {label:<{width}}  {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def show_compaction(out: Console, report: dict) -> None:
+    b, a = report["before"], report["after"]
+    table = Table(title=f"compacted {report['collection']} in {report['seconds']:.1f} s "
+                        f"({len(report['merges'])} merge(s))", title_justify="left")
+    for col in ("", "segments", "rows", "deleted rows", "on disk", "reclaimable"):
+        table.add_column(col, justify="right" if col else "left")
+    for label, r in (("before", b), ("after", a)):
+        table.add_row(label, f"{r['segments']:,}", f"{r['rows']:,}", f"{r['deleted_rows']:,}",
+                      _mb(r["bytes_on_disk"]), _mb(r["bytes_reclaimable"]))
+    out.print(table)
 
 
 def show_collections(out: Console, data: Path, infos: list[dict]) -> None:

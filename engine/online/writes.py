@@ -121,6 +121,7 @@ class OnlineWrites:
             self.wal.drop_through(self.base.manifest.wal_through)
         except OSError as e:
             log.warning("%s: could not delete sealed WAL files: %s", coll.name, e)
+        self.on_sealed = lambda: None  # e.g. wakes the background merger
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sealer, name=f"seal-{coll.name}", daemon=True)
         self._thread.start()
@@ -302,6 +303,17 @@ class OnlineWrites:
             except OSError as e:  # harmless: replay skips records at or below wal_through
                 log.warning("%s: could not delete sealed WAL files: %s", self.coll.name, e)
             _remove(frozen.segments)
+            self.on_sealed()
+
+    def rebase(self) -> None:
+        """Compose the buffer over the newest committed manifest (after a merge commit; the
+        caller holds ``seal_lock``, so no seal is half done)."""
+        with self.lock:
+            base = self.coll.sealed_snapshot()
+            if base is not self.base:
+                self.base = base
+                self._rehide_all()
+                self._publish()
 
     def _due(self) -> bool:
         if self.frozen is not None:  # a failed seal: retry after its backoff

@@ -6,6 +6,8 @@ what is new. A reader keeps using its snapshot until it asks for a fresh one.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,25 @@ class OpenedSegment:
                               f"open (format-1 files carry no checksum): {e}") from e
 
 
+_live_snapshots: "weakref.WeakSet[Snapshot]" = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def pinned(collection: Path) -> set[str]:
+    """Files (relative to the collection folder) that a snapshot alive in this process may
+    still read: its segments' folders and its tombstone files. Garbage collection leaves them."""
+    segments = collection / "segments"
+    with _live_lock:
+        snaps = list(_live_snapshots)
+    out: set[str] = set()
+    for snap in snaps:
+        mine = [s for s in snap.segments if s.docs.folder.parent == segments]
+        if mine:
+            out.update(f"segments/{s.docs.folder.name}" for s in mine)
+            out.update(e.tombstones for e in snap.manifest.segments if e.tombstones)
+    return out
+
+
 class Snapshot:
     """Segments with their live masks; queries never see anything else.
 
@@ -68,6 +89,8 @@ class Snapshot:
         self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.cache: dict[str, dict] = {name: {} for name in kinds}
         self._count: int | None = None
+        with _live_lock:  # pins its files against garbage collection while it lives
+            _live_snapshots.add(self)
 
     @classmethod
     def from_manifest(cls, folder: Path, manifest: Manifest, kinds: dict[str, IndexKind],

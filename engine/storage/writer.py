@@ -97,6 +97,9 @@ class Writer:
         self.kinds = kinds
         self.encode = encode
         self.manifest: Manifest = load_manifest(folder)
+        # Files the commits of this writer stopped naming (replaced tombstone versions,
+        # merged-away segments): removed by garbage collection once no snapshot pins them.
+        self.garbage: list[str] = []
         self._remove_uncommitted()
 
     def _remove_uncommitted(self) -> None:
@@ -117,6 +120,8 @@ class Writer:
         if live_prev is not None and not (dead & live_prev).any():
             return False
         rel = f"tombstones/{entry.id}.v{m.version + 1}.arrow"
+        if entry.tombstones and entry.tombstones != rel:
+            self.garbage.append(entry.tombstones)
         data = tombstone_bytes(np.flatnonzero(dead))
         write_file(self.folder / rel, data, "commit.tombstones")
         entry.tombstones, entry.n_deleted = rel, int(dead.sum())

@@ -1,0 +1,72 @@
+"""Background merging of an online collection's segments (the server's, ``online=True``).
+
+One thread per collection asks the merge policy (``storage.merge_policy``) for a merge after
+every seal and every ``INTERVAL_S``, and runs it (``Collection.merge``: built beside queries
+and writes, committed under the writer). A failed merge is logged, counted and retried after
+a backoff; it never touches acknowledged data (the sources stay until a commit replaces
+them). ``POLYINDEX_MERGE=0`` turns background merging off (``compact`` still works).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from polyindex.errors import NotFound
+from polyindex.storage.merge import Cancelled
+from polyindex.storage.merge_policy import TieredPolicy
+
+INTERVAL_S = 5.0
+BACKOFF_S = (1.0, 60.0)
+log = logging.getLogger("polyindex.online")
+
+
+class BackgroundMerger:
+    def __init__(self, coll, policy: TieredPolicy):
+        self.coll = coll
+        self.policy = policy
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._failures = 0
+        self._thread = threading.Thread(target=self._run, name=f"merge-{coll.name}", daemon=True)
+
+    @classmethod
+    def start_for(cls, coll) -> "BackgroundMerger | None":
+        if os.environ.get("POLYINDEX_MERGE", "1") == "0":
+            return None
+        merger = cls(coll, TieredPolicy.from_env())
+        coll._online.on_sealed = merger.wake
+        merger._thread.start()
+        return merger
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        wait = INTERVAL_S
+        while not self._stop.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            wait = INTERVAL_S
+            try:
+                plan = self.policy.plan(self.coll.sealed_snapshot().manifest.segments)
+                if plan is None:
+                    continue
+                self.coll.merge(plan, stop=self._stop.is_set)
+                self._failures = 0
+                wait = 0.0  # the policy may want another merge right away
+            except (Cancelled, NotFound):
+                continue
+            except Exception as e:  # noqa: BLE001 - logged, counted, retried
+                self._failures += 1
+                wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self._failures - 1))
+                self.coll.merge_stats["last_merge_error"] = f"{type(e).__name__}: {e}"
+                log.error("%s: merge failed (attempt %d, retry in %.0f s): %s", self.coll.name,
+                          self._failures, wait, e)

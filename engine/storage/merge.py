@@ -1,0 +1,200 @@
+"""Merging segments: the live rows of several segments rewritten as one, swapped in by one
+manifest commit (the Lucene/tantivy way).
+
+A merge has two halves. ``build_merge`` reads a snapshot (no lock held: queries and writes
+go on) and writes the merged segment into ``segments/.merge-<n>.tmp``: the live rows'
+documents copied as Arrow, vectors copied (never re-encoded), and every kind's index built
+over them, or merged from the sources' own data where the kind declares ``Merges``
+(multivector copies its token codes). ``commit_merge`` runs under the writer: rows that died
+since the snapshot (deleted, or replaced by a newer upsert) are tombstoned in the merged
+segment, the folder is renamed to the next ``seg-N`` and one manifest version replaces the
+sources with it. The sources' files are then garbage (``polyindex.storage.gc``).
+
+Crash-safety: until the manifest rename nothing a reader sees changed; a ``.merge-*`` folder
+is removed by garbage collection (never while this process builds it), an uncommitted
+``seg-N`` by the next writer. Failpoints: ``merge.segment`` (fsync of the built files and
+folder, the rename, fsync of ``segments/``), ``merge.tombstones``, ``merge.manifest``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from polyindex.index.protocol import BuildBatch, Merges
+from polyindex.storage import failpoints
+from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
+from polyindex.storage.integrity import remember, sum_bytes, sum_file
+from polyindex.storage.manifest import SegmentEntry, commit_manifest
+from polyindex.storage.segment import DOCS_FILE, load_tombstones, tombstone_bytes
+from polyindex.storage.snapshot import Snapshot
+
+MERGE_PREFIX = ".merge-"
+_names = itertools.count()
+_building: set[Path] = set()  # merge folders being built in this process: GC leaves them
+_building_lock = threading.Lock()
+
+
+class Cancelled(Exception):
+    """The merge was asked to stop (the collection is closing); nothing was committed."""
+
+
+@dataclass
+class BuiltMerge:
+    sources: list[str]                  # segment ids merged, in manifest order
+    live: list[np.ndarray | None]       # each source's live mask when the merge read it
+    folder: Path | None                 # the built segment (None: no live rows at all)
+    n_rows: int = 0
+    infos: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def discard(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            with _building_lock:
+                _building.discard(self.folder)
+
+
+def building() -> set[Path]:
+    with _building_lock:
+        return set(_building)
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    return table.take(pa.array(rows, pa.int64())) if len(rows) != table.num_rows else table
+
+
+def _matrix(parts, column: str, index: str | None) -> np.ndarray | None:
+    """(n, d) float32 of a vector field over the merged rows: the stored column, else the
+    field's index's own vectors (the kind keeps them: Flat, HNSW..,Flat)."""
+    out = []
+    for seg, rows in parts:
+        m = seg.docs.vector_column(column)
+        if m is not None:
+            out.append(np.asarray(m[rows], dtype=np.float32))
+        elif index is not None and index in seg.indexes:
+            out.append(np.asarray(seg.indexes[index].vectors(rows), dtype=np.float32))
+        else:
+            return None
+    return np.concatenate(out) if out else None
+
+
+def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
+                spec_fields: dict, encodes_text: bool,
+                stop: Callable[[], bool] = lambda: False) -> BuiltMerge:
+    """Write the merged segment of ``ids`` (segments of ``snap``) into a temporary folder.
+    ``spec_fields``: the user's vector fields (``VectorSpec.fields``)."""
+    t0 = time.perf_counter()
+    order = {s.id: i for i, s in enumerate(snap.manifest.segments)}
+    ordinals = sorted(order[i] for i in ids)
+    sources = [snap.manifest.segments[o].id for o in ordinals]
+    lives = [snap.live[o] for o in ordinals]
+    parts = []
+    for o, live in zip(ordinals, lives):
+        seg = snap.segments[o]
+        rows = np.arange(seg.docs.n_rows, dtype=np.int64) if live is None \
+            else np.flatnonzero(live).astype(np.int64)
+        parts.append((seg, rows))
+    n = sum(len(r) for _, r in parts)
+    if n == 0:
+        return BuiltMerge(sources, lives, None, seconds=time.perf_counter() - t0)
+    folder = collection / "segments" / f"{MERGE_PREFIX}{os.getpid()}-{next(_names)}.tmp"
+    with _building_lock:
+        _building.add(folder)
+    built = BuiltMerge(sources, lives, folder, n)
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        failpoints.hit("merge.segment.write", folder)
+        # One chunk, so every reader's numpy views of the columns stay zero-copy.
+        table = pa.concat_tables([_take(seg.docs.table, rows) for seg, rows in parts],
+                                 promote_options="permissive").combine_chunks()
+        with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        vectors = {}
+        for name, fs in spec_fields.items():
+            column = "embedding" if name == "dense" else f"vector.{name}"
+            m = _matrix(parts, column, fs.index)
+            if m is not None:
+                vectors[name] = m
+        embeddings = _matrix(parts, "embedding", None) if encodes_text else None
+        if embeddings is None:
+            embeddings = vectors.get("dense")
+        batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
+                           table.column("text").to_pylist(), embeddings, None, vectors)
+        for name, kind in kinds.items():
+            if stop():
+                raise Cancelled("the collection is closing")
+            if isinstance(kind, Merges):
+                built.infos[name] = kind.merge([(seg.indexes[name], rows) for seg, rows in parts],
+                                               batch, folder)
+            else:
+                built.infos[name] = kind.build(batch, folder)
+        fsync_tree(folder, "merge.segment")
+        built.files = {p.name: sum_file(p) for p in sorted(folder.iterdir())}
+    except BaseException:
+        built.discard()
+        raise
+    built.seconds = time.perf_counter() - t0
+    return built
+
+
+def commit_merge(writer, built: BuiltMerge) -> SegmentEntry | None:
+    """Swap the sources for the merged segment in one manifest version (under the writer).
+    Returns the new entry (None when every merged row was deleted: the sources just go), or
+    raises ``Cancelled`` when a source is no longer in the manifest."""
+    m = writer.manifest.copy()
+    pos = {e.id: i for i, e in enumerate(m.segments)}
+    if any(s not in pos for s in built.sources):
+        built.discard()
+        raise Cancelled(f"segments {built.sources} changed under the merge")
+    # Rows that died since the merge read its snapshot: tombstoned in the merged segment.
+    dead = []
+    for sid, live0 in zip(built.sources, built.live):
+        entry = m.segments[pos[sid]]
+        rows0 = np.arange(entry.n_rows) if live0 is None else np.flatnonzero(live0)
+        now = load_tombstones(writer.folder, entry) if entry.tombstones else None
+        dead.append(np.zeros(len(rows0), bool) if now is None else ~now[rows0])
+    dead_rows = np.flatnonzero(np.concatenate(dead)) if dead else np.zeros(0, np.int64)
+    first = min(pos[s] for s in built.sources)
+    merged = set(built.sources)
+    keep = [e for e in m.segments if e.id not in merged]
+    entry = None
+    if built.folder is not None and len(dead_rows) < built.n_rows:
+        seg_id = f"seg-{m.next_segment:06d}"
+        final = writer.folder / "segments" / seg_id
+        rename(built.folder, final, "merge.segment")
+        with _building_lock:
+            _building.discard(built.folder)
+        fsync_dir(writer.folder / "segments", "merge.segment")
+        for name, expect in built.files.items():
+            remember(final / name, expect)
+        entry = SegmentEntry(seg_id, built.n_rows, built.infos, files=built.files)
+        if len(dead_rows):
+            rel = f"tombstones/{seg_id}.v{m.version + 1}.arrow"
+            data = tombstone_bytes(dead_rows)
+            write_file(writer.folder / rel, data, "merge.tombstones")
+            fsync_dir(writer.folder / "tombstones", "merge.tombstones")
+            entry.tombstones, entry.n_deleted = rel, int(len(dead_rows))
+            entry.tombstones_sum = sum_bytes(data)
+            remember(writer.folder / rel, entry.tombstones_sum)
+        m.next_segment += 1
+        keep.insert(first, entry)  # where the oldest source was: order stays write order
+    else:
+        built.discard()
+    removed = [m.segments[pos[s]] for s in built.sources]
+    m.segments = keep
+    writer.manifest = commit_manifest(writer.folder, m, "merge.manifest")
+    writer.garbage.extend(f"segments/{e.id}" for e in removed)
+    writer.garbage.extend(e.tombstones for e in removed if e.tombstones)
+    return entry

@@ -1,0 +1,99 @@
+"""Which segments to merge: a tiered (log-structured) policy, as tantivy's LogMergePolicy.
+
+Segments are grouped into tiers by their live rows: everything at or below ``floor_rows`` is
+tier 0, then one tier per factor of ``factor`` above it. A tier holding ``factor`` segments
+is merged into one (the smallest first), so a collection written in small batches keeps
+``O(factor x log(rows))`` segments, and each row is rewritten ``O(log(rows))`` times. A
+segment whose deleted share reaches ``deletes_pct`` is rewritten on its own to reclaim them.
+No background merge produces more than ``max_rows`` live rows; ``compact`` may.
+
+Settable per process: ``POLYINDEX_MERGE_FACTOR``, ``POLYINDEX_MERGE_FLOOR``,
+``POLYINDEX_MERGE_MAX_ROWS``, ``POLYINDEX_MERGE_DELETES``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from polyindex.storage.manifest import SegmentEntry
+
+
+def _live(s: SegmentEntry) -> int:
+    return s.n_rows - s.n_deleted
+
+
+@dataclass(frozen=True)
+class TieredPolicy:
+    factor: int = 8               # segments of one tier merged at once (tantivy: 8)
+    floor_rows: int = 10_000      # segments this small are all one tier
+    max_rows: int = 5_000_000     # background merges stop growing segments here
+    deletes_pct: float = 0.3      # a segment this much deleted is rewritten alone
+
+    @classmethod
+    def from_env(cls) -> "TieredPolicy":
+        env = os.environ.get
+        return cls(factor=max(2, int(env("POLYINDEX_MERGE_FACTOR", cls.factor))),
+                   floor_rows=max(1, int(env("POLYINDEX_MERGE_FLOOR", cls.floor_rows))),
+                   max_rows=max(1, int(env("POLYINDEX_MERGE_MAX_ROWS", cls.max_rows))),
+                   deletes_pct=float(env("POLYINDEX_MERGE_DELETES", cls.deletes_pct)))
+
+    def tier(self, rows: int) -> int:
+        if rows <= self.floor_rows:
+            return 0
+        return int(math.log(rows / self.floor_rows, self.factor)) + 1
+
+    def plan(self, segments: Sequence[SegmentEntry]) -> list[str] | None:
+        """One merge (segment ids) the policy wants now, or None: the lowest full tier
+        first, then the most-deleted segment over the threshold."""
+        tiers: dict[int, list[SegmentEntry]] = {}
+        for s in segments:
+            if _live(s) < self.max_rows:
+                tiers.setdefault(self.tier(_live(s)), []).append(s)
+        for t in sorted(tiers):
+            members = sorted(tiers[t], key=lambda s: (_live(s), s.id))
+            if len(members) < self.factor:
+                continue
+            group, total = [], 0
+            for s in members:
+                if len(group) == self.factor or total + _live(s) > self.max_rows:
+                    break
+                group.append(s.id)
+                total += _live(s)
+            if len(group) >= 2:
+                return group
+        worst = max(segments, key=lambda s: (s.n_deleted / max(1, s.n_rows), -s.n_rows),
+                    default=None)
+        if worst is not None and worst.n_deleted and \
+                worst.n_deleted / worst.n_rows >= self.deletes_pct:
+            return [worst.id]
+        return None
+
+
+def compact_plan(segments: Sequence[SegmentEntry], policy: TieredPolicy,
+                 max_segments: int | None) -> list[str] | None:
+    """The next merge of a full compaction: down to ``max_segments`` (the smallest segments
+    merged into one), else each tier of the policy collapsed into one segment (up to
+    ``max_rows``); then every segment with deleted rows rewritten (all its tombstoned rows
+    reclaimed). None when there is nothing left to do."""
+    if max_segments is not None and len(segments) > max_segments:
+        smallest = sorted(segments, key=lambda s: (_live(s), s.id))
+        return [s.id for s in smallest[:len(segments) - max_segments + 1]]
+    if max_segments is None:
+        tiers: dict[int, list[SegmentEntry]] = {}
+        for s in segments:
+            tiers.setdefault(policy.tier(_live(s)), []).append(s)
+        for t in sorted(tiers):
+            group, total = [], 0
+            for s in sorted(tiers[t], key=lambda s: (_live(s), s.id)):
+                if total + _live(s) > policy.max_rows:
+                    break
+                group.append(s.id)
+                total += _live(s)
+            if len(group) >= 2:
+                return group
+    deleted = [s for s in segments if s.n_deleted]
+    if deleted:
+        return [max(deleted, key=lambda s: s.n_deleted).id]
+    return None
