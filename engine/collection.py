@@ -524,6 +524,14 @@ class Collection:
             self._online = None
             self.closed = True
             self._dir_lock = None  # this handle no longer keeps the directory's lock alive
+            self._release()
+
+    def _release(self) -> None:
+        """Let go of opened segments: a closed handle pins no file against collection."""
+        with self._lock:
+            self._snapshot = None
+            self._opened.clear()
+            self._tombstones.clear()
 
     def abandon(self) -> None:
         """Close without sealing (the collection is being dropped): stops the sealer, waits
@@ -534,6 +542,7 @@ class Collection:
         self._dir_lock = None
         if online is not None:
             online.abandon()
+        self._release()
 
     def _stop_merger(self) -> None:
         merger, self._merger = self._merger, None

@@ -103,10 +103,14 @@ class Writer:
         self._remove_uncommitted()
 
     def _remove_uncommitted(self) -> None:
-        listed = {s.id for s in self.manifest.segments}
+        # Built but never committed (a crash between build and commit): not visible, and in
+        # the way of the next segment id. Unlisted segments below ``next_segment`` were
+        # committed once (merged away since): garbage collection removes them, once no
+        # live snapshot reads them.
         for entry in (self.folder / "segments").iterdir():
-            if entry.name not in listed and entry.name.startswith(("seg-", ".seg-")):
-                # Built but never committed (a crash between build and commit): not visible.
+            name = entry.name
+            if name.startswith(".seg-") or (name.startswith("seg-") and name[4:].isdigit()
+                                            and int(name[4:]) >= self.manifest.next_segment):
                 shutil.rmtree(entry, ignore_errors=True)
 
     def _tombstone(self, m: Manifest, s: int, new_dead: np.ndarray) -> bool:
