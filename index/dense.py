@@ -211,7 +211,7 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
 
     def search(self, prepared, k, params, allow):
         vectors = prepared
-        if self.n_rows == 0 or (allow is not None and not allow.any()):
+        if self.n_rows == 0:
             return empty_result(len(vectors), k)
         params = _faiss_params(params)
         if allow is None:

@@ -11,6 +11,11 @@ k allowed neighbours. So, per segment and query batch:
   ``nprobe`` for IVF) divided by the selectivity, and widened 4x at a time for the queries
   that got fewer than min(k, allowed) hits; a query still short at the index's limit is
   scored exactly.
+
+What a search derives from an allow mask (its count, the packed bitmap and faiss selector,
+the allowed rows) is kept per segment for masks that are frozen (``index.masks``: the
+snapshot's live masks and the filter masks of ``query/filters``), so a repeated filter or a
+tombstoned segment costs no O(rows) work per query.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import math
 import faiss
 import numpy as np
 
+from polyindex.index.masks import IdentityLRU, is_frozen
 from polyindex.index.protocol import empty_result
 
 # Exact scoring of 20,000 rows x 384 d is ~1 ms single-threaded: about what a filtered HNSW
@@ -30,9 +36,54 @@ MAX_EF = 16_384
 WIDEN = 4
 
 
+ALLOWED_ENTRIES = 16          # per segment
+ALLOWED_BYTES = 64 << 20      # per segment
+
+
+class Allowed:
+    """An allow mask's derived forms over one segment, built on first use."""
+
+    __slots__ = ("mask", "n", "_bits", "_sel", "_rows")
+
+    def __init__(self, mask: np.ndarray):
+        self.mask = mask
+        self.n = int(np.count_nonzero(mask))
+        self._bits = self._sel = self._rows = None
+
+    def selector(self):
+        if self._sel is None:
+            self._bits = np.packbits(self.mask, bitorder="little")
+            self._sel = faiss.IDSelectorBitmap(self._bits)  # refers to _bits: kept with it
+        return self._sel
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.flatnonzero(self.mask)
+        return self._rows
+
+    def nbytes(self) -> int:
+        return (len(self.mask) + 7) // 8 + 8 * self.n
+
+
+def allowed(seg, allow: np.ndarray) -> Allowed:
+    """``Allowed`` of a mask over a segment: cached on the segment when the mask is frozen."""
+    if not is_frozen(allow):
+        return Allowed(allow)
+    cache = seg.__dict__.get("_allowed")
+    if cache is None:
+        cache = seg.__dict__.setdefault("_allowed", IdentityLRU(
+            ALLOWED_ENTRIES, ALLOWED_BYTES, size=Allowed.nbytes))
+    got = cache.get((allow,))
+    if got is None:
+        got = Allowed(allow)
+        cache.put((allow,), got)
+    return got
+
+
 def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray):
     n = seg.n_rows
-    n_allowed = int(np.count_nonzero(allow))
+    al = allowed(seg, allow)
+    n_allowed = al.n
     if n_allowed == 0:
         return empty_result(len(x), k)
     kwargs = {key: int(v) for key, v in params.items() if key != "exact_below"}
@@ -40,8 +91,8 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
         return seg.faiss_search(x, k, kwargs)
     exact_below = int(params.get("exact_below", EXACT_BELOW))
     if n_allowed <= max(exact_below, k):
-        return exact(seg, x, k, allow, n_allowed)
-    sel = faiss.IDSelectorBitmap(np.packbits(allow, bitorder="little"))
+        return exact(seg, x, k, allow, n_allowed, al)
+    sel = al.selector()
     knob, base, limit = _budget(seg.index, kwargs)
     if knob is None:  # a flat index: the selector scan is already exact
         return seg.faiss_search(x, k, {**kwargs, "sel": sel})
@@ -56,7 +107,7 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
         scores[short], rows[short] = s2, r2
         short = short[(r2 >= 0).sum(1) < want]
     if len(short):
-        s2, r2 = exact(seg, np.ascontiguousarray(x[short]), k, allow, n_allowed)
+        s2, r2 = exact(seg, np.ascontiguousarray(x[short]), k, allow, n_allowed, al)
         scores[short], rows[short] = s2, r2
     return scores, rows
 
@@ -72,20 +123,22 @@ def _budget(index, kwargs: dict) -> tuple[str | None, int, int]:
     return None, 0, 0
 
 
-def exact(seg, x: np.ndarray, k: int, allow: np.ndarray, n_allowed: int):
+def exact(seg, x: np.ndarray, k: int, allow: np.ndarray, n_allowed: int,
+          al: Allowed | None = None):
     """Exact top-k over the allowed rows (scores as the index scores: higher is better).
 
     faiss's brute-force kernels, not numpy: a (1, d) x (d, n) matmul went through BLAS
     threads and took 26 ms for 2,000 rows on a busy 2-core machine, faiss's SIMD loop 1 ms."""
     n = seg.n_rows
+    al = al or allowed(seg, allow)
     matrix = seg.matrix()
     if matrix is None or n_allowed <= n * GATHER_FRACTION:
-        rows = np.flatnonzero(allow)
+        rows = al.rows()
         sub = np.ascontiguousarray(matrix[rows] if matrix is not None else seg.vectors(rows),
                                    np.float32)
         scores, ids = _knn(x, sub, min(k, len(rows)), None, seg.metric)
         return _pad(scores, np.where(ids >= 0, rows[np.maximum(ids, 0)], -1), k)
-    sel = faiss.IDSelectorBitmap(np.packbits(allow, bitorder="little"))
+    sel = al.selector()
     scores, ids = _knn(x, np.ascontiguousarray(matrix, np.float32), min(k, n_allowed), sel,
                        seg.metric)
     return _pad(scores, ids, k)

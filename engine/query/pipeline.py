@@ -5,8 +5,9 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index.protocol import Explains, Query
-from polyindex.query.filters import evaluate
+from polyindex.index.masks import freeze, is_nothing
+from polyindex.index.protocol import Explains, Query, empty_result
+from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
@@ -14,14 +15,15 @@ from polyindex.types import Hit
 
 
 def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
-    """Live rows that pass the filter, per segment (None = every row allowed)."""
+    """Live rows that pass the filter, per segment (None = every row allowed). Masks are
+    immutable (``masks.freeze``: live masks are copy-on-write already), so what is derived
+    from them (filter masks, dense bitmaps) is cached by their identity."""
+    for live in snapshot.live:
+        freeze(live)
     if filter_expr is None:
         return snapshot.live
-    masks = []
-    for seg, live in zip(snapshot.segments, snapshot.live):
-        m = evaluate(filter_expr, seg.docs.table)
-        masks.append(m if live is None else (m & live))
-    return masks
+    return [allow_mask(seg.docs, live, filter_expr)
+            for seg, live in zip(snapshot.segments, snapshot.live)]
 
 
 def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
@@ -35,6 +37,11 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
     all_scores, all_keys = [], []
     for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
+        if is_nothing(mask):  # the filter's column range excludes every row of the segment
+            scores, keys = empty_result(nq, k)
+            all_scores.append(scores)
+            all_keys.append(keys)
+            continue
         scores, rows = seg_index.search(prepared, k, params, mask)
         all_scores.append(scores)
         all_keys.append(np.where(rows >= 0, rows + base, -1) if base else rows)
