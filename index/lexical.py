@@ -25,7 +25,7 @@ so a document scores the same whatever segment it is in. Default term score (Luc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -79,6 +79,19 @@ class LexicalPrepared:
     n_docs: int
     # RM3: per query, each expansion term's weight before idf (``prf.rm3_weights``)
     expansion: list[dict[str, float]] | None = None
+    _encoded: tuple | None = field(default=None, repr=False, compare=False)
+
+    def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every query's terms as UTF-8 (offsets, bytes), their weights and the per-query
+        pointers into them: encoded once per batch, looked up in every segment."""
+        if self._encoded is None:
+            flat = [t for ts in self.terms for t in ts]
+            qoff, qdata = postings.encode_terms(flat)
+            qw = np.array([w for ws in self.weights for w in ws], np.float64)
+            qptr = np.zeros(len(self.terms) + 1, np.int64)
+            np.cumsum([len(ts) for ts in self.terms], out=qptr[1:])
+            self._encoded = (qoff, qdata, qw, qptr)
+        return self._encoded
 
     @property
     def k1(self) -> float:
@@ -94,12 +107,20 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
     analyzer = _ANALYZER
 
-    def __init__(self, terms: list[str], offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
+    def __init__(self, terms, offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
                  forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
-        self._terms = terms
-        self.term_index = dict(zip(terms, range(len(terms))))
-        self.n_terms = len(terms)
+        # The vocabulary (sorted) stays an Arrow string column, memory-mapped: terms are found
+        # by binary search over its bytes (``postings.find_terms``), no dict per segment.
+        vocab = terms if isinstance(terms, (pa.Array, pa.ChunkedArray)) \
+            else pa.array(list(terms), pa.string())
+        if isinstance(vocab, pa.ChunkedArray):
+            vocab = vocab.chunk(0) if vocab.num_chunks == 1 else vocab.combine_chunks()
+        self._vocab = vocab
+        self._voff, self._vdata = postings.string_buffers(vocab)
+        if not postings.is_sorted_unique(self._voff, self._vdata):
+            raise Corrupt("lexical vocabulary is not sorted (or has a duplicate term)")
+        self.n_terms = len(vocab)
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
         self.forward = forward
         self.offsets = offsets  # (n_terms + 1,) int64
@@ -114,26 +135,26 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
     # -- TermStatistics ----------------------------------------------------------------------
     def terms(self) -> list[str]:
-        """The vocabulary in term-id order."""
-        return self._terms
+        """The vocabulary in term-id order (a new list each call: ``term_array`` is free)."""
+        return self._vocab.to_pylist()
+
+    def term_array(self) -> pa.Array:
+        """The vocabulary in term-id order as the (memory-mapped) Arrow string array."""
+        return self._vocab
 
     def term_id(self, term: str) -> int | None:
-        return self.term_index.get(term)
+        tid = int(self.term_ids([term])[0])
+        return None if tid < 0 else tid
+
+    def term_ids(self, terms: Sequence[str]) -> np.ndarray:
+        """Segment-local id of each term, -1 where the segment lacks it."""
+        qoff, qdata = postings.encode_terms(terms)
+        return postings.find_terms(self._voff, self._vdata, qoff, qdata)
 
     def _query_terms(self, prepared: LexicalPrepared, scale: float = 1.0):
         """Segment-local term ids and weights of each query, flattened with pointers."""
-        get = self.term_index.get
-        qptr = [0]
-        ids: list[int] = []
-        ws: list[float] = []
-        for terms, weights in zip(prepared.terms, prepared.weights):
-            for term, w in zip(terms, weights):
-                tid = get(term)
-                if tid is not None:
-                    ids.append(tid)
-                    ws.append(w * scale)
-            qptr.append(len(ids))
-        return (np.array(qptr, np.int64), np.array(ids, np.int64), np.array(ws, np.float64))
+        qoff, qdata, qw, qptr = prepared.encoded()
+        return postings.query_terms(self._voff, self._vdata, qoff, qdata, qw, qptr, float(scale))
 
     def _scorer(self, prepared: LexicalPrepared, params: dict[str, str]) -> Scorer:
         if not params:
@@ -200,8 +221,8 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
                                   "segment was built without; reindex the collection")
         row_ptr, _, ids = self.forward
         tids, counts = np.unique(ids[row_ptr[row]:row_ptr[row + 1]], return_counts=True)
-        terms = self._terms
-        return {terms[t]: c for t, c in zip(tids.tolist(), counts.tolist())}
+        terms = self._vocab.take(pa.array(tids, pa.int64())).to_pylist()
+        return dict(zip(terms, counts.tolist()))
 
 
 def _read_forward(path: Path) -> pa.Table:
@@ -305,7 +326,7 @@ class LexicalKind(IndexKind):
         if (folder / FORWARD_FILE).exists():
             ft = _read_forward(folder / FORWARD_FILE)
             forward, keep = _forward_arrays(folder, ft, dl["len"], len(offsets) - 1), keep + (ft,)
-        return LexicalSegment(vocab["term"].to_pylist(), offsets, vocab["df"], post["doc"],
+        return LexicalSegment(vocab["term"], offsets, vocab["df"], post["doc"],
                               post["tf"], dl["len"], keep=keep, forward=forward)
 
     # -- queries -------------------------------------------------------------------------
@@ -329,20 +350,18 @@ class LexicalKind(IndexKind):
                    live: Sequence[np.ndarray | None]) -> list[int]:
         """df over live rows of the snapshot of each term."""
         df = [0] * len(terms)
+        qoff, qdata = postings.encode_terms(terms)
+        total = np.zeros(len(terms), np.int64)
         for seg, mask in zip(segments, live):
-            get = seg.term_index.get
-            found = [(i, tid) for i, tid in enumerate(map(get, terms)) if tid is not None]
-            if not found:
+            tids = postings.find_terms(seg._voff, seg._vdata, qoff, qdata)
+            at = np.flatnonzero(tids >= 0)
+            if not len(at):
                 continue
             if mask is None:
-                for i, tid in found:
-                    df[i] += int(seg.df[tid])
+                total[at] += seg.df[tids[at]]
             else:
-                tids = np.array([tid for _, tid in found], np.int64)
-                counts = postings.count_live(seg.offsets, seg.docs, tids, mask)
-                for (i, _), c in zip(found, counts.tolist()):
-                    df[i] += c
-        return df
+                total[at] += postings.count_live(seg.offsets, seg.docs, tids[at], mask)
+        return total.tolist()
 
     def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],
                 live: Sequence[np.ndarray | None], params: dict[str, str], cache: dict) -> Any:

@@ -116,6 +116,13 @@ def _local_counts(opened, live):
     return counts
 
 
+def _vocab(lex) -> pa.Array:
+    """A segment's vocabulary as an Arrow string array (the lexical index's own, memory-mapped,
+    when it offers one; else built from ``terms()``)."""
+    arr = getattr(lex, "term_array", None)
+    return arr() if arr is not None else pa.array(lex.terms(), pa.string())
+
+
 def _compute(snapshot) -> FieldStats:
     segs = snapshot.segments
     local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
@@ -124,7 +131,7 @@ def _compute(snapshot) -> FieldStats:
     if len(local) == 1:
         per_seg = [(local[0][0], local[0][1])]
     else:  # sum each term's counts over segments by term string (segment term ids differ)
-        vocabs = [pa.array(lexical_of(s).terms(), pa.string()) for s in segs]
+        vocabs = [_vocab(lexical_of(s)) for s in segs]
         uniq = pc.unique(pa.chunked_array(vocabs, pa.string()))
         gids = [pc.index_in(v, value_set=uniq).to_numpy(zero_copy_only=False) for v in vocabs]
         df = np.zeros((3, len(uniq)), np.float64)
