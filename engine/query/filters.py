@@ -148,7 +148,7 @@ _compiled_lock = threading.Lock()
 _info = IdentityLRU(4 * COMPILED_ENTRIES)           # expression -> (key, plan or None)
 _stats = IdentityLRU(1 << 16)                        # segment docs -> _SegmentStats
 _masks = IdentityLRU(MASK_CACHE_ENTRIES, MASK_CACHE_BYTES,
-                     size=lambda m: 0 if m is None else m.nbytes)
+                     size=lambda m: getattr(m, "nbytes", 0))
 
 
 def clear_caches() -> None:
@@ -169,7 +169,7 @@ def _key_of(expr: pc.Expression) -> tuple[object, object]:
     return got
 
 
-_NOTHING = object()
+_EVERY = object()  # cached "no mask": every row of the segment passes
 
 
 def allow_mask(docs, live: np.ndarray | None, expr: pc.Expression) -> np.ndarray | None:
@@ -180,7 +180,7 @@ def allow_mask(docs, live: np.ndarray | None, expr: pc.Expression) -> np.ndarray
     hit = _masks.get((docs, live), key)
     if hit is not None:
         counters["cached"] += 1
-        return None if hit is _NOTHING else hit
+        return None if hit is _EVERY else hit
     verdict = None
     if plan is not None:
         verdict = plan(_segment_stats(docs))
@@ -195,7 +195,7 @@ def allow_mask(docs, live: np.ndarray | None, expr: pc.Expression) -> np.ndarray
         m = evaluate(expr, docs.table)
         mask = m if live is None else (m & live)
         freeze(mask)
-    _masks.put((docs, live), _NOTHING if mask is None else mask, key)
+    _masks.put((docs, live), _EVERY if mask is None else mask, key)
     return mask
 
 
@@ -324,15 +324,24 @@ def _leaf(name: str, cond, fields):
         if col is None:
             return _UNKNOWN
         lo, hi, nulls, is_float = col
-        if lo is None:  # every value null (or no rows): nothing passes
-            return (st.n_rows == 0, True, st.n_rows == 0)
-        t_all, n_any = True, False
+        out = []
         for op, v in ops:
-            v = [float(x) for x in v] if is_float and op in ("in", "nin") else \
-                (float(v) if is_float and op not in ("in", "nin") else v)
+            # a null row: null for a comparison (not allowed), false for in, true for nin
+            # (Arrow's is_in without a null in the value set)
+            if lo is None:  # every value null (or no rows)
+                empty = st.n_rows == 0
+                out.append((True, empty, empty) if op == "nin" else
+                           (empty, True, empty if op != "in" else True))
+                continue
+            if is_float:
+                v = [float(x) for x in v] if op in ("in", "nin") else float(v)
             passes, fails = _TESTS[op](lo, hi, v)
-            t_all &= passes
-            n_any |= fails
-        # and of the ops: always true if each is; never true if one never is
-        return (t_all and nulls == 0, n_any, n_any and nulls == 0)
+            if op == "in":
+                out.append((passes and nulls == 0, fails, fails))
+            elif op == "nin":
+                out.append((passes, fails and nulls == 0, fails and nulls == 0))
+            else:
+                out.append((passes and nulls == 0, fails, fails and nulls == 0))
+        # the ops are AND-ed (Kleene)
+        return (all(r[0] for r in out), any(r[1] for r in out), any(r[2] for r in out))
     return node
