@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import bm25, postings, prf
@@ -118,7 +119,8 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
             vocab = vocab.chunk(0) if vocab.num_chunks == 1 else vocab.combine_chunks()
         self._vocab = vocab
         self._voff, self._vdata = postings.string_buffers(vocab)
-        if not postings.is_sorted_unique(self._voff, self._vdata):
+        if len(vocab) > 1 and not pc.all(pc.less(vocab.slice(0, len(vocab) - 1),
+                                                 vocab.slice(1))).as_py():
             raise Corrupt("lexical vocabulary is not sorted (or has a duplicate term)")
         self.n_terms = len(vocab)
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None

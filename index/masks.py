@@ -91,32 +91,54 @@ class IdentityLRU:
         return len(self._data)
 
 
-_FROZEN = IdentityLRU(1 << 16)
+class _IdentitySet:
+    """Objects (by identity, held weakly) with a flag; lock-free lookups (one dict get), as
+    they are on every query's path. An entry leaves with its object."""
+
+    def __init__(self):
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, obj) -> None:
+        key = id(obj)
+        refs = self._refs
+
+        def gone(ref, key=key):
+            if refs.get(key) is ref:
+                refs.pop(key, None)
+        refs[key] = weakref.ref(obj, gone)
+
+    def __contains__(self, obj) -> bool:
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+_FROZEN = _IdentitySet()
+_NOTHING = _IdentitySet()
 
 
 def freeze(mask: np.ndarray | None) -> np.ndarray | None:
     """Mark a mask immutable: read-only from now on and remembered as frozen (by identity)."""
-    if mask is not None and _FROZEN.get((mask,)) is None:
+    if mask is not None and mask not in _FROZEN:
         if mask.flags.writeable and mask.base is None:
             mask.flags.writeable = False
-        _FROZEN.put((mask,), True)
+        _FROZEN.add(mask)
     return mask
 
 
 def is_frozen(mask) -> bool:
-    return mask is not None and _FROZEN.get((mask,)) is not None
-
-
-_NOTHING = IdentityLRU(1 << 16)
+    return mask is not None and mask in _FROZEN
 
 
 def nothing(n_rows: int) -> np.ndarray:
     """A new all-False frozen mask of ``n_rows``, known as empty (``is_nothing``): a
     retrieve stage skips its segment instead of searching it with nothing allowed."""
     mask = freeze(np.zeros(n_rows, bool))
-    _NOTHING.put((mask,), True)
+    _NOTHING.add(mask)
     return mask
 
 
 def is_nothing(mask) -> bool:
-    return mask is not None and _NOTHING.get((mask,)) is not None
+    return mask is not None and mask in _NOTHING

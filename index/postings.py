@@ -407,14 +407,6 @@ def query_terms(voff, vdata, qoff, qdata, qweights, qptr, scale):
     return out_ptr, ids[:m], ws[:m]
 
 
-@numba.njit(cache=True, nogil=True)
-def is_sorted_unique(voff, vdata):
-    for i in range(len(voff) - 2):
-        if _cmp(vdata, voff[i], voff[i + 1], vdata, voff[i + 1], voff[i + 2]) >= 0:
-            return False
-    return True
-
-
 # --------------------------------------------------------------------------- helpers
 
 def run_search(kernel, args: tuple, pool: BufferPool, nq: int, k: int,
