@@ -86,12 +86,12 @@ class LexicalPrepared:
         """Every query's terms as UTF-8 (offsets, bytes), their weights and the per-query
         pointers into them: encoded once per batch, looked up in every segment."""
         if self._encoded is None:
-            flat = [t for ts in self.terms for t in ts]
-            qoff, qdata = postings.encode_terms(flat)
+            qoff, qdata = postings.encode_terms([t for ts in self.terms for t in ts])
             qw = np.array([w for ws in self.weights for w in ws], np.float64)
-            qptr = np.zeros(len(self.terms) + 1, np.int64)
-            np.cumsum([len(ts) for ts in self.terms], out=qptr[1:])
-            self._encoded = (qoff, qdata, qw, qptr)
+            ptr = [0]
+            for ts in self.terms:
+                ptr.append(ptr[-1] + len(ts))
+            self._encoded = (qoff, qdata, qw, np.array(ptr, np.int64))
         return self._encoded
 
     @property
@@ -355,14 +355,9 @@ class LexicalKind(IndexKind):
         qoff, qdata = postings.encode_terms(terms)
         total = np.zeros(len(terms), np.int64)
         for seg, mask in zip(segments, live):
-            tids = postings.find_terms(seg._voff, seg._vdata, qoff, qdata)
-            at = np.flatnonzero(tids >= 0)
-            if not len(at):
-                continue
-            if mask is None:
-                total[at] += seg.df[tids[at]]
-            else:
-                total[at] += postings.count_live(seg.offsets, seg.docs, tids[at], mask)
+            postings.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.docs,
+                                   seg.df, mask is not None,
+                                   postings._NO_ALLOW if mask is None else mask, total)
         return total.tolist()
 
     def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],

@@ -347,10 +347,12 @@ def string_buffers(arr) -> tuple[np.ndarray, np.ndarray]:
 def encode_terms(terms) -> tuple[np.ndarray, np.ndarray]:
     """(offsets int64 (n + 1,), UTF-8 bytes uint8) of Python strings, for ``find_terms``."""
     enc = [t.encode("utf-8", "surrogatepass") for t in terms]
-    offsets = np.zeros(len(enc) + 1, np.int64)
-    if enc:
-        np.cumsum([len(b) for b in enc], out=offsets[1:])
-    return offsets, np.frombuffer(b"".join(enc), np.uint8)
+    offsets = [0]
+    at = 0
+    for b in enc:  # a query's few terms: plain Python beats numpy's per-call overhead here
+        at += len(b)
+        offsets.append(at)
+    return np.array(offsets, np.int64), np.frombuffer(b"".join(enc), np.uint8)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -405,6 +407,24 @@ def query_terms(voff, vdata, qoff, qdata, qweights, qptr, scale):
                 m += 1
         out_ptr[q + 1] = m
     return out_ptr, ids[:m], ws[:m]
+
+
+@numba.njit(cache=True, nogil=True)
+def add_doc_freqs(voff, vdata, qoff, qdata, offsets, docs, df, has_live, live, total):
+    """``total[i]`` += the segment's document frequency of term i (over live rows when
+    ``has_live``); terms absent from the vocabulary add nothing."""
+    for i in range(len(qoff) - 1):
+        t = _find_one(voff, vdata, qdata, qoff[i], qoff[i + 1])
+        if t < 0:
+            continue
+        if has_live:
+            c = 0
+            for j in range(offsets[t], offsets[t + 1]):
+                if live[docs[j]]:
+                    c += 1
+            total[i] += c
+        else:
+            total[i] += df[t]
 
 
 # --------------------------------------------------------------------------- helpers
