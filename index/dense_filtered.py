@@ -61,8 +61,8 @@ class Allowed:
             self._rows = np.flatnonzero(self.mask)
         return self._rows
 
-    def nbytes(self) -> int:
-        return (len(self.mask) + 7) // 8 + 8 * self.n
+    def nbytes(self) -> int:  # the mask (held), its bitmap and rows when built
+        return len(self.mask) + (len(self.mask) + 7) // 8 + 8 * self.n
 
 
 def allowed(seg, allow: np.ndarray) -> Allowed:

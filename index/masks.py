@@ -29,7 +29,9 @@ class IdentityLRU:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._size = size or (lambda v: 0)
-        self._lock = threading.Lock()
+        # reentrant: dropping a value can free an object another entry is keyed by, whose
+        # weakref callback then runs in this thread while the lock is held
+        self._lock = threading.RLock()
         self._data: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (refs, value, bytes)
         self.bytes = 0
 

@@ -244,6 +244,20 @@ def test_identity_cache_follows_objects():
     assert len(sized) == 2 and sized.bytes == 8
 
 
+def test_identity_cache_evicting_a_value_that_keys_another_entry():
+    """A value can hold the only reference to another entry's key object (a filter that
+    every row passes caches the live mask itself): evicting it runs that key's weakref
+    callback inside the cache, which must not deadlock."""
+    cache = masks.IdentityLRU(1)
+    live = np.ones(4, bool)
+    seg = np.zeros(1)
+    cache.put((seg, live), live)   # the value is the key's live mask
+    del live
+    cache.put((np.zeros(1),), "x")  # evicts the first entry: its value was the last reference
+    cache.clear()
+    assert len(cache) == 0
+
+
 def test_dense_bitmap_cached_only_for_frozen_masks(coll):
     seg = coll.snapshot().segments[0].indexes["dense@h"]
     n = seg.n_rows
