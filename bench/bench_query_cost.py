@@ -21,9 +21,13 @@ editable install) opens it and reports:
   with ``lang == "de"`` (a string field: evaluated, then cached).
 
 Reported: medians over rounds of each process's p50 and mean, and ratios this / baseline
-(side by side in one run). This checkout's processes also time the raw faiss search of every
+(side by side in one run), and for latencies the median over rounds of the ratio within each
+adjacent pair of processes (robust to the load drifting between rounds). This checkout's processes also time the raw faiss search of every
 segment with its index memory-mapped (as opened) and read into memory, in the same process,
-alternating blocks of 30 queries (``faiss search, index mmap|ram``). Usage: ``python bench/bench_query_cost.py --baseline-python
+alternating blocks of 30 queries (``faiss search, index mmap|ram``), and lexical queries
+with the vocabulary found by binary search over Arrow and through the per-segment dict of
+before (restored by patching), likewise alternating, each query with the document-frequency
+cache emptied (``lexical, no df cache, vocab arrow|dict``). Usage: ``python bench/bench_query_cost.py --baseline-python
 ../wt-query-base/.venv/bin/python [--n 200000] [--dim 128] [--rounds 3] [--queries 300]
 [--fresh]``. Writes ``bench/results/bench_query_cost.json``.
 """
@@ -139,7 +143,8 @@ def worker(folder: Path, queries: int, dim: int) -> dict:
     after = _rss()
     mmap_ab = _mmap_ab(snap, vecs) if hasattr(__import__("polyindex.index.dense").index.dense,
                                               "read_index") else None
-    out = {"mmap_vs_ram": mmap_ab, "segments": len(snap.segments), "documents": snap.count(), "open_s": open_s,
+    vocab_ab = _vocab_ab(coll, texts)
+    out = {"mmap_vs_ram": mmap_ab, "vocab_arrow_vs_dict": vocab_ab, "segments": len(snap.segments), "documents": snap.count(), "open_s": open_s,
            "rss_import": before, "rss_open": opened, "rss_queries": after, "latency": lat}
     eng.close()
     return out
@@ -163,6 +168,66 @@ def _mmap_ab(snap, vecs) -> dict:
                 for p in pairs:
                     p[which].search(q, 10)
                 times[name].append(time.perf_counter() - t)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def _vocab_ab(coll, texts) -> dict | None:
+    """In one process, lexical queries with the vocabulary looked up by binary search over
+    its Arrow column (as built) and through a dict per segment (the code before, restored
+    by patching), alternating blocks of 30 queries; the snapshot's df cache is emptied before
+    each query so both pay the document-frequency lookups of every term: p50 per query (ms)."""
+    import numpy as np
+    from polyindex.index import lexical, postings
+    if not hasattr(lexical.LexicalSegment, "term_array"):
+        return None
+    seg_cls, kind_cls = lexical.LexicalSegment, lexical.LexicalKind
+    new = (seg_cls._query_terms, kind_cls._doc_freqs)
+    for seg in coll.snapshot().segments:
+        lex = seg.indexes["lexical"]
+        lex.term_index = dict(zip(lex.terms(), range(lex.n_terms)))
+
+    def old_query_terms(self, prepared, scale=1.0):
+        get = self.term_index.get
+        qptr, ids, ws = [0], [], []
+        for terms, weights in zip(prepared.terms, prepared.weights):
+            for term, w in zip(terms, weights):
+                tid = get(term)
+                if tid is not None:
+                    ids.append(tid)
+                    ws.append(w * scale)
+            qptr.append(len(ids))
+        return np.array(qptr, np.int64), np.array(ids, np.int64), np.array(ws, np.float64)
+
+    def old_doc_freqs(self, terms, segments, live):
+        df = [0] * len(terms)
+        for seg, mask in zip(segments, live):
+            get = seg.term_index.get
+            found = [(i, tid) for i, tid in enumerate(map(get, terms)) if tid is not None]
+            if not found:
+                continue
+            if mask is None:
+                for i, tid in found:
+                    df[i] += int(seg.df[tid])
+            else:
+                tids = np.array([tid for _, tid in found], np.int64)
+                for (i, _), c in zip(found, postings.count_live(seg.offsets, seg.docs, tids,
+                                                                 mask).tolist()):
+                    df[i] += c
+        return df
+    variants = {"arrow": new, "dict": (old_query_terms, old_doc_freqs)}
+    times = {"arrow": [], "dict": []}
+    try:
+        for block in range(10):
+            names = ("arrow", "dict") if block % 2 == 0 else ("dict", "arrow")
+            for name in names:
+                seg_cls._query_terms, kind_cls._doc_freqs = variants[name]
+                for i in range(block * 30, block * 30 + 30):
+                    coll.snapshot().cache["lexical"].pop("lexical:df", None)
+                    t = time.perf_counter()
+                    coll.query(texts[i % len(texts)], k=10, profile="lexical")
+                    times[name].append(time.perf_counter() - t)
+    finally:
+        seg_cls._query_terms, kind_cls._doc_freqs = new
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
@@ -219,23 +284,37 @@ def main() -> None:
         for c in CLASSES:
             s[f"{c} p50_ms"] = med(name, lambda x: x["latency"][c]["p50_ms"])
             s[f"{c} mean_ms"] = med(name, lambda x: x["latency"][c]["mean_ms"])
+        if runs[name][0].get("vocab_arrow_vs_dict"):
+            for k in ("arrow", "dict"):
+                s[f"lexical, no df cache, vocab {k} p50_ms"] = med(
+                    name, lambda x: x["vocab_arrow_vs_dict"][k])
         if runs[name][0].get("mmap_vs_ram"):
             for k in ("mmap", "ram"):
                 s[f"faiss search, index {k} p50_ms"] = med(name, lambda x: x["mmap_vs_ram"][k])
         summary[name] = s
+    paired = {}
+    if "baseline" in impls:  # rounds run as adjacent pairs: the median of per-pair ratios
+        for c in CLASSES:  # is robust to the machine's load drifting between rounds
+            for stat in ("p50_ms", "mean_ms"):
+                paired[f"{c} {stat}"] = statistics.median(
+                    a["latency"][c][stat] / b["latency"][c][stat]
+                    for a, b in zip(runs["this"], runs["baseline"]))
     rows = []
     for key in summary["this"]:
         row = [key] + [f"{summary[n][key]:.3f}" if key in summary[n] else "-" for n in impls]
         if "baseline" in impls and summary["baseline"].get(key):
             row.append(f"{summary['this'][key] / summary['baseline'][key]:.3f}")
+            row.append(f"{paired[key]:.3f}" if key in paired else "")
         rows.append(row)
-    cols = ["measure", *impls] + (["this / baseline"] if "baseline" in impls else [])
+    cols = ["measure", *impls] + (["this / baseline", "median of paired ratios"]
+                                  if "baseline" in impls else [])
     common.console.print(common.table(
         f"opened {runs['this'][0]['documents']} docs in {runs['this'][0]['segments']} segments "
         f"(medians of {args.rounds} alternating processes each)", cols, rows))
     common.save_results("bench_query_cost", {
         "n": args.n, "dim": args.dim, "rounds": args.rounds, "queries": args.queries,
-        "baseline_python": args.baseline_python, "summary": summary, "runs": runs})
+        "baseline_python": args.baseline_python, "summary": summary,
+        "paired_ratios": paired, "runs": runs})
 
 
 if __name__ == "__main__":
