@@ -1,15 +1,15 @@
 """Query cost and memory of an opened collection, this checkout against a baseline checkout.
 
 What it measures (issue 17 parts 4-5): a 200,000-document lexical + dense collection
-(``model=None``: generated text, Zipfian over a 20,000-word synthetic vocabulary, 20-40 words
-a document, seed 1234; random float32 vectors of ``--dim`` 128 in the unnamed user field, the
-default ``dense`` index: ``HNSW32,Flat`` per 50,000-row segment; an int field ``year`` rising
-with the document number, so segments hold disjoint year ranges, as time-ordered data does;
-2% of the documents deleted, so every segment has tombstones) is built once with this
-checkout into ``bench/.work/query_cost/``. Then, alternating (ABAB..., ``--rounds`` times),
-a fresh process of each implementation (this checkout and the baseline, by its Python:
-``--baseline-python``, e.g. a worktree of the commit before the change with its own
-editable install) opens it and reports:
+(``model=None``: generated text, Zipfian over a 20,000-word synthetic vocabulary, 20-40
+words a document, seed 1234; random float32 vectors of ``--dim`` 128 in the unnamed user
+field, the default ``dense`` index: ``HNSW32,Flat`` per 50,000-row segment; an int field
+``year`` rising with the document number, so segments hold disjoint year ranges, as
+time-ordered data does; 2% of the documents deleted, so every segment has tombstones) is built
+once with this checkout into ``bench/.work/query_cost/``. Then, alternating (ABAB...,
+``--rounds`` times), a fresh process of each implementation (this checkout and the baseline,
+by its Python: ``--baseline-python``, e.g. a worktree of the commit before the change with
+its own editable install) opens it and reports:
 
 - RSS (``VmRSS``) and anonymous RSS (``RssAnon``: private memory, not file pages that the
   kernel can drop) after imports, after opening the collection (every segment opened), and
@@ -17,17 +17,18 @@ editable install) opens it and reports:
 - per-query latency (one query a call, k=10, after 30 warm-up queries) for ``lexical``,
   ``dense``, ``hybrid`` (text + vector, RRF) without filter, and with a filter that repeats
   across queries: ``lexical`` with ``year >= 2010`` (the last segment; the others cannot
-  match), ``dense`` with ``1990 <= year < 2000`` (~14% of one segment, mid-range), ``dense``
-  with ``lang == "de"`` (a string field: evaluated, then cached).
+  match), ``dense`` with ``1990 <= year < 2000`` (~14% of the documents, all in the third
+  segment), ``dense`` with ``lang == "de"`` (a string field: evaluated, then cached).
 
 Reported: medians over rounds of each process's p50 and mean, and ratios this / baseline
 (side by side in one run), and for latencies the median over rounds of the ratio within each
-adjacent pair of processes (robust to the load drifting between rounds). This checkout's processes also time the raw faiss search of every
-segment with its index memory-mapped (as opened) and read into memory, in the same process,
-alternating blocks of 30 queries (``faiss search, index mmap|ram``), and lexical queries
-with the vocabulary found by binary search over Arrow and through the per-segment dict of
-before (restored by patching), likewise alternating, each query with the document-frequency
-cache emptied (``lexical, no df cache, vocab arrow|dict``). Usage: ``python bench/bench_query_cost.py --baseline-python
+adjacent pair of processes (robust to the load drifting between rounds). This checkout's
+processes also time the raw faiss search of every segment with its index memory-mapped (as
+opened) and read into memory, in the same process, alternating blocks of 30 queries (``faiss
+search, index mmap|ram``), and lexical queries with the vocabulary found by binary search
+over Arrow and through the per-segment dict of before (restored by patching), likewise
+alternating, each query with the document-frequency cache emptied (``lexical, no df cache,
+vocab arrow|dict``). Usage: ``python bench/bench_query_cost.py --baseline-python
 ../wt-query-base/.venv/bin/python [--n 200000] [--dim 128] [--rounds 3] [--queries 300]
 [--fresh]``. Writes ``bench/results/bench_query_cost.json``.
 """
@@ -144,7 +145,8 @@ def worker(folder: Path, queries: int, dim: int) -> dict:
     mmap_ab = _mmap_ab(snap, vecs) if hasattr(__import__("polyindex.index.dense").index.dense,
                                               "read_index") else None
     vocab_ab = _vocab_ab(coll, texts)
-    out = {"mmap_vs_ram": mmap_ab, "vocab_arrow_vs_dict": vocab_ab, "segments": len(snap.segments), "documents": snap.count(), "open_s": open_s,
+    out = {"mmap_vs_ram": mmap_ab, "vocab_arrow_vs_dict": vocab_ab,
+           "segments": len(snap.segments), "documents": snap.count(), "open_s": open_s,
            "rss_import": before, "rss_open": opened, "rss_queries": after, "latency": lat}
     eng.close()
     return out

@@ -27,7 +27,8 @@ def _docs(start, n, years, rng):
     out = []
     for i in range(start, start + n):
         words = rng.choice(WORDS, size=6)
-        doc = {"id": f"d{i}", "text": " ".join(words), "vector": rng.standard_normal(D).astype(np.float32),
+        doc = {"id": f"d{i}", "text": " ".join(words),
+               "vector": rng.standard_normal(D).astype(np.float32),
                "year": int(rng.integers(*years)), "lang": ["en", "de", "fr"][i % 3]}
         if i % 7:
             doc["score"] = float(rng.random())  # some rows have no score (null)
