@@ -262,11 +262,15 @@ class Collection:
             encode = self._encode_docs if needs else None
             if needs and any(k.needs_tokens for k in self.kinds.values()):
                 encode = self._encode_docs_tokens
-            w = Writer(self.folder, self.kinds, encode)
+            w = Writer(self.folder, self.kinds, encode, open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             yield w
             self._collect(w)
+
+    def _opened_docs(self, seg_id: str):
+        opened = self._opened.get(seg_id)
+        return opened.docs if opened is not None else None
 
     def _collect(self, w: Writer) -> None:
         """Remove what this writer's commits stopped naming (and, the first time, what a

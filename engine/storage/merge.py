@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.index.protocol import BuildBatch, Merges
-from polyindex.storage import failpoints
+from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import SegmentEntry, commit_manifest
@@ -121,6 +121,8 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
         with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
             with pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
+        idindex.write(folder, *idindex.merged(
+            [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
         vectors = {}
         for name, fs in spec_fields.items():
             column = "embedding" if name == "dense" else f"vector.{name}"
