@@ -93,7 +93,10 @@ class Collection:
         self._tune_kinds()
         self._opened: dict[str, OpenedSegment] = {}
         self._tombstones: dict[str, np.ndarray] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the snapshot and the caches of opened files
+        # Writers of this process, one at a time (with the folder's LOCK across processes);
+        # not ``_lock``: a seal or merge commit never makes a query wait for a snapshot.
+        self._write_lock = threading.RLock()
         self._snapshot: Snapshot | None = None
         self._stamp = None
         self._checked = 0.0
@@ -257,7 +260,7 @@ class Collection:
             raise FailedPrecondition(f"collection {self.name!r} is open read-only")
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
-        with self._lock, writer_lock(self.folder):
+        with self._write_lock, writer_lock(self.folder):
             needs = self.encodes_text()
             encode = self._encode_docs if needs else None
             if needs and any(k.needs_tokens for k in self.kinds.values()):

@@ -36,6 +36,7 @@ from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import bm25, postings, prf
 from polyindex.index.analyzer import Analyzer
 from polyindex.index.bm25 import Scorer
+from polyindex.index.mask_cache import MaskCache
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -89,6 +90,11 @@ class LexicalPrepared:
         return self.scorer.b
 
 
+def _live_stats(seg: "LexicalSegment", mask: np.ndarray) -> tuple[int, int]:
+    mask = postings.check_allow(mask, seg.n_rows, "lexical live mask")
+    return int(np.count_nonzero(mask)), int(seg.doclen.sum(where=mask, dtype=np.int64))
+
+
 class LexicalSegment(SegmentIndex):  # and TermStatistics
     """One segment's BM25 postings, memory-mapped."""
 
@@ -109,6 +115,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.doclen = doclen
         self.n_rows = len(doclen)
         self.total_len = int(doclen.sum(dtype=np.int64))
+        self.live_stats = MaskCache()  # (live rows, their total length) per live mask
         self._keep = keep  # Arrow tables owning the memory maps
         self._pool = postings.BufferPool(self.n_rows)
 
@@ -318,10 +325,10 @@ class LexicalKind(IndexKind):
                 if mask is None:
                     n_docs += seg.n_rows
                     total += seg.total_len
-                else:
-                    mask = postings.check_allow(mask, seg.n_rows, "lexical live mask")
-                    n_docs += int(np.count_nonzero(mask))
-                    total += int(seg.doclen.sum(where=mask, dtype=np.int64))
+                else:  # remembered per mask: after a write only changed segments count
+                    n, t = seg.live_stats.get(mask, lambda s=seg, m=mask: _live_stats(s, m))
+                    n_docs += n
+                    total += t
             stats = cache["lexical:stats"] = (n_docs, total / n_docs if total else 1.0)
         return stats
 

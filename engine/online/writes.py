@@ -256,13 +256,13 @@ class OnlineWrites:
         is asked once; ``sealed_snapshot`` re-reads only a changed file."""
         if self.closed:
             raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
-        if self.coll.manifest_changed():
-            with self.lock:
-                base = self.coll.sealed_snapshot()
-                if base is not self.base:
-                    self.base = base
-                    self._rehide_all()
-                    self._publish()
+        # Not while a seal or merge commit is under way (it re-bases when done): a base
+        # holding a seal's segment beside its frozen buffer would show those rows twice.
+        if self.coll.manifest_changed() and self.seal_lock.acquire(blocking=False):
+            try:
+                self.rebase()
+            finally:
+                self.seal_lock.release()
         return self.view
 
     # -- sealing ---------------------------------------------------------------------------
@@ -319,8 +319,8 @@ class OnlineWrites:
             self.on_sealed()
 
     def rebase(self) -> None:
-        """Compose the buffer over the newest committed manifest (after a merge commit; the
-        caller holds ``seal_lock``, so no seal is half done)."""
+        """Compose the buffer over the newest committed manifest (the caller holds
+        ``seal_lock``, so no seal is half done)."""
         with self.lock:
             base = self.coll.sealed_snapshot()
             if base is not self.base:
