@@ -31,6 +31,9 @@ class OpenedSegment:
             check_folder(folder, entry.files, f"segment {entry.id}")
         self.docs = Segment(folder, entry.id, entry.n_rows, sums=entry.files,
                             validate=entry.legacy)
+        # Mapped now, not at first use: a writer elsewhere may remove a merged-away
+        # segment's files once this process holds them open (a mapping outlives an unlink).
+        self.docs.id_entries()
         if entry.legacy:
             for path in sorted(folder.glob("*.arrow")):
                 if path.name != DOCS_FILE:
