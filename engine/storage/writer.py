@@ -44,9 +44,10 @@ def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
 
 def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                    vectors: dict[str, np.ndarray] | None):
-    """(embedding column or None, {vector.<field>: matrix}) for docs.arrow: each user vector
-    is stored once, in the faiss index when it keeps vectors exactly (Flat, HNSW..,Flat),
-    else as a column; model embeddings stay a column (tree and sparse read it)."""
+    """(embedding column or None, {vector.<field>: matrix}) for docs.arrow: each vector is
+    stored once, in the faiss index when it keeps vectors exactly (Flat, HNSW..,Flat), else
+    as a column. The unnamed field (model embeddings or the user's) is a column too when
+    another kind reads embeddings from the documents (tree, sparse)."""
     vectors = vectors or {}
     dense = {getattr(k, "field", None): k for k in kinds.values() if k.kind == "dense"}
 
@@ -54,9 +55,11 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
         return f in dense and dense[f].keeps_vectors()
 
     columns = {f"vector.{f}": m for f, m in vectors.items() if f != "dense" and not in_index(f)}
-    if embeddings is None and "dense" in vectors:  # the unnamed field, filled by the user
-        others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
-        embeddings = None if in_index("dense") and not others_read else vectors["dense"]
+    if embeddings is None:
+        embeddings = vectors.get("dense")  # the unnamed field, filled by the user
+    others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
+    if embeddings is not None and in_index("dense") and not others_read:
+        embeddings = None
     return embeddings, columns
 
 
