@@ -325,3 +325,20 @@ def test_tiered_policy_plans():
     assert compact_plan(segs, p, None) == ["seg-000001", "seg-000002", "seg-000003"]
     assert compact_plan([_entry(0, 5000), _entry(1, 10, deleted=2)], p, None) == ["seg-000001"]
     assert compact_plan([_entry(0, 5000)], p, None) is None
+
+
+def test_the_compact_command(tmp_path, cli):
+    live = mw.setup(tmp_path)
+    run = cli("compact", "--data", tmp_path, "--collection", "m", "--max-segments", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["before"]["segments"] == 10 and report["after"]["segments"] == 2
+    assert report["after"]["deleted_rows"] == 0 and report["merges"]
+    mw.check(tmp_path, live)
+    table = cli("compact", "--data", tmp_path, "--collection", "m")
+    assert table.returncode == 0 and "before" in table.stdout and "after" in table.stdout
+    with polyindex.open(tmp_path):  # a writer holds the directory: refused, saying so
+        busy = cli("compact", "--data", tmp_path, "--collection", "m")
+    assert busy.returncode == 1 and "already open for writing" in busy.stderr
+    missing = cli("compact", "--data", tmp_path, "--collection", "nope")
+    assert missing.returncode == 1 and "nope" in missing.stderr
