@@ -46,6 +46,7 @@ from polyindex.index.protocol import (
     empty_result,
     register,
 )
+from polyindex.index.ranges import concat_ranges
 
 VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
@@ -273,22 +274,51 @@ class LexicalKind(IndexKind):
         order = sorted(range(len(terms)), key=terms.__getitem__)
         remap = np.empty(len(terms), np.int64)
         remap[order] = np.arange(len(terms))
+        title_len = np.fromiter(map(len, self.analyzer.analyze_many(ti or "" for ti in titles)),
+                                dtype=np.int32, count=n)
+        return self._write(folder, [terms[i] for i in order], remap[flat], lens, title_len)
+
+    def merge(self, parts, batch: BuildBatch, folder: Path) -> dict:
+        """Merged segments are not analyzed again: each kept row's terms come from its
+        source's forward index, re-numbered into the merged vocabulary (the terms the kept
+        rows use, sorted), so the files equal a fresh build of the same rows. Sources
+        written without a forward index are built from the text instead."""
+        if any(seg.forward is None for seg, _ in parts):
+            return self.build(batch, folder)
+        vocab = sorted(set().union(*(seg.terms() for seg, _ in parts)))
+        where = {t: i for i, t in enumerate(vocab)}
+        flats, lens, title_len = [], [], []
+        for seg, rows in parts:
+            to_merged = np.fromiter((where[t] for t in seg.terms()), np.int64, seg.n_terms)
+            row_ptr, titles, ids = seg.forward
+            starts, ends = row_ptr[rows], row_ptr[rows + 1]
+            flats.append(to_merged[ids[concat_ranges(starts, ends)]])
+            lens.append(ends - starts)
+            title_len.append(titles[rows])
+        used, flat = np.unique(np.concatenate(flats), return_inverse=True)
+        return self._write(Path(folder), [vocab[i] for i in used], flat.astype(np.int64),
+                           np.concatenate(lens).astype(np.int64),
+                           np.concatenate(title_len).astype(np.int32))
+
+    def _write(self, folder: Path, terms: list[str], flat: np.ndarray, lens: np.ndarray,
+               title_len: np.ndarray) -> dict:
+        """A segment's files from its rows' term ids (``flat``, ids into the sorted ``terms``,
+        ``lens`` per row) and their title lengths."""
+        n = len(lens)
         row_of = np.repeat(np.arange(n, dtype=np.int64), lens)
-        offsets, docs, tfs = postings.build_csr(remap[flat], row_of, None, len(terms))
+        offsets, docs, tfs = postings.build_csr(flat, row_of, None, len(terms))
         folder.mkdir(parents=True, exist_ok=True)
         postings.write_arrow(folder / VOCAB_FILE, {
-            "term": pa.array([terms[i] for i in order], pa.string()),
+            "term": pa.array(terms, pa.string()),
             "offset": offsets[:-1], "df": np.diff(offsets).astype(np.int32)})
         postings.write_arrow(folder / POSTINGS_FILE, {"doc": docs, "tf": tfs})
         postings.write_arrow(folder / DOCLEN_FILE, {"len": lens.astype(np.int32)})
         # Title and text are analyzed as "title text", so a row's first title_len terms are
         # its title's: reranking reads per-field statistics from here without re-analyzing.
-        title_len = np.fromiter(map(len, self.analyzer.analyze_many(ti or "" for ti in titles)),
-                                dtype=np.int32, count=n)
         row_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         postings.write_arrow(folder / FORWARD_FILE, {
             "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
-                                                   pa.array(remap[flat].astype(np.int32))),
+                                                   pa.array(flat.astype(np.int32))),
             "title_len": title_len})
         return {"format": FORMAT, "n_rows": n, "n_terms": len(terms), "n_postings": int(len(docs)),
                 "total_len": int(lens.sum()),

@@ -58,6 +58,7 @@ from polyindex.index.protocol import (
     parse_options,
     register,
 )
+from polyindex.index.ranges import concat_ranges
 from polyindex.types import document_text
 
 TOKENS_FILE = "multivector.tokens.arrow"
@@ -412,7 +413,7 @@ class MultivectorKind(IndexKind):
         has_scale = all(seg.scale is not _NO_SCALE for seg, _ in parts)
         for seg, rows in parts:
             starts, ends = seg.offsets[rows], seg.offsets[rows + 1]
-            take = _token_ranges(starts, ends)
+            take = concat_ranges(starts, ends)
             lengths.append(ends - starts)
             codes.append(np.asarray(seg.codes[take], np.int64))
             if cb.m:
@@ -521,16 +522,6 @@ class MultivectorKind(IndexKind):
                                cb.signature(q) if self.bits and cb.bits else None,
                                probes.astype(np.int64)))
         return MVPrepared(out, nprobe, ndocs, exhaustive)
-
-
-def _token_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenated token indices of the ranges [starts[i], ends[i])."""
-    lengths = (ends - starts).astype(np.int64)
-    if not len(lengths) or not lengths.sum():
-        return np.zeros(0, np.int64)
-    shift = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-                      lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + shift
 
 
 def _write_segment(folder: Path, cb, codes: np.ndarray, res: np.ndarray | None,

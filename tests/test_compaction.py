@@ -342,3 +342,34 @@ def test_the_compact_command(tmp_path, cli):
     assert busy.returncode == 1 and "already open for writing" in busy.stderr
     missing = cli("compact", "--data", tmp_path, "--collection", "nope")
     assert missing.returncode == 1 and "nope" in missing.stderr
+
+
+def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypatch):
+    import pyarrow as pa
+    from polyindex.index import lexical
+    rng = np.random.default_rng(9)
+    with polyindex.open(tmp_path / "a") as eng:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        for b in range(4):
+            coll.add([{"id": f"d{i}", "title": f"Title {i % 7}", "text": " ".join(
+                rng.choice(WORDS, 10)) + f" only{i}"} for i in range(b * 40, b * 40 + 40)])
+        coll.delete([f"d{i}" for i in range(0, 160, 9)])
+
+        def no_analysis(*a, **k):
+            raise AssertionError("a merge analyzed text")
+        with monkeypatch.context() as m:
+            m.setattr(lexical.Analyzer, "analyze_many", no_analysis)
+            coll.compact(max_segments=1)
+        (seg,) = coll.snapshot().segments
+        order = seg.docs.ids.tolist()
+        docs = coll.get(order)
+        merged = seg.docs.folder
+    with polyindex.open(tmp_path / "b") as eng:
+        fresh = eng.create_collection("c", ["lexical"], model=None)
+        fresh.add([{"id": d.id, "title": d.title, "text": d.text} for d in docs])
+        built = fresh.snapshot().segments[0].docs.folder
+        for name in ("lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
+                     "lexical.forward.arrow"):
+            a = pa.ipc.open_file(pa.memory_map(str(merged / name))).read_all()
+            b = pa.ipc.open_file(pa.memory_map(str(built / name))).read_all()
+            assert a.equals(b), name
