@@ -18,8 +18,8 @@ queries alike.
 
 Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
 documents listed under them (per-segment inverted lists centroid -> documents); the first pass
-scores those candidates by MaxSim over their codes (LUT or Hamming); the best ``max(k, ndocs)``
-go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
+scores those candidates by MaxSim over their codes (LUT or Hamming); the collection's best
+``max(k, ndocs)`` (over every segment: ``MultivectorKind.search_snapshot``) go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
 code-only first pass is coarse, 256 survivors cost nfcorpus 0.8% nDCG@10). No query scores
 every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``,
 ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary

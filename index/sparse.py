@@ -8,9 +8,10 @@ Factory: ``sparse[:UHD<D>][,k=K][,k_query=Q][,rescore=R][,binary][,seed=0][,epoc
 Default: ``sparse:UHD4096,k=64,k_query=32,rescore=400``.
 ``UHD<D>``: D latents (4,096-65,536); ``k``: latents per document; ``k_query``: per query;
 ``binary``: documents keep only which latents fired and a match counts 1 (the score is the
-overlap count), otherwise weights are float16; ``rescore=R``: re-rank the top R by the exact
-dense inner product with the segment's stored embeddings (the default: the sparse index is the
-candidate generator of an exact dense score); ``rescore=0``: pure sparse scores.
+overlap count), otherwise weights are float16; ``rescore=R``: re-rank the collection's sparse
+top R (across segments: ``SparseKind.search_snapshot``) by the exact dense inner product with
+the stored embeddings (the default: the sparse index is the candidate generator of an exact
+dense score); ``rescore=0``: pure sparse scores.
 ``describe()`` always spells out ``k_query`` and ``rescore``: they decide what a query
 returns, so the stored string says it (an omitted option takes the default above).
 Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxscore|exhaustive``

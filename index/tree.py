@@ -5,8 +5,9 @@ Factory: ``tree:branch=16,leaf=64[,sim=cos|dot|gauss][,rank=best|path][,budget=1
 (2-256); ``leaf``: most documents per leaf (1-4096); ``group``: segments above this many
 documents build their top levels by k-means (``tree_build``), 0 = always incremental;
 ``sim``/``rank``/``budget``/``temp``: search defaults (``tree_search``). Search params
-``budget`` (expanded nodes, 0 = unlimited), ``rank``, ``sim`` and ``temp`` override them per
-query.
+``budget`` (expanded nodes, 0 = unlimited; over several segments each tree expands its share
+of it by live rows: ``TreeKind.search_snapshot``), ``rank``, ``sim`` and ``temp`` override
+them per query.
 
 Where the tree lives: one tree per segment, built when the segment is built (segments are
 immutable). Within a segment every document is inserted incrementally (Cobweb operators), after
