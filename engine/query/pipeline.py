@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index.protocol import Explains, Query
+from polyindex.index.protocol import Explains, Query, SearchesSnapshot
 from polyindex.query.filters import evaluate
 from polyindex.query.profiles import Profile
 from polyindex.rerank import fusion
@@ -33,6 +33,8 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     nq = len(queries)
     if not seg_indexes:
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
+    if isinstance(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
+        return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []
     for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
         scores, rows = seg_index.search(prepared, k, params, mask)
