@@ -106,7 +106,11 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=600.0)
     ap.add_argument("--compact", action="store_true", help="compact() after the settle")
     ap.add_argument("--work", type=Path, default=WORK / "living")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for this run (an A/B of the GIL hand-over)")
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     os.environ.setdefault("POLYINDEX_SEAL_DOCS", "5000")
     import polyindex
 
@@ -160,11 +164,7 @@ def main() -> None:
         time.sleep(1.0)
     settle_s = time.perf_counter() - t0
     info_settled = coll.info()
-    compact_report = None
-    if args.compact:
-        compact_report = coll.compact()
     eng.close()
-    # Reopen both read-only and measure side by side (the same final corpus).
     final = sorted(live_ids)
     console.print(f"indexing the final {len(final):,} docs fresh ...")
     fresh_eng = polyindex.open(args.work / "fresh")
@@ -184,53 +184,62 @@ def main() -> None:
     fresh_eng.close()
     del docs_by_id, final_docs
 
-    living = polyindex.open(args.work / "living", readonly=True).collection("c")
-    fresh = polyindex.open(args.work / "fresh", readonly=True).collection("c")
-    assert living.count() == fresh.count() == len(final), (living.count(), fresh.count())
-    queries = corpus.queries(args.queries)
-    for c in (living, fresh):  # warm: first queries open files and fill caches
-        for p in PROFILES:
-            time_queries(c, queries[:10], p)
-    lat = {(w, p): [] for w in ("living", "fresh") for p in PROFILES}
-    for rnd in range(4):  # ABBA
-        order = [("living", living), ("fresh", fresh)]
-        for w, c in (order if rnd % 2 == 0 else order[::-1]):
-            for p in PROFILES:
-                lat[(w, p)].extend(time_queries(c, queries, p))
-    bytes_living = folder_bytes(args.work / "living" / "c")
-    bytes_fresh = folder_bytes(args.work / "fresh" / "c")
-    rows = []
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(),
               "write_seconds": write_s, "settle_seconds": settle_s,
               "docs_per_s": n_batches * args.batch / write_s,
               "settled": {k: info_settled.get(k) for k in ("segments", "deleted_rows", "merges",
                                                            "rows_merged", "rows_reclaimed",
-                                                           "merge_failures")},
-              "compact": compact_report, "profiles": {}}
+                                                           "merge_failures")}}
+    queries = corpus.queries(args.queries)
+    result["after_settle"] = compare(args, "after the background merges settled", final,
+                                     queries, during)
+    if args.compact:
+        with polyindex.open(args.work / "living") as eng:
+            result["compact"] = eng.collection("c").compact()
+        result["after_compact"] = compare(args, "after compact()", final, queries, during)
+    save_results("bench_living", result)
+
+
+def compare(args, state: str, final: list[int], queries, during) -> dict:
+    """The living collection against the fresh one, read-only, interleaved (ABBA)."""
+    import polyindex
+    living = polyindex.open(args.work / "living", readonly=True).collection("c")
+    fresh = polyindex.open(args.work / "fresh", readonly=True).collection("c")
+    assert living.count() == fresh.count() == len(final), (living.count(), fresh.count())
+    for c in (living, fresh):  # warm: first queries open files and fill caches
+        for p in PROFILES:
+            time_queries(c, queries[:10], p)
+    lat = {(w, p): [] for w in ("living", "fresh") for p in PROFILES}
+    for rnd in range(4):
+        order = [("living", living), ("fresh", fresh)]
+        for w, c in (order if rnd % 2 == 0 else order[::-1]):
+            for p in PROFILES:
+                lat[(w, p)].extend(time_queries(c, queries, p))
+    out = {"profiles": {}, "bytes_living": folder_bytes(args.work / "living" / "c"),
+           "bytes_fresh": folder_bytes(args.work / "fresh" / "c"),
+           "living_segments": len(living.snapshot().segments),
+           "fresh_segments": len(fresh.snapshot().segments),
+           "living_deleted_rows": living.info()["deleted_rows"]}
+    out["bytes_ratio"] = out["bytes_living"] / out["bytes_fresh"]
+    rows = []
     for p in PROFILES:
         lp50, fp50 = statistics.median(lat[("living", p)]), statistics.median(lat[("fresh", p)])
-        fp99 = pct(lat[("fresh", p)], 99)
-        dp99 = pct(during[p], 99)
-        result["profiles"][p] = {"living_p50_ms": lp50, "fresh_p50_ms": fp50,
-                                 "ratio_p50": lp50 / fp50, "during_p99_ms": dp99,
-                                 "fresh_p99_ms": fp99, "ratio_p99_during": dp99 / fp99}
+        fp99, dp99 = pct(lat[("fresh", p)], 99), pct(during[p], 99)
+        out["profiles"][p] = {"living_p50_ms": lp50, "fresh_p50_ms": fp50,
+                              "ratio_p50": lp50 / fp50, "during_p99_ms": dp99,
+                              "fresh_p99_ms": fp99, "ratio_p99_during": dp99 / fp99}
         rows.append([p, f"{lp50:.2f}", f"{fp50:.2f}", f"{lp50 / fp50:.2f}x", f"{dp99:.2f}",
                      f"{fp99:.2f}", f"{dp99 / fp99:.2f}x"])
-    result.update(bytes_living=bytes_living, bytes_fresh=bytes_fresh,
-                  bytes_ratio=bytes_living / bytes_fresh,
-                  living_segments=len(living.snapshot().segments),
-                  fresh_segments=len(fresh.snapshot().segments),
-                  living_deleted_rows=living.info()["deleted_rows"])
     console.print(table(
-        f"living vs fresh ({len(final):,} docs; living {result['living_segments']} segments, "
-        f"{result['living_deleted_rows']:,} deleted rows left; fresh {result['fresh_segments']})",
+        f"living {state} vs fresh ({len(final):,} docs; living {out['living_segments']} "
+        f"segments, {out['living_deleted_rows']:,} deleted rows left; fresh "
+        f"{out['fresh_segments']})",
         ["profile", "living p50 ms", "fresh p50 ms", "ratio (<=1.3)", "during p99 ms",
          "fresh p99 ms", "ratio (<=3)"], rows))
-    console.print(f"bytes on disk: living {bytes_living / 1e6:,.1f} MB, fresh "
-                  f"{bytes_fresh / 1e6:,.1f} MB, ratio {result['bytes_ratio']:.2f} (<=1.2); "
-                  f"writes {result['docs_per_s']:,.0f} docs/s, settle {settle_s:.0f} s",
+    console.print(f"bytes on disk: living {out['bytes_living'] / 1e6:,.1f} MB, fresh "
+                  f"{out['bytes_fresh'] / 1e6:,.1f} MB, ratio {out['bytes_ratio']:.2f} (<=1.2)",
                   highlight=False)
-    save_results("bench_living", result)
+    return out
 
 
 if __name__ == "__main__":
