@@ -312,11 +312,13 @@ def _entry(i: int, rows: int, deleted: int = 0) -> SegmentEntry:
 
 def test_tiered_policy_plans():
     p = TieredPolicy(factor=4, floor_rows=100, max_rows=10_000, deletes_pct=0.5)
-    small = [_entry(i, 50) for i in range(3)]
-    assert p.plan(small) is None  # a tier needs `factor` segments
-    assert p.plan(small + [_entry(3, 80)]) == [s.id for s in small] + ["seg-000003"]
-    # tiers are separate: three big and three small segments merge nothing
-    assert p.plan(small + [_entry(i, 1000) for i in range(4, 7)]) is None
+    assert p.plan([_entry(0, 40), _entry(1, 50)]) is None  # tier 0 under the floor together
+    small = [_entry(i, 40) for i in range(3)]
+    assert p.plan(small) == [s.id for s in small]  # 120 rows >= the floor: merged at once
+    # a higher tier needs `factor` segments, and tiers are separate
+    big = [_entry(i, 300) for i in range(4, 7)]
+    assert p.plan(big + [_entry(9, 50)]) is None
+    assert p.plan(big + [_entry(7, 250)]) == ["seg-000007"] + [s.id for s in big]
     assert p.plan([_entry(0, 1000, deleted=600)]) == ["seg-000000"]
     assert p.plan([_entry(i, 9_000) for i in range(4)]) is None  # would pass max_rows
     # compaction: to at most N, smallest first; then every segment with deletes
