@@ -452,8 +452,14 @@ class Collection:
         the segments changed under it (another merge, a drop)."""
         snap = self.sealed_snapshot()
         spec = self.vector_spec()
-        built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
-                            self.encodes_text(), stop)
+        try:
+            built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
+                                self.encodes_text(), stop)
+        except Cancelled:
+            return None
+        except BaseException:
+            self.merge_stats["merge_failures"] += 1
+            raise
         online = self._online
         try:
             # The online writer's seal lock: no seal commits between ours and the re-base
@@ -470,7 +476,8 @@ class Collection:
             built.discard()
             self.merge_stats["merge_failures"] += 1
             raise
-        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in set(built.sources))
+        sources = set(built.sources)
+        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in sources)
         st = self.merge_stats
         st["merges"] += 1
         st["rows_merged"] += built.n_rows
@@ -490,9 +497,9 @@ class Collection:
         policy = TieredPolicy.from_env()
         before = self.storage_report()
         merges = []
-        limit = 2 * before["segments"] + 8  # concurrent deletes cannot keep it busy forever
         t0 = time.perf_counter()
-        while len(merges) < limit:
+        # bounded: concurrent deletes or cancelled merges cannot keep it busy forever
+        for _ in range(2 * before["segments"] + 8):
             plan = compact_plan(self.sealed_snapshot().manifest.segments, policy, max_segments)
             if plan is None:
                 break
