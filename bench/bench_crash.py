@@ -1,7 +1,8 @@
 """Crash campaign: kill -9 the server under 4 streaming writers, and kill -9 bulk indexing.
 
 Part 1 (``--server-runs``, default 100): a server (lexical collection, seals every 20-200
-documents or 0.3-1 s, so kills land during appends, seals and WAL rotation) gets four
+documents or 0.3-1 s, background merges of every 2, 3 or 8 segments, so kills land during
+appends, seals, WAL rotation and merges) gets four
 client threads streaming upserts (new ids and rewrites of acknowledged ones) and deletes;
 after a random 0.3-2.5 s it is killed with SIGKILL and restarted. The script's own
 bookkeeping then checks: every acknowledged upsert present with its latest acknowledged
@@ -116,7 +117,9 @@ def server_run(seed: int, workdir: Path) -> dict:
     data = workdir / f"server-{seed}"
     log = workdir / f"server-{seed}.log"
     env = {**os.environ, "POLYINDEX_SEAL_DOCS": str(rng.choice([20, 60, 200])),
-           "POLYINDEX_SEAL_SECONDS": str(rng.choice([0.3, 1.0]))}
+           "POLYINDEX_SEAL_SECONDS": str(rng.choice([0.3, 1.0])),
+           # background merges of every few segments, so kills land in merges too
+           "POLYINDEX_MERGE_FACTOR": str(rng.choice([2, 3, 8]))}
     proc, address = start(data, env, log)
     client = Client(address, timeout=10)
     client.create_collection("c", ["lexical"])
@@ -129,6 +132,9 @@ def server_run(seed: int, workdir: Path) -> dict:
     proc.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     proc.wait()
+    segments = data / "c" / "segments"
+    merging = sum(p.name.startswith(".merge-") for p in segments.iterdir()) \
+        if segments.is_dir() else 0  # a merge was being built at the kill
     stop.set()
     for w in writers:
         w.join(timeout=30)
@@ -163,6 +169,7 @@ def server_run(seed: int, workdir: Path) -> dict:
     log.unlink(missing_ok=True)
     return {"seed": seed, "seal_docs": env["POLYINDEX_SEAL_DOCS"],
             "seal_seconds": env["POLYINDEX_SEAL_SECONDS"],
+            "merge_factor": env["POLYINDEX_MERGE_FACTOR"], "killed_in_merge_build": merging,
             "acked_ops": sum(w.ops for w in writers),
             "acked_ids": sum(len(w.acked) for w in writers),
             "inflight_ids": sum(len(w.inflight) for w in writers),
@@ -262,6 +269,7 @@ def main() -> None:
         "server_inflight_ids_checked": sum(r["inflight_ids"] for r in s),
         "server_runs_with_loss": sum(bool(r["errors"]) for r in s),
         "server_writers_stopped_before_kill": sum(len(r["writer_errors_before_kill"]) for r in s),
+        "server_killed_in_merge_build": sum(bool(r.get("killed_in_merge_build")) for r in s),
         "bulk_runs": len(b), "bulk_killed_mid_run": sum(r["killed_mid_run"] for r in b),
         "bulk_runs_with_loss": sum(bool(r["errors"]) for r in b),
         "seconds": round(time.monotonic() - t0, 1),
@@ -270,7 +278,8 @@ def main() -> None:
     for col in ("part", "runs", "acknowledged ops / killed mid-run", "runs losing data"):
         table.add_column(col)
     table.add_row("server, 4 streaming writers", str(summary["server_runs"]),
-                  f"{summary['server_acked_ops']:,} ops", str(summary["server_runs_with_loss"]))
+                  f"{summary['server_acked_ops']:,} ops ({summary['server_killed_in_merge_build']}"
+                  " killed while a merge was built)", str(summary["server_runs_with_loss"]))
     table.add_row("bulk index", str(summary["bulk_runs"]), str(summary["bulk_killed_mid_run"]),
                   str(summary["bulk_runs_with_loss"]))
     console.print(table)
