@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--upserts", type=int, default=300, help="acknowledged 10-doc batches")
     ap.add_argument("--bulk-docs", type=int, default=20_000)
     args = ap.parse_args()
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         ref_tree = Path(tmp) / "ref"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref_tree),
@@ -96,7 +98,8 @@ def main() -> None:
                     for tree, out in order:
                         out.append(measure(tree, what, n))
                     console.print(f"{what} round {r + 1}/{args.rounds}: current {cur[-1]:,.1f}, "
-                                  f"reference {ref[-1]:,.1f} {unit}")
+                                  f"reference {ref[-1]:,.1f} {unit} (load "
+                                  f"{os.getloadavg()[0]:.2f})")
                 rows[what] = {"unit": unit, "current": statistics.median(cur),
                               "reference": statistics.median(ref),
                               "ratio": statistics.median(cur) / statistics.median(ref),
@@ -104,8 +107,10 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(ref_tree)], capture_output=True)
+    load1 = os.getloadavg()
     table = Table(title=f"durability cost: this checkout vs {args.ref} (median of "
-                        f"{args.rounds} alternating rounds)")
+                        f"{args.rounds} alternating rounds; load average {load0[0]:.2f} at "
+                        f"start, {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f} at end)")
     for col in ("workload", "current", "reference", "ratio (goal >= 0.9)"):
         table.add_column(col, justify="right" if col != "workload" else "left")
     for what, r in rows.items():
@@ -114,7 +119,8 @@ def main() -> None:
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_durability_cost.json").write_text(json.dumps(
-        {"ref": args.ref, **rows}, indent=1))
+        {"ref": args.ref, "command": sys.argv, "loadavg_start": load0, "loadavg_end": load1,
+         **rows}, indent=1))
 
 
 if __name__ == "__main__":

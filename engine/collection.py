@@ -93,7 +93,10 @@ class Collection:
         self._tune_kinds()
         self._opened: dict[str, OpenedSegment] = {}
         self._tombstones: dict[str, np.ndarray] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the snapshot and the caches of opened files
+        # Writers of this process, one at a time (with the folder's LOCK across processes);
+        # not ``_lock``: a seal or merge commit never makes a query wait for a snapshot.
+        self._write_lock = threading.RLock()
         self._snapshot: Snapshot | None = None
         self._stamp = None
         self._checked = 0.0
@@ -257,16 +260,20 @@ class Collection:
             raise FailedPrecondition(f"collection {self.name!r} is open read-only")
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
-        with self._lock, writer_lock(self.folder):
+        with self._write_lock, writer_lock(self.folder):
             needs = self.encodes_text()
             encode = self._encode_docs if needs else None
             if needs and any(k.needs_tokens for k in self.kinds.values()):
                 encode = self._encode_docs_tokens
-            w = Writer(self.folder, self.kinds, encode)
+            w = Writer(self.folder, self.kinds, encode, open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             yield w
             self._collect(w)
+
+    def _opened_docs(self, seg_id: str):
+        opened = self._opened.get(seg_id)
+        return opened.docs if opened is not None else None
 
     def _collect(self, w: Writer) -> None:
         """Remove what this writer's commits stopped naming (and, the first time, what a
@@ -445,8 +452,14 @@ class Collection:
         the segments changed under it (another merge, a drop)."""
         snap = self.sealed_snapshot()
         spec = self.vector_spec()
-        built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
-                            self.encodes_text(), stop)
+        try:
+            built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
+                                self.encodes_text(), stop)
+        except Cancelled:
+            return None
+        except BaseException:
+            self.merge_stats["merge_failures"] += 1
+            raise
         online = self._online
         try:
             # The online writer's seal lock: no seal commits between ours and the re-base
@@ -463,7 +476,8 @@ class Collection:
             built.discard()
             self.merge_stats["merge_failures"] += 1
             raise
-        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in set(built.sources))
+        sources = set(built.sources)
+        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in sources)
         st = self.merge_stats
         st["merges"] += 1
         st["rows_merged"] += built.n_rows
@@ -483,9 +497,9 @@ class Collection:
         policy = TieredPolicy.from_env()
         before = self.storage_report()
         merges = []
-        limit = 2 * before["segments"] + 8  # concurrent deletes cannot keep it busy forever
         t0 = time.perf_counter()
-        while len(merges) < limit:
+        # bounded: concurrent deletes or cancelled merges cannot keep it busy forever
+        for _ in range(2 * before["segments"] + 8):
             plan = compact_plan(self.sealed_snapshot().manifest.segments, policy, max_segments)
             if plan is None:
                 break

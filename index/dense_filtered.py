@@ -4,7 +4,8 @@ A graph or IVF index searched with an allow-set finds allowed rows only among th
 usual budget visits: at 1% selectivity an HNSW search with efSearch=64 sees well under its
 k allowed neighbours. So, per segment and query batch:
 
-- few allowed rows (``<= exact_below``, default ``EXACT_BELOW``, or ``<= k``): score them
+- few allowed rows (``<= k``, or ``<= exact_below``, default ``EXACT_BELOW``, and at most
+  half the segment: tombstones alone do not make a segment exact-scanned): score them
   exactly with faiss's brute-force kernel (on a gathered copy when they are under 1/16 of the
   segment, else over the stored vectors with the allow bitmap: no copy);
 - otherwise search the ANN index with the allow bitmap, its budget (``efSearch`` for HNSW,
@@ -90,7 +91,9 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
     if n_allowed == n:  # every row allowed (e.g. no tombstones in this segment)
         return seg.faiss_search(x, k, kwargs)
     exact_below = int(params.get("exact_below", EXACT_BELOW))
-    if n_allowed <= max(exact_below, k):
+    # Exact only for selective allow-sets: a segment that merely lost some rows to deletes
+    # (over half still allowed) is searched through its index like an intact one.
+    if n_allowed <= k or (n_allowed <= exact_below and 2 * n_allowed <= n):
         return exact(seg, x, k, allow, n_allowed, al)
     sel = al.selector()
     knob, base, limit = _budget(seg.index, kwargs)

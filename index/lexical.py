@@ -37,6 +37,7 @@ from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import bm25, postings, prf
 from polyindex.index.analyzer import Analyzer
 from polyindex.index.bm25 import Scorer
+from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -46,6 +47,7 @@ from polyindex.index.protocol import (
     empty_result,
     register,
 )
+from polyindex.index.ranges import concat_ranges
 
 VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
@@ -103,6 +105,11 @@ class LexicalPrepared:
         return self.scorer.b
 
 
+def _live_stats(seg: "LexicalSegment", mask: np.ndarray) -> tuple[int, int]:
+    mask = postings.check_allow(mask, seg.n_rows, "lexical live mask")
+    return int(np.count_nonzero(mask)), int(seg.doclen.sum(where=mask, dtype=np.int64))
+
+
 class LexicalSegment(SegmentIndex):  # and TermStatistics
     """One segment's BM25 postings, memory-mapped."""
 
@@ -132,6 +139,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.doclen = doclen
         self.n_rows = len(doclen)
         self.total_len = int(doclen.sum(dtype=np.int64))
+        self.live_stats = MaskCache()  # (live rows, their total length) per live mask
         self._keep = keep  # Arrow tables owning the memory maps
         self._pool = postings.BufferPool(self.n_rows)
 
@@ -289,22 +297,55 @@ class LexicalKind(IndexKind):
         order = sorted(range(len(terms)), key=terms.__getitem__)
         remap = np.empty(len(terms), np.int64)
         remap[order] = np.arange(len(terms))
+        title_len = np.fromiter(map(len, self.analyzer.analyze_many(ti or "" for ti in titles)),
+                                dtype=np.int32, count=n)
+        return self._write(folder, [terms[i] for i in order], remap[flat], lens, title_len)
+
+    def merge(self, parts, batch: BuildBatch, folder: Path) -> dict:
+        """Merged segments are not analyzed again: each kept row's terms come from its
+        source's forward index, re-numbered into the merged vocabulary (the terms the kept
+        rows use, sorted), so the files equal a fresh build of the same rows. Sources
+        written without a forward index are built from the text instead."""
+        if any(seg.forward is None for seg, _ in parts):
+            return self.build(batch, folder)
+        # the union of the sources' vocabularies, sorted as a build sorts (UTF-8 byte order
+        # is code point order), each source's term ids mapped into it, all in Arrow
+        vocab = pc.unique(pa.chunked_array([seg.term_array() for seg, _ in parts], pa.string()))
+        vocab = vocab.take(pc.sort_indices(vocab))
+        flats, lens, title_len = [], [], []
+        for seg, rows in parts:
+            to_merged = pc.index_in(seg.term_array(), value_set=vocab).to_numpy(
+                zero_copy_only=False).astype(np.int64)
+            row_ptr, titles, ids = seg.forward
+            starts, ends = row_ptr[rows], row_ptr[rows + 1]
+            flats.append(to_merged[ids[concat_ranges(starts, ends)]])
+            lens.append(ends - starts)
+            title_len.append(titles[rows])
+        used, flat = np.unique(np.concatenate(flats), return_inverse=True)
+        return self._write(Path(folder), vocab.take(pa.array(used)).to_pylist(),
+                           flat.astype(np.int64),
+                           np.concatenate(lens).astype(np.int64),
+                           np.concatenate(title_len).astype(np.int32))
+
+    def _write(self, folder: Path, terms: list[str], flat: np.ndarray, lens: np.ndarray,
+               title_len: np.ndarray) -> dict:
+        """A segment's files from its rows' term ids (``flat``, ids into the sorted ``terms``,
+        ``lens`` per row) and their title lengths."""
+        n = len(lens)
         row_of = np.repeat(np.arange(n, dtype=np.int64), lens)
-        offsets, docs, tfs = postings.build_csr(remap[flat], row_of, None, len(terms))
+        offsets, docs, tfs = postings.build_csr(flat, row_of, None, len(terms))
         folder.mkdir(parents=True, exist_ok=True)
         postings.write_arrow(folder / VOCAB_FILE, {
-            "term": pa.array([terms[i] for i in order], pa.string()),
+            "term": pa.array(terms, pa.string()),
             "offset": offsets[:-1], "df": np.diff(offsets).astype(np.int32)})
         postings.write_arrow(folder / POSTINGS_FILE, {"doc": docs, "tf": tfs})
         postings.write_arrow(folder / DOCLEN_FILE, {"len": lens.astype(np.int32)})
         # Title and text are analyzed as "title text", so a row's first title_len terms are
         # its title's: reranking reads per-field statistics from here without re-analyzing.
-        title_len = np.fromiter(map(len, self.analyzer.analyze_many(ti or "" for ti in titles)),
-                                dtype=np.int32, count=n)
         row_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         postings.write_arrow(folder / FORWARD_FILE, {
             "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
-                                                   pa.array(remap[flat].astype(np.int32))),
+                                                   pa.array(flat.astype(np.int32))),
             "title_len": title_len})
         return {"format": FORMAT, "n_rows": n, "n_terms": len(terms), "n_postings": int(len(docs)),
                 "total_len": int(lens.sum()),
@@ -341,10 +382,10 @@ class LexicalKind(IndexKind):
                 if mask is None:
                     n_docs += seg.n_rows
                     total += seg.total_len
-                else:
-                    mask = postings.check_allow(mask, seg.n_rows, "lexical live mask")
-                    n_docs += int(np.count_nonzero(mask))
-                    total += int(seg.doclen.sum(where=mask, dtype=np.int64))
+                else:  # remembered per mask: after a write only changed segments count
+                    n, t = seg.live_stats.get(mask, lambda s=seg, m=mask: _live_stats(s, m))
+                    n_docs += n
+                    total += t
             stats = cache["lexical:stats"] = (n_docs, total / n_docs if total else 1.0)
         return stats
 

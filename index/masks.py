@@ -93,6 +93,21 @@ class IdentityLRU:
         return len(self._data)
 
 
+class MaskCache:
+    """One value per live mask (e.g. a segment's statistics over its live rows), for the
+    last few masks: after a write only the segments whose mask changed compute again."""
+
+    def __init__(self, keep: int = 4):
+        self._lru = IdentityLRU(keep)
+
+    def get(self, mask: np.ndarray, compute):
+        value = self._lru.get((mask,))
+        if value is None:
+            value = compute()
+            self._lru.put((mask,), value)
+        return value
+
+
 class _IdentitySet:
     """Objects (by identity, held weakly) with a flag; lock-free lookups (one dict get), as
     they are on every query's path. An entry leaves with its object."""

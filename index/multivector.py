@@ -18,8 +18,8 @@ queries alike.
 
 Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
 documents listed under them (per-segment inverted lists centroid -> documents); the first pass
-scores those candidates by MaxSim over their codes (LUT or Hamming); the best ``max(k, ndocs)``
-go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
+scores those candidates by MaxSim over their codes (LUT or Hamming); the collection's best
+``max(k, ndocs)`` (over every segment: ``MultivectorKind.search_snapshot``) go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
 code-only first pass is coarse, 256 survivors cost nfcorpus 0.8% nDCG@10). No query scores
 every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``,
 ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary
@@ -58,6 +58,7 @@ from polyindex.index.protocol import (
     parse_options,
     register,
 )
+from polyindex.index.ranges import concat_ranges
 from polyindex.types import document_text
 
 TOKENS_FILE = "multivector.tokens.arrow"
@@ -140,10 +141,15 @@ class MVPrepared:
 
 
 def _top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best k (score desc, then row asc) of parallel arrays."""
+    """Best k (score desc, then row asc) of parallel arrays; ties at the k-th score keep the
+    lowest rows (so the cut does not depend on the candidates' order)."""
     if len(scores) > k:
-        part = np.argpartition(-scores, k - 1)[:k]
-        scores, rows = scores[part], rows[part]
+        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        above = np.flatnonzero(scores > kth)
+        ties = np.flatnonzero(scores == kth)
+        ties = ties[np.argsort(rows[ties], kind="stable")[:k - len(above)]]
+        sel = np.concatenate([above, ties])
+        scores, rows = scores[sel], rows[sel]
     order = np.lexsort((rows, -scores))
     return scores[order], rows[order]
 
@@ -190,11 +196,7 @@ class MultivectorSegment(SegmentIndex):
         scores, rows = empty_result(nq, k)
         if k == 0 or self.n_rows == 0:
             return scores, rows
-        if allow is not None:
-            allow = np.asarray(allow, dtype=bool)
-            if allow.shape != (self.n_rows,):
-                raise InvalidArgument(f"multivector search: allow mask has shape {allow.shape}, "
-                                      f"the segment has {self.n_rows} rows")
+        allow = self._check_allow(allow)
         for qi, q in enumerate(prepared.queries):
             if len(q.tokens) == 0:
                 continue
@@ -203,14 +205,26 @@ class MultivectorSegment(SegmentIndex):
             if len(cand) == 0:
                 continue
             keep = max(k, prepared.ndocs)
-            two_pass = self.res is not None or q.qsig is not None  # else first == final
-            if two_pass and len(cand) > keep:  # the first pass picks the final pass's input
+            if self.two_pass(q) and len(cand) > keep:  # the first pass picks the final's input
                 first = self._pass(q, cand, final=False)
                 _, cand = _top(first, cand, keep)
             prepared.stats["final"] += len(cand)
             s, r = _top(self._pass(q, cand, final=True), cand, k)
             scores[qi, :len(s)], rows[qi, :len(r)] = s, r
         return scores, rows
+
+    def two_pass(self, q: MVQuery) -> bool:
+        """Whether the first pass differs from the final one (else first == final)."""
+        return self.res is not None or q.qsig is not None
+
+    def _check_allow(self, allow):
+        if allow is None:
+            return None
+        allow = np.asarray(allow, dtype=bool)
+        if allow.shape != (self.n_rows,):
+            raise InvalidArgument(f"multivector search: allow mask has shape {allow.shape}, "
+                                  f"the segment has {self.n_rows} rows")
+        return allow
 
     def score(self, prepared: MVPrepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
@@ -412,7 +426,7 @@ class MultivectorKind(IndexKind):
         has_scale = all(seg.scale is not _NO_SCALE for seg, _ in parts)
         for seg, rows in parts:
             starts, ends = seg.offsets[rows], seg.offsets[rows + 1]
-            take = _token_ranges(starts, ends)
+            take = concat_ranges(starts, ends)
             lengths.append(ends - starts)
             codes.append(np.asarray(seg.codes[take], np.int64))
             if cb.m:
@@ -481,6 +495,42 @@ class MultivectorKind(IndexKind):
             out[i] = np.ascontiguousarray(v)
         return out
 
+    def search_snapshot(self, prepared: MVPrepared, segments: Sequence[MultivectorSegment],
+                        bases: np.ndarray, k: int, params, allow):
+        """Every segment at once, so ``ndocs`` is collection-wide: the candidates of all
+        segments (their probed inverted lists) get the first pass, the snapshot's best
+        max(k, ndocs) of them (ties: lower global key) the final pass. The same rows, scores
+        and order as one segment holding the same documents."""
+        nq = len(prepared.queries)
+        if k < 0:
+            raise InvalidArgument(f"k must be >= 0, got {k}")
+        scores, keys = empty_result(nq, k)
+        if k == 0:
+            return scores, keys
+        live = [(seg, seg._check_allow(m), int(b)) for seg, m, b in zip(segments, allow, bases)
+                if seg.n_rows]
+        for qi, q in enumerate(prepared.queries):
+            if len(q.tokens) == 0:
+                continue
+            parts = [(seg, seg._candidates(q, prepared, m), b) for seg, m, b in live]
+            parts = [(seg, c, b) for seg, c, b in parts if len(c)]
+            total = sum(len(c) for _, c, _ in parts)
+            prepared.stats["candidates"] += total
+            if total == 0:
+                continue
+            keep = max(k, prepared.ndocs)
+            if total > keep and any(seg.two_pass(q) for seg, _, _ in parts):
+                first = np.concatenate([seg._pass(q, c, final=False) for seg, c, _ in parts])
+                _, best = _top(first, np.concatenate([c + b for _, c, b in parts]), keep)
+                parts = [(seg, best[(best >= b) & (best < b + seg.n_rows)] - b, b)
+                         for seg, _, b in parts]
+                parts = [(seg, c, b) for seg, c, b in parts if len(c)]
+            prepared.stats["final"] += sum(len(c) for _, c, _ in parts)
+            final = np.concatenate([seg._pass(q, c, final=True) for seg, c, _ in parts])
+            s, r = _top(final, np.concatenate([c + b for _, c, b in parts]), k)
+            scores[qi, :len(s)], keys[qi, :len(r)] = s, r
+        return scores, keys
+
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> MVPrepared:
         unknown = sorted(set(params) - set(_SEARCH_KNOBS))
         if unknown:
@@ -521,16 +571,6 @@ class MultivectorKind(IndexKind):
                                cb.signature(q) if self.bits and cb.bits else None,
                                probes.astype(np.int64)))
         return MVPrepared(out, nprobe, ndocs, exhaustive)
-
-
-def _token_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenated token indices of the ranges [starts[i], ends[i])."""
-    lengths = (ends - starts).astype(np.int64)
-    if not len(lengths) or not lengths.sum():
-        return np.zeros(0, np.int64)
-    shift = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-                      lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + shift
 
 
 def _write_segment(folder: Path, cb, codes: np.ndarray, res: np.ndarray | None,

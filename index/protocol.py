@@ -145,6 +145,20 @@ class Merges(Protocol):
               folder: Path) -> dict: ...
 
 
+@runtime_checkable
+class SearchesSnapshot(Protocol):
+    """A kind whose search budget is collection-wide (sparse ``rescore``, multivector
+    ``ndocs``, tree ``budget``): the query pipeline hands it every segment of the snapshot at
+    once instead of calling ``SegmentIndex.search`` per segment, so the result does not depend
+    on how the documents fell into segments. ``bases`` are the segments' first global keys
+    (``len(segments) + 1`` entries, the last one the total); returns ``(scores, keys)`` of
+    shape (nq, k), global keys, best first (ties: lower key), ``-inf``/``-1`` padded."""
+
+    def search_snapshot(self, prepared: Any, segments: Sequence["SegmentIndex"],
+                        bases: np.ndarray, k: int, params: dict[str, str],
+                        allow: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 class SegmentIndex(ABC):
     """One kind's index over one sealed segment."""
 
@@ -287,3 +301,28 @@ def check_format(folder: Path, info: dict, kind: str, supported: int) -> None:
 
 def empty_result(nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)
+
+
+def top_keys(scores: np.ndarray, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best ``k`` of each row of (nq, n) ``scores``/``keys`` by (score desc, key asc); padding
+    (key -1) last. Shape (nq, k), ``-inf``/``-1`` padded."""
+    nq = scores.shape[0]
+    if scores.shape[1] < k:
+        pad = k - scores.shape[1]
+        scores = np.concatenate([scores, np.full((nq, pad), -np.inf, np.float32)], axis=1)
+        keys = np.concatenate([keys, np.full((nq, pad), -1, np.int64)], axis=1)
+    scores = np.where(keys >= 0, scores, -np.inf).astype(np.float32, copy=False)
+    order = np.lexsort((np.where(keys >= 0, keys, np.iinfo(np.int64).max), -scores), axis=-1)
+    order = order[:, :k]
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(keys, order, 1)
+
+
+def merge_segments(results: Sequence[tuple[np.ndarray, np.ndarray]], bases: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-segment ``(scores, rows)`` (segment-local rows) -> the global top ``k`` keys
+    (``bases[i] + row``) by (score desc, key asc)."""
+    scores = np.concatenate([s for s, _ in results], axis=1)
+    keys = np.concatenate([np.where(r >= 0, r + int(b), -1) for (_, r), b in zip(results, bases)],
+                          axis=1)
+    return top_keys(scores, keys, k)
+

@@ -8,9 +8,10 @@ Factory: ``sparse[:UHD<D>][,k=K][,k_query=Q][,rescore=R][,binary][,seed=0][,epoc
 Default: ``sparse:UHD4096,k=64,k_query=32,rescore=400``.
 ``UHD<D>``: D latents (4,096-65,536); ``k``: latents per document; ``k_query``: per query;
 ``binary``: documents keep only which latents fired and a match counts 1 (the score is the
-overlap count), otherwise weights are float16; ``rescore=R``: re-rank the top R by the exact
-dense inner product with the segment's stored embeddings (the default: the sparse index is the
-candidate generator of an exact dense score); ``rescore=0``: pure sparse scores.
+overlap count), otherwise weights are float16; ``rescore=R``: re-rank the collection's sparse
+top R (across segments: ``SparseKind.search_snapshot``) by the exact dense inner product with
+the stored embeddings (the default: the sparse index is the candidate generator of an exact
+dense score); ``rescore=0``: pure sparse scores.
 ``describe()`` always spells out ``k_query`` and ``rescore``: they decide what a query
 returns, so the stored string says it (an omitted option takes the default above).
 Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxscore|exhaustive``
@@ -40,6 +41,7 @@ from polyindex.index.protocol import (
     SegmentIndex,
     check_format,
     empty_result,
+    merge_segments,
     option,
     parse_options,
     register,
@@ -95,17 +97,26 @@ class SparseSegment(SegmentIndex):
             return self._emb
 
     def search(self, prepared: SparsePrepared, k: int, params, allow):
-        nq = len(prepared.ptr) - 1
+        """This segment alone: its sparse top ``max(k, rescore)``, re-scored when ``rescore``.
+        A snapshot searches through ``SparseKind.search_snapshot`` (a collection-wide R)."""
         if k < 0:
             raise InvalidArgument(f"k must be >= 0, got {k}")
-        if k == 0 or self.n_rows == 0 or len(prepared.terms) == 0:
-            return empty_result(nq, k)
-        prune, rescore = prepared.prune, prepared.rescore  # params were read by prepare
+        rescore = prepared.rescore  # params were read by prepare
+        scores, rows = self.candidates(prepared, max(k, rescore) if k else 0, allow)
+        if rescore and k:
+            return self._rescore(prepared.vectors, rows, k)
+        return scores, rows
+
+    def candidates(self, prepared: SparsePrepared, depth: int, allow):
+        """The segment's sparse top ``depth`` (pure sparse scores, ties: row id)."""
+        nq = len(prepared.ptr) - 1
+        if depth == 0 or self.n_rows == 0 or len(prepared.terms) == 0:
+            return empty_result(nq, depth)
+        prune = prepared.prune
         if prune is None:  # auto: MaxScore only pays off on long posting lists
             lengths = self.offsets[prepared.terms + 1] - self.offsets[prepared.terms]
             prune = int(lengths.sum()) >= AUTO_PRUNE_POSTINGS * nq
         allow = postings.check_allow(allow, self.n_rows, "sparse search")
-        depth = max(k, rescore)
         counts = np.zeros(nq, np.int64)
         head = (self.offsets, self.docs, self.vals, _LUT)
         if prune:
@@ -115,8 +126,6 @@ class SparseSegment(SegmentIndex):
         args = (*args, prepared.ptr, prepared.terms, prepared.weights, counts)
         scores, rows = postings.run_search(kernel, args, self._pool, nq, depth, allow)
         prepared.touched += counts
-        if rescore:
-            return self._rescore(prepared.vectors, rows, k)
         return scores, rows
 
     def _rescore(self, vectors, rows, k):
@@ -265,6 +274,30 @@ class SparseKind(IndexKind):
                              (tt, pt), docs)
 
     # -- queries -------------------------------------------------------------------------
+    def search_snapshot(self, prepared: SparsePrepared, segments: Sequence[SparseSegment],
+                        bases: np.ndarray, k: int, params, allow):
+        """Every segment at once, so ``rescore=R`` is collection-wide: each segment's sparse
+        top max(k, R), then the snapshot's top max(k, R) of those (ties: lower global key),
+        and only those rows get the exact dense score. The same rows, scores and order as one
+        segment holding the same documents; R dense dot products per query, not R per
+        segment."""
+        if k < 0:
+            raise InvalidArgument(f"k must be >= 0, got {k}")
+        nq = len(prepared.ptr) - 1
+        if not prepared.rescore or k == 0:  # pure sparse scores: per-segment top k, merged
+            return merge_segments([seg.candidates(prepared, k, m)
+                                   for seg, m in zip(segments, allow)], bases, k)
+        depth = max(k, prepared.rescore)
+        _, keys = merge_segments([seg.candidates(prepared, depth, m)
+                                  for seg, m in zip(segments, allow)], bases, depth)
+        parts = []
+        for i, seg in enumerate(segments):
+            lo, hi = int(bases[i]), int(bases[i + 1])
+            inside = (keys >= lo) & (keys < hi)
+            parts.append(seg._rescore(prepared.vectors, np.where(inside, keys - lo, -1), k)
+                         if inside.any() else empty_result(nq, k))
+        return merge_segments(parts, bases, k)
+
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> SparsePrepared:
         unknown = sorted(set(params) - set(_SEARCH_KNOBS))
         if unknown:

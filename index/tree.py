@@ -5,8 +5,9 @@ Factory: ``tree:branch=16,leaf=64[,sim=cos|dot|gauss][,rank=best|path][,budget=1
 (2-256); ``leaf``: most documents per leaf (1-4096); ``group``: segments above this many
 documents build their top levels by k-means (``tree_build``), 0 = always incremental;
 ``sim``/``rank``/``budget``/``temp``: search defaults (``tree_search``). Search params
-``budget`` (expanded nodes, 0 = unlimited), ``rank``, ``sim`` and ``temp`` override them per
-query.
+``budget`` (expanded nodes, 0 = unlimited; over several segments each tree expands its share
+of it by live rows: ``TreeKind.search_snapshot``), ``rank``, ``sim`` and ``temp`` override
+them per query.
 
 Where the tree lives: one tree per segment, built when the segment is built (segments are
 immutable). Within a segment every document is inserted incrementally (Cobweb operators), after
@@ -38,6 +39,7 @@ from polyindex.index.protocol import (
     SegmentIndex,
     check_format,
     empty_result,
+    merge_segments,
     option,
     parse_options,
     register,
@@ -119,9 +121,19 @@ class TreePrepared:
     # path rank over several segments: temp * log(share of the snapshot's live rows) per
     # segment (by id), so per-segment path probabilities become comparable (see _segment_prior)
     prior: dict = field(default_factory=dict)
+    # each segment's share of the snapshot's live rows (by id; absent: 1), which splits the
+    # collection-wide ``budget`` between the segments' trees (see TreeKind.search_snapshot)
+    share: dict = field(default_factory=dict)
 
     def offset(self, seg) -> float:
         return self.prior.get(id(seg), 0.0) if self.path_rank else 0.0
+
+    def budget_of(self, seg) -> int:
+        """The segment's part of the budget: ``budget * share``, at least 1 node (0 stays
+        unlimited)."""
+        if self.budget <= 0 or id(seg) not in self.share:
+            return self.budget
+        return max(1, int(round(self.budget * self.share[id(seg)])))
 
 
 def _fixed_list(x: np.ndarray) -> pa.Array:
@@ -225,7 +237,9 @@ class TreeSegment(SegmentIndex):
         return empty, empty, np.zeros(0), np.zeros(0)
 
     # -- protocol --------------------------------------------------------------------------
-    def search(self, prepared: TreePrepared, k, params, allow):
+    def search(self, prepared: TreePrepared, k, params, allow, budget: int | None = None):
+        """This tree's best-first search; ``budget`` (nodes to expand) defaults to
+        ``prepared.budget``, a snapshot passes each segment its share of it."""
         nq = len(prepared.vectors)
         if k < 0:
             raise InvalidArgument(f"k must be >= 0, got {k}")
@@ -237,7 +251,8 @@ class TreeSegment(SegmentIndex):
         out_s = np.full((nq, k), -np.inf)
         out_r = np.full((nq, k), -1, np.int64)
         expanded = np.zeros(nq, np.int64)
-        tree_search.search(prepared.vectors, k, prepared.budget, prepared.path_rank,
+        budget = prepared.budget if budget is None else budget
+        tree_search.search(prepared.vectors, k, budget, prepared.path_rank,
                            prepared.temp, prepared.mode, allow, self.child_start, self.n_child,
                            self.logn, self.doc_start, self.doc_end, self.docs, self.mean, w, mw,
                            cst, logdet, self.embeddings(), self.max_fan, out_s, out_r, expanded)
@@ -379,6 +394,20 @@ class TreeKind(IndexKind):
             cfg["temp"] = self.cfg.temp if own else DEFAULT_TEMP[cfg["sim"]]
         return cfg
 
+    def search_snapshot(self, prepared: TreePrepared, segments: Sequence[TreeSegment],
+                        bases: np.ndarray, k: int, params, allow):
+        """Every segment at once, so ``budget`` is collection-wide: each segment's tree expands
+        its share of the budget (by live rows, at least one node; each still goes on until it
+        holds k documents), the results merge by (score, global key). ``budget=0`` with
+        ``rank=best`` is flat search: the same as one segment holding the same documents.
+        Otherwise what a budget reaches, and path scores, depend on each tree's shape, which
+        depends on the documents the segment holds (docs/ARCHITECTURE.md, issue 17 part 6)."""
+        if k < 0:
+            raise InvalidArgument(f"k must be >= 0, got {k}")
+        parts = [seg.search(prepared, k, params, m, budget=prepared.budget_of(seg))
+                 for seg, m in zip(segments, allow)]
+        return merge_segments(parts, bases, k)
+
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> TreePrepared:
         cfg = self.search_config(params)
         if any(q.vector is None for q in queries):
@@ -392,9 +421,23 @@ class TreeKind(IndexKind):
         if not np.isfinite(x).all():
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
+        share = _segment_share(segments, live, cache)
         return TreePrepared(np.ascontiguousarray(x), cfg["budget"], cfg["rank"] == "path",
                             SIMS[cfg["sim"]], float(cfg["temp"]), np.zeros(len(x), np.int64),
-                            _segment_prior(segments, live, float(cfg["temp"]), cache))
+                            _segment_prior(segments, live, float(cfg["temp"]), cache), share)
+
+
+def _segment_share(segments, live, cache: dict) -> dict:
+    """Each segment's share of the snapshot's live rows, by id (empty for one segment);
+    cached per snapshot."""
+    if len(segments) < 2:
+        return {}
+    if "share" not in cache:
+        n = np.array([s.n_rows if m is None else int(m.sum()) for s, m in zip(segments, live)],
+                     np.float64)
+        total = max(n.sum(), 1.0)
+        cache["share"] = {id(s): float(c / total) for s, c in zip(segments, n)}
+    return cache["share"]
 
 
 def _segment_prior(segments, live, temp: float, cache: dict) -> dict:

@@ -20,12 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import TermStatistics
 from polyindex.rerank import kernels
 
 CACHE_KEY = "rerank:fields"
 _FORWARD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> arrays
 _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical seg -> unmasked counts
+# lexical seg -> counts per live mask: after a write only the segments whose mask changed
+# are counted again
+_MASKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def forward_index(opened) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -106,6 +110,15 @@ def _local_counts(opened, live):
     lex = lexical_of(opened)
     if live is None and lex in _COUNTS:
         return _COUNTS[lex]
+    if live is not None:
+        cache = _MASKED.get(lex)
+        if cache is None:
+            cache = _MASKED.setdefault(lex, MaskCache())
+        return cache.get(live, lambda: _count(opened, lex, live))
+    return _count(opened, lex, live)
+
+
+def _count(opened, lex, live):
     row_ptr, title_len, ids = forward_index(opened)
     n_terms = lex.n_terms
     has_live = live is not None

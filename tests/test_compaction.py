@@ -312,11 +312,13 @@ def _entry(i: int, rows: int, deleted: int = 0) -> SegmentEntry:
 
 def test_tiered_policy_plans():
     p = TieredPolicy(factor=4, floor_rows=100, max_rows=10_000, deletes_pct=0.5)
-    small = [_entry(i, 50) for i in range(3)]
-    assert p.plan(small) is None  # a tier needs `factor` segments
-    assert p.plan(small + [_entry(3, 80)]) == [s.id for s in small] + ["seg-000003"]
-    # tiers are separate: three big and three small segments merge nothing
-    assert p.plan(small + [_entry(i, 1000) for i in range(4, 7)]) is None
+    assert p.plan([_entry(0, 40), _entry(1, 50)]) is None  # tier 0 under the floor together
+    small = [_entry(i, 40) for i in range(3)]
+    assert p.plan(small) == [s.id for s in small]  # 120 rows >= the floor: merged at once
+    # a higher tier needs `factor` segments, and tiers are separate
+    big = [_entry(i, 300) for i in range(4, 7)]
+    assert p.plan(big + [_entry(9, 50)]) is None
+    assert p.plan(big + [_entry(7, 250)]) == ["seg-000007"] + [s.id for s in big]
     assert p.plan([_entry(0, 1000, deleted=600)]) == ["seg-000000"]
     assert p.plan([_entry(i, 9_000) for i in range(4)]) is None  # would pass max_rows
     # compaction: to at most N, smallest first; then every segment with deletes
@@ -325,3 +327,51 @@ def test_tiered_policy_plans():
     assert compact_plan(segs, p, None) == ["seg-000001", "seg-000002", "seg-000003"]
     assert compact_plan([_entry(0, 5000), _entry(1, 10, deleted=2)], p, None) == ["seg-000001"]
     assert compact_plan([_entry(0, 5000)], p, None) is None
+
+
+def test_the_compact_command(tmp_path, cli):
+    live = mw.setup(tmp_path)
+    run = cli("compact", "--data", tmp_path, "--collection", "m", "--max-segments", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["before"]["segments"] == 10 and report["after"]["segments"] == 2
+    assert report["after"]["deleted_rows"] == 0 and report["merges"]
+    mw.check(tmp_path, live)
+    table = cli("compact", "--data", tmp_path, "--collection", "m")
+    assert table.returncode == 0 and "before" in table.stdout and "after" in table.stdout
+    with polyindex.open(tmp_path):  # a writer holds the directory: refused, saying so
+        busy = cli("compact", "--data", tmp_path, "--collection", "m")
+    assert busy.returncode == 1 and "already open for writing" in busy.stderr
+    missing = cli("compact", "--data", tmp_path, "--collection", "nope")
+    assert missing.returncode == 1 and "nope" in missing.stderr
+
+
+def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypatch):
+    import pyarrow as pa
+    from polyindex.index import lexical
+    rng = np.random.default_rng(9)
+    with polyindex.open(tmp_path / "a") as eng:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        for b in range(4):
+            coll.add([{"id": f"d{i}", "title": f"Title {i % 7}", "text": " ".join(
+                rng.choice(WORDS, 10)) + f" only{i}"} for i in range(b * 40, b * 40 + 40)])
+        coll.delete([f"d{i}" for i in range(0, 160, 9)])
+
+        def no_analysis(*a, **k):
+            raise AssertionError("a merge analyzed text")
+        with monkeypatch.context() as m:
+            m.setattr(lexical.Analyzer, "analyze_many", no_analysis)
+            coll.compact(max_segments=1)
+        (seg,) = coll.snapshot().segments
+        order = seg.docs.ids.tolist()
+        docs = coll.get(order)
+        merged = seg.docs.folder
+    with polyindex.open(tmp_path / "b") as eng:
+        fresh = eng.create_collection("c", ["lexical"], model=None)
+        fresh.add([{"id": d.id, "title": d.title, "text": d.text} for d in docs])
+        built = fresh.snapshot().segments[0].docs.folder
+        for name in ("lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
+                     "lexical.forward.arrow"):
+            a = pa.ipc.open_file(pa.memory_map(str(merged / name))).read_all()
+            b = pa.ipc.open_file(pa.memory_map(str(built / name))).read_all()
+            assert a.equals(b), name

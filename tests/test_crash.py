@@ -269,8 +269,9 @@ def test_kill9_dense_bulk_index_then_resume(seed, tmp_path, corpus, cli):
     for rec in list(expected.values())[:: len(expected) // 5][:5]:
         hits = coll.query(document_text(rec["title"], rec["text"]), k=1, profile="dense")
         assert hits[0].id == rec["_id"] and hits[0].score > 0.98, (rec, hits)
-    table = coll.snapshot().segments[0].docs.table
-    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+    # each vector stored once: in the Flat index (no docs.arrow copy), 384-d
+    assert "embedding" not in coll.snapshot().segments[0].docs.table.column_names
+    assert coll.snapshot().segments[0].indexes["dense"].matrix().shape[1] == 384
 
 
 def test_uncommitted_segment_leftovers_are_removed_and_never_visible(tmp_path):

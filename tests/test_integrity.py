@@ -10,6 +10,7 @@ writer is handed small generated embeddings and token vectors (d=32).
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ KINDS = ["lexical", "dense:IVF4,Flat", "sparse:UHD4096,k=16,epochs=1", "tree:bra
          "multivector:KMeans16,residual=PQ4"]
 PROFILES = ["lexical", "dense", "sparse", "tree", "multivector"]
 SEGMENT_FILES = sorted([
-    "docs.arrow", "lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
+    "docs.arrow", "ids.index.arrow", "lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
     "lexical.forward.arrow", "dense.faiss", "sparse.terms.arrow", "sparse.postings.arrow",
     "tree.nodes.arrow", "tree.docs.arrow", "multivector.tokens.arrow", "multivector.docs.arrow",
     "multivector.ivf.arrow"])
@@ -355,11 +356,13 @@ def _named(folder: Path) -> set[str]:
 
 
 def _aliases(rel: str) -> list[str]:
-    """The names a path had before a rename put it in place (the writer builds
-    ``segments/seg-N`` as ``segments/.seg-N.tmp``)."""
+    """The names (glob patterns) a path had before a rename put it in place (the writer
+    builds ``segments/seg-N`` as ``segments/.seg-N.tmp``, a merge as
+    ``segments/.merge-<pid>-<n>.tmp``)."""
     parts = rel.split("/")
     if parts[0] == "segments" and len(parts) > 1:
-        return [rel, "/".join(["segments", f".{parts[1]}.tmp", *parts[2:]])]
+        return [rel, "/".join(["segments", f".{parts[1]}.tmp", *parts[2:]]),
+                "/".join(["segments", ".merge-*.tmp", *parts[2:]])]
     return [rel]
 
 
@@ -377,7 +380,7 @@ def check_commit_order(folder: Path, log: list[tuple[str, str]],
     def find(op: str, rel: str, lo: int = -1) -> int | None:
         for i in range(lo + 1, r):
             p, path = ev[i]
-            if p.endswith(f".{op}") and path in _aliases(rel):
+            if p.endswith(f".{op}") and any(fnmatch.fnmatchcase(path, a) for a in _aliases(rel)):
                 return i
         return None
 
@@ -437,6 +440,8 @@ def test_every_named_file_and_its_folder_is_fsynced_before_the_manifest_rename(t
                                                      delete_ids=["d1", "d2"])),
         "delete": (dense, lambda: dense.delete(["d3"])),
         "artifact": (dense, lambda: dense.commit_metadata(artifacts={"extra": ["blob.bin"]})),
+        "merge": (dense, lambda: dense.merge(
+            [e.id for e in dense.sealed_snapshot().manifest.segments])),
     }
     points = set()
     problems = []
@@ -449,7 +454,8 @@ def test_every_named_file_and_its_folder_is_fsynced_before_the_manifest_rename(t
         problems += [f"{name}: {p}" for p in check_commit_order(coll.folder, log, named)]
         points |= {p.rsplit(".", 1)[0] for p, _ in log}
     assert not problems, "\n".join(problems)
-    assert {"commit.segment", "commit.tombstones", "commit.artifacts", "commit.manifest"} <= points
+    assert {"commit.segment", "commit.tombstones", "commit.artifacts", "commit.manifest",
+            "merge.segment", "merge.manifest"} <= points
 
 
 def _commit(coll, docs, emb, delete_ids=()):

@@ -362,7 +362,7 @@ def test_collection_with_multivector_survives_reopen(tmp_path):
     assert len(before) == 10 and len(fused) == 10
     # the dense embedding came from the same forward pass and equals the plain encoder's
     snap = coll.snapshot()
-    stored = snap.segments[0].docs.embeddings()
+    stored = snap.segments[0].indexes["dense"].matrix()  # stored once: the Flat index's
     plain = coll.encoder.encode([f"{d['title']} {d['text']}" for d in docs])
     np.testing.assert_allclose(stored, plain, atol=1e-6)
     reopened = polyindex.open(tmp_path, readonly=True).collection("c")

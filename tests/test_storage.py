@@ -135,10 +135,18 @@ def test_dense_segment_embedding_column_and_typed_fields(eng):
     entry = load_manifest(c.folder).segments[0]
     seg = c.folder / "segments" / entry.id
     table = pa.ipc.open_file(pa.memory_map(str(seg / "docs.arrow"))).read_all()
-    emb_type = table.schema.field("embedding").type
+    # Each vector stored once: the Flat index keeps them, so docs.arrow has no copy ...
+    assert "embedding" not in table.column_names
+    vectors = c.snapshot().segments[0].indexes["dense"].matrix()
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    # ... unless another kind reads embeddings from the documents (the tree does)
+    t = eng.create_collection("t", ["dense", "tree"])
+    t.add([{"_id": "x", "text": "the cat sat on the mat"}])
+    t_seg = t.folder / "segments" / load_manifest(t.folder).segments[0].id
+    emb_type = pa.ipc.open_file(pa.memory_map(str(t_seg / "docs.arrow"))).schema.field(
+        "embedding").type
     assert pa.types.is_fixed_size_list(emb_type)
     assert emb_type.value_type == pa.float32() and emb_type.list_size == 384
-    vectors = table.column("embedding").combine_chunks().values.to_numpy().reshape(3, 384)
     # The model normalizes in bfloat16: each component is off by at most its unit roundoff
     # (2**-8 relative), so the norm is too; a looser test would miss an unnormalized vector.
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=2.0 ** -8)

@@ -21,10 +21,10 @@ import time
 from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from polyindex.errors import NotFound, ResourceExhausted
 from polyindex.online.wal import WriteAheadLog, disk_error
+from polyindex.storage import idindex
 from polyindex.storage.manifest import SegmentEntry
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import build_segment
@@ -112,7 +112,8 @@ class OnlineWrites:
         self.seal_lock = threading.Lock()   # one seal at a time
         self.active, self.frozen = Buffer(), None
         self.base: Snapshot = coll.sealed_snapshot()
-        self.overlay: list[np.ndarray] = []
+        self.overlay: list[np.ndarray | None] = []
+        self.combined: list[np.ndarray | None] = []
         self._rehide_all()
         self.view: Snapshot = self.base
         self.wal = WriteAheadLog(coll.folder / "wal", after=self.base.manifest.wal_through)
@@ -176,7 +177,7 @@ class OnlineWrites:
 
     def _add_built(self, seg: OpenedSegment, docs, vectors) -> None:
         self.active.add_segment(seg, docs, vectors)
-        self._hide(pa.array([d.id for d in docs], pa.string()))
+        self._hide([d.id for d in docs])
         if len(self.active.segments) > MAX_BUFFER_SEGMENTS:
             try:
                 self._merge_active()
@@ -186,7 +187,7 @@ class OnlineWrites:
 
     def _apply_delete(self, ids) -> None:
         self.active.delete(ids)
-        self._hide(pa.array(ids, pa.string()))
+        self._hide(list(ids))
         self._publish()
 
     def _build(self, docs, vectors) -> OpenedSegment:
@@ -209,33 +210,45 @@ class OnlineWrites:
         _remove(old.segments)
 
     # -- snapshots -------------------------------------------------------------------------
-    def _hide(self, ids: pa.Array) -> None:
-        """Rows of sealed segments (and of the frozen buffer) that these ids replace."""
-        self.overlay = [ov | seg.docs.contains(ids) for ov, seg in zip(self.overlay, self._under())]
+    def _hide(self, ids: list[str], which: range | None = None) -> None:
+        """Hide the rows of sealed (and frozen-buffer) segments that these ids replace. Costs
+        the batch: its hashes, two binary searches a segment, and a new live mask only for
+        the segments that hold one of the ids (published snapshots keep the old masks)."""
+        under, base_live = self._under(), self._under_live()
+        hashes = idindex.hash_ids(ids)
+        for i in range(len(under)) if which is None else which:
+            _, rows = under[i].docs.lookup(ids, hashes)
+            if not len(rows):
+                continue
+            if self.overlay[i] is None:
+                self.overlay[i] = np.zeros(under[i].docs.n_rows, dtype=bool)
+            self.overlay[i][rows] = True
+            mask = base_live[i]
+            self.combined[i] = ~self.overlay[i] if mask is None else mask & ~self.overlay[i]
 
     def _under(self) -> list[OpenedSegment]:
         return self.base.segments + (self.frozen.segments if self.frozen else [])
 
+    def _under_live(self) -> list[np.ndarray | None]:
+        return self.base.live + (self.frozen.live if self.frozen else [])
+
     def _rehide_all(self) -> None:
         under = self._under()
-        self.overlay = [np.zeros(s.docs.n_rows, dtype=bool) for s in under]
+        self.overlay = [None] * len(under)  # rows hidden by buffered writes, per segment
+        self.combined = list(self._under_live())  # live masks with those rows hidden
         hidden = self.active.hidden_ids()
+        n_base = len(self.base.segments)
         if self.frozen is not None:
-            hidden_base = pa.array(self.frozen.hidden_ids() + hidden, pa.string())
-            n_base = len(self.base.segments)
-            for i, s in enumerate(under):
-                self.overlay[i] = s.docs.contains(hidden_base if i < n_base else
-                                                   pa.array(hidden, pa.string()))
+            self._hide(self.frozen.hidden_ids() + hidden, range(n_base))
+            if hidden:
+                self._hide(hidden, range(n_base, len(under)))
         elif hidden:
-            self._hide(pa.array(hidden, pa.string()))
+            self._hide(hidden)
 
     def _publish(self) -> None:
-        live = []
-        for mask, ov in zip(self.base.live + (self.frozen.live if self.frozen else []), self.overlay):
-            live.append(mask if not ov.any() else (~ov if mask is None else mask & ~ov))
         segments = self._under() + self.active.segments
         self.view = Snapshot(self.base.manifest, self.coll.kinds, segments,
-                             live + list(self.active.live))
+                             self.combined + list(self.active.live))
 
     def snapshot(self) -> Snapshot:
         """The current view; re-based when the manifest changed under us (a metadata commit
@@ -243,13 +256,13 @@ class OnlineWrites:
         is asked once; ``sealed_snapshot`` re-reads only a changed file."""
         if self.closed:
             raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
-        if self.coll.manifest_changed():
-            with self.lock:
-                base = self.coll.sealed_snapshot()
-                if base is not self.base:
-                    self.base = base
-                    self._rehide_all()
-                    self._publish()
+        # Not while a seal or merge commit is under way (it re-bases when done): a base
+        # holding a seal's segment beside its frozen buffer would show those rows twice.
+        if self.coll.manifest_changed() and self.seal_lock.acquire(blocking=False):
+            try:
+                self.rebase()
+            finally:
+                self.seal_lock.release()
         return self.view
 
     # -- sealing ---------------------------------------------------------------------------
@@ -306,8 +319,8 @@ class OnlineWrites:
             self.on_sealed()
 
     def rebase(self) -> None:
-        """Compose the buffer over the newest committed manifest (after a merge commit; the
-        caller holds ``seal_lock``, so no seal is half done)."""
+        """Compose the buffer over the newest committed manifest (the caller holds
+        ``seal_lock``, so no seal is half done)."""
         with self.lock:
             base = self.coll.sealed_snapshot()
             if base is not self.base:

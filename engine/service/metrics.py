@@ -20,7 +20,11 @@ _GAUGES = (("documents", "Live documents"), ("segments", "Sealed segments"),
            ("deleted_rows", "Tombstoned rows not yet compacted away"),
            ("wal_bytes", "Bytes in the write-ahead log not yet sealed into segments"),
            ("buffered_docs", "Acknowledged documents not yet sealed into a segment"),
-           ("seal_failures", "Consecutive failed seals of the write buffer (0: healthy)"))
+           ("seal_failures", "Consecutive failed seals of the write buffer (0: healthy)"),
+           ("bytes_on_disk", "Bytes of the segments and tombstones on disk (and garbage)"),
+           ("bytes_reclaimable", "Bytes a compaction would reclaim (deleted rows, garbage)"),
+           ("merges", "Segment merges made by this server"),
+           ("merge_failures", "Segment merges that failed in this server"))
 
 
 class CollectionCollector:

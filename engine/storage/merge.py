@@ -30,12 +30,13 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.index.protocol import BuildBatch, Merges
-from polyindex.storage import failpoints
+from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import SegmentEntry, commit_manifest
 from polyindex.storage.segment import DOCS_FILE, load_tombstones, tombstone_bytes
 from polyindex.storage.snapshot import Snapshot
+from polyindex.storage.writer import stored_columns
 
 MERGE_PREFIX = ".merge-"
 _names = itertools.count()
@@ -115,21 +116,32 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         failpoints.hit("merge.segment.write", folder)
-        # One chunk, so every reader's numpy views of the columns stay zero-copy.
-        table = pa.concat_tables([_take(seg.docs.table, rows) for seg, rows in parts],
-                                 promote_options="permissive").combine_chunks()
-        with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
-            with pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
         vectors = {}
         for name, fs in spec_fields.items():
             column = "embedding" if name == "dense" else f"vector.{name}"
             m = _matrix(parts, column, fs.index)
             if m is not None:
                 vectors[name] = m
-        embeddings = _matrix(parts, "embedding", None) if encodes_text else None
+        embeddings = _matrix(parts, "embedding", "dense" if "dense" in kinds else None) \
+            if encodes_text else None
         if embeddings is None:
             embeddings = vectors.get("dense")
+        # Documents without their vectors, then the vectors stored as a fresh build stores
+        # them (columns only where no index keeps them); one chunk, so every reader's numpy
+        # views of the columns stay zero-copy.
+        tables = [_take(seg.docs.table, rows) for seg, rows in parts]
+        tables = [t.drop_columns([c for c in t.column_names
+                                  if c == "embedding" or c.startswith("vector.")]) for t in tables]
+        table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+        column, extra = stored_columns(kinds, embeddings if encodes_text else None, vectors)
+        for name, m in ([("embedding", column)] if column is not None else []) + list(extra.items()):
+            flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
+            table = table.append_column(name, pa.FixedSizeListArray.from_arrays(flat, m.shape[1]))
+        with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        idindex.write(folder, *idindex.merged(
+            [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
         batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
                            table.column("text").to_pylist(), embeddings, None, vectors)
         for name, kind in kinds.items():

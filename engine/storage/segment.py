@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InputError
+from polyindex.storage import idindex
 from polyindex.storage.integrity import check_file, validate_arrow
 from polyindex.types import Document
 
@@ -61,6 +61,7 @@ def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
     with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
+    idindex.write_for(folder, [d.id for d in docs])
 
 
 class Segment:
@@ -91,10 +92,11 @@ class Segment:
             if self.table.schema.get_field_index(name) < 0 \
                     or self.table.schema.field(name).type != pa.string():
                 raise Corrupt(f"segment {seg_id}: {path} has no string column {name!r}")
+        self._sums = sums
         self._ids: np.ndarray | None = None
         self._emb: np.ndarray | None = None
         self._vec: dict[str, np.ndarray] = {}
-        self._id_rows: dict[str, int] | None = None
+        self._id_entries: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def ids(self) -> np.ndarray:
@@ -106,16 +108,42 @@ class Segment:
     def id_column(self) -> pa.ChunkedArray:
         return self.table.column("id")
 
-    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
-        """Row of each id in this segment, -1 where absent (last row wins on duplicates)."""
-        if self._id_rows is None:
-            self._id_rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
-        get = self._id_rows.get
-        return np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
+    def id_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The id index (sorted id hashes, their rows): the stored file, memory-mapped, or
+        for a segment written without one, computed once."""
+        if self._id_entries is None:
+            path = self.folder / idindex.ID_INDEX_FILE
+            if self._sums is not None and idindex.ID_INDEX_FILE in self._sums:
+                check_file(path, self._sums[idindex.ID_INDEX_FILE])
+                self._id_entries = idindex.read(path, self.n_rows)
+            elif self._sums is None and path.exists():  # built by this process
+                self._id_entries = idindex.read(path, self.n_rows)
+            else:
+                self._id_entries = idindex.sorted_entries(
+                    idindex.hash_ids(self.id_column().to_pylist()), np.arange(self.n_rows))
+        return self._id_entries
 
-    def contains(self, ids: pa.Array) -> np.ndarray:
+    def lookup(self, ids: Sequence[str], hashes: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``ids``, rows) of the ids this segment holds; ``hashes``: the ids'
+        ``idindex.hash_ids``, when the caller looks up the same batch in many segments."""
+        if not len(ids) or not self.n_rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return idindex.lookup(self.id_entries(), self.id_column(), ids, hashes)
+
+    def rows_of(self, ids: Sequence[str], hashes: np.ndarray | None = None) -> np.ndarray:
+        """Row of each id in this segment, -1 where absent (last row wins on duplicates)."""
+        out = np.full(len(ids), -1, np.int64)
+        pos, rows = self.lookup(ids, hashes)
+        order = np.argsort(rows, kind="stable")  # the last row of an id is written last
+        out[pos[order]] = rows[order]
+        return out
+
+    def contains(self, ids: Sequence[str], hashes: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask over this segment's rows: is the row's id among ``ids``."""
-        return pc.is_in(self.id_column(), value_set=ids).to_numpy(zero_copy_only=False)
+        mask = np.zeros(self.n_rows, dtype=bool)
+        mask[self.lookup(ids, hashes)[1]] = True
+        return mask
 
     def column(self, name: str) -> list:
         return self.table.column(name).to_pylist()

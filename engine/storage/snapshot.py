@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from polyindex.errors import Corrupt
 from polyindex.index.protocol import IndexKind, SegmentIndex
+from polyindex.storage import idindex
 from polyindex.storage.integrity import check_folder, validate_arrow
 from polyindex.storage.manifest import Manifest
 from polyindex.storage.segment import DOCS_FILE, Segment, load_tombstones
@@ -30,6 +31,9 @@ class OpenedSegment:
             check_folder(folder, entry.files, f"segment {entry.id}")
         self.docs = Segment(folder, entry.id, entry.n_rows, sums=entry.files,
                             validate=entry.legacy)
+        # Mapped now, not at first use: a writer elsewhere may remove a merged-away
+        # segment's files once this process holds them open (a mapping outlives an unlink).
+        self.docs.id_entries()
         if entry.legacy:
             for path in sorted(folder.glob("*.arrow")):
                 if path.name != DOCS_FILE:
@@ -129,8 +133,9 @@ class Snapshot:
     def find(self, ids: list[str]) -> list[tuple[int, int] | None]:
         """(segment ordinal, row) of each live id, or None; later segments win."""
         out: list[tuple[int, int] | None] = [None] * len(ids)
+        hashes = idindex.hash_ids(ids)
         for s in range(len(self.segments) - 1, -1, -1):
-            rows = self.segments[s].docs.rows_of(ids)
+            rows = self.segments[s].docs.rows_of(ids, hashes)
             live = self.live[s]
             for i, r in enumerate(rows.tolist()):
                 if out[i] is None and r >= 0 and (live is None or live[r]):

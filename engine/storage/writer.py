@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from polyindex.errors import ResourceExhausted
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
-from polyindex.storage import failpoints
+from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import Manifest, SegmentEntry, commit_manifest, load_manifest
@@ -45,9 +44,10 @@ def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
 
 def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                    vectors: dict[str, np.ndarray] | None):
-    """(embedding column or None, {vector.<field>: matrix}) for docs.arrow: each user vector
-    is stored once, in the faiss index when it keeps vectors exactly (Flat, HNSW..,Flat),
-    else as a column; model embeddings stay a column (tree and sparse read it)."""
+    """(embedding column or None, {vector.<field>: matrix}) for docs.arrow: each vector is
+    stored once, in the faiss index when it keeps vectors exactly (Flat, HNSW..,Flat), else
+    as a column. The unnamed field (model embeddings or the user's) is a column too when
+    another kind reads embeddings from the documents (tree, sparse)."""
     vectors = vectors or {}
     dense = {getattr(k, "field", None): k for k in kinds.values() if k.kind == "dense"}
 
@@ -55,9 +55,11 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
         return f in dense and dense[f].keeps_vectors()
 
     columns = {f"vector.{f}": m for f, m in vectors.items() if f != "dense" and not in_index(f)}
-    if embeddings is None and "dense" in vectors:  # the unnamed field, filled by the user
-        others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
-        embeddings = None if in_index("dense") and not others_read else vectors["dense"]
+    if embeddings is None:
+        embeddings = vectors.get("dense")  # the unnamed field, filled by the user
+    others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
+    if embeddings is not None and in_index("dense") and not others_read:
+        embeddings = None
     return embeddings, columns
 
 
@@ -92,8 +94,10 @@ def writer_lock(folder: Path, wait: bool = True):
 
 class Writer:
     def __init__(self, folder: Path, kinds: dict[str, IndexKind],
-                 encode: Callable[[list[str], Callable[[int], None] | None], np.ndarray] | None):
+                 encode: Callable[[list[str], Callable[[int], None] | None], np.ndarray] | None,
+                 open_segment: Callable[[str], Segment | None] | None = None):
         self.folder = folder
+        self.open_segment = open_segment
         self.kinds = kinds
         self.encode = encode
         self.manifest: Manifest = load_manifest(folder)
@@ -133,16 +137,28 @@ class Writer:
         remember(self.folder / rel, entry.tombstones_sum)
         return True
 
-    def _tombstone_ids(self, m: Manifest, ids: pa.Array) -> int:
+    def _segment(self, entry: SegmentEntry) -> Segment:
+        """A committed segment's documents: the collection's opened one when it has it (its
+        id index is already mapped), else opened here."""
+        seg = self.open_segment(entry.id) if self.open_segment is not None else None
+        return seg if seg is not None else Segment(
+            self.folder / "segments" / entry.id, entry.id, entry.n_rows, sums=entry.files,
+            validate=entry.legacy)
+
+    def _tombstone_ids(self, m: Manifest, ids: Sequence[str]) -> int:
         """Tombstone every live row whose id is in ``ids`` (files and ``tombstones/``
-        fsynced); returns how many rows died."""
+        fsynced); returns how many rows died. Costs the batch (its hashes, then two binary
+        searches a segment), not the segments' sizes."""
         killed, written = 0, False
+        ids = list(ids)
+        hashes = idindex.hash_ids(ids)
         for s, entry in enumerate(m.segments):
-            seg = Segment(self.folder / "segments" / entry.id, entry.id, entry.n_rows,
-                          sums=entry.files, validate=entry.legacy)
-            hit = seg.contains(ids)
-            if not hit.any():
+            seg = self._segment(entry)
+            _, rows = seg.lookup(ids, hashes)
+            if not len(rows):
                 continue
+            hit = np.zeros(entry.n_rows, dtype=bool)
+            hit[rows] = True
             before = entry.n_deleted
             written |= self._tombstone(m, s, hit)
             killed += m.segments[s].n_deleted - before
@@ -168,7 +184,7 @@ class Writer:
         if wal_through is not None:
             m.wal_through = max(m.wal_through, wal_through)
         if delete_ids:
-            self._tombstone_ids(m, pa.array(list(delete_ids), pa.string()))
+            self._tombstone_ids(m, delete_ids)
         if not docs:
             self.manifest = commit_manifest(self.folder, m)
             return None
@@ -189,7 +205,7 @@ class Writer:
         fsync_dir(self.folder / "segments", "commit.segment")
         for name, expect in files.items():
             remember(final / name, expect)
-        self._tombstone_ids(m, pa.array([d.id for d in docs], pa.string()))
+        self._tombstone_ids(m, [d.id for d in docs])
         entry = SegmentEntry(seg_id, len(docs), infos, files=files)
         m.segments.append(entry)
         m.next_segment += 1
@@ -209,7 +225,7 @@ class Writer:
 
     def delete(self, ids: Sequence[str]) -> int:
         m = self.manifest.copy()
-        killed = self._tombstone_ids(m, pa.array(list(ids), pa.string()))
+        killed = self._tombstone_ids(m, ids)
         if killed:
             self.manifest = commit_manifest(self.folder, m)
         return killed

@@ -1,0 +1,246 @@
+"""A collection that lives: writes through the online path, then merged, against the same
+final corpus indexed fresh.
+
+Workload (issue 17): ``--docs`` generated documents (text from a Zipf vocabulary and a
+``--dim``-d vector each, a vectors-only collection with ``lexical`` + ``dense``: nothing to
+encode) upserted through the online path (WAL, buffer, background seals and merges) in
+batches of ``--batch``; then ``--update`` of them rewritten and ``--delete`` deleted, in the
+same batches. Every ``--probe-every`` batches a few queries of each profile are timed (the
+p99 during the workload). Then the background merging is let settle (``--settle`` s at
+most; with ``--compact``, ``compact()`` after it), and p50 latency of ``lexical``, ``dense``
+and ``hybrid``, bytes on disk and deleted rows are compared with the final live corpus
+bulk-indexed fresh (``add()`` in ``segment_size`` chunks, as ``polyindex index`` makes
+segments), measured interleaved in the same process.
+
+Goals: p50 within 1.3x of fresh, bytes within 1.2x, deleted rows reclaimed, p99 during the
+workload at most 3x the fresh collection's p99. Writes bench/results/bench_living.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import WORK, console, machine, save_results, synthetic_vectors, table  # noqa: E402
+
+PROFILES = ("lexical", "dense", "hybrid")
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Corpus:
+    """Deterministic documents: id -> (text, vector) for a version of each id."""
+
+    def __init__(self, n: int, dim: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.vocab = np.array([f"w{i}" for i in range(20_000)])
+        p = 1.0 / np.arange(1, len(self.vocab) + 1) ** 1.07
+        self.p = p / p.sum()
+        self.centres = rng.standard_normal((200, dim)).astype(np.float32)
+        self.n, self.dim, self.rng = n, dim, rng
+
+    def docs(self, ids: list[int], version: int) -> list[dict]:
+        words = self.rng.choice(len(self.vocab), size=(len(ids), 40), p=self.p)
+        vecs = synthetic_vectors(self.centres, len(ids), 0.35, int(self.rng.integers(1 << 31)))
+        return [{"id": f"d{i}", "text": " ".join(self.vocab[w]) + f" v{version}",
+                 "vector": v} for i, w, v in zip(ids, words, vecs)]
+
+    def queries(self, n: int, seed: int = 7) -> list[tuple[str, np.ndarray]]:
+        rng = np.random.default_rng(seed)
+        words = rng.choice(2000, size=(n, 3))  # frequent-ish words: real work per query
+        vecs = synthetic_vectors(self.centres, n, 0.35, seed)
+        return [(" ".join(self.vocab[w]), v) for w, v in zip(words, vecs)]
+
+
+def time_queries(coll, queries, profile: str) -> list[float]:
+    out = []
+    for text, vec in queries:
+        t0 = time.perf_counter()
+        if profile == "lexical":
+            coll.query(text, k=10, profile="lexical")
+        elif profile == "dense":
+            coll.query(vector=vec, k=10, profile="dense")
+        else:
+            coll.query(text, vector=vec, k=10, profile="hybrid")
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def warm(work: Path, corpus: "Corpus") -> None:
+    """Compile numba kernels and load what a first query loads (with tombstones, a buffer and
+    sealed segments), so the workload's p99 measures the engine, not one-off JIT."""
+    import polyindex
+    with polyindex.open(work / "warm", online=True) as eng:
+        coll = eng.create_collection("w", ["lexical", "dense"], model=None)
+        for b in range(3):
+            coll.add(corpus.docs(list(range(b * 50, b * 50 + 50)), 0))
+            coll.delete([f"d{b}"])
+            coll.seal()
+            for p in PROFILES:
+                time_queries(coll, corpus.queries(3, seed=99), p)
+    shutil.rmtree(work / "warm", ignore_errors=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--update", type=float, default=0.2)
+    ap.add_argument("--delete", type=float, default=0.1)
+    ap.add_argument("--probe-every", type=int, default=50)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--settle", type=float, default=600.0)
+    ap.add_argument("--compact", action="store_true", help="compact() after the settle")
+    ap.add_argument("--work", type=Path, default=WORK / "living")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for this run (an A/B of the GIL hand-over)")
+    args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    os.environ.setdefault("POLYINDEX_SEAL_DOCS", "5000")
+    import polyindex
+
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    warm(args.work, Corpus(args.docs, args.dim, seed=5))
+    corpus = Corpus(args.docs, args.dim)
+    probes = corpus.queries(5, seed=11)
+    during: dict[str, list[float]] = {p: [] for p in PROFILES}
+    live_ids = set()
+    n_batches = 0
+    t_start = time.perf_counter()
+
+    eng = polyindex.open(args.work / "living", online=True)
+    coll = eng.create_collection("c", ["lexical", "dense"], model=None)
+
+    def step(ids, version):
+        nonlocal n_batches
+        coll.add(corpus.docs(ids, version))
+        n_batches += 1
+        if n_batches % args.probe_every == 0:
+            for p in PROFILES:
+                during[p].extend(time_queries(coll, probes, p))
+        if n_batches % 200 == 0:
+            el = time.perf_counter() - t_start
+            console.print(f"  {n_batches:,} batches, {len(live_ids):,} live, "
+                          f"{n_batches * args.batch / el:,.0f} docs/s, segments "
+                          f"{coll.info()['segments']}", highlight=False)
+
+    console.print(f"writing {args.docs:,} docs in batches of {args.batch} ...")
+    for s in range(0, args.docs, args.batch):
+        ids = list(range(s, min(args.docs, s + args.batch)))
+        step(ids, 0)
+        live_ids.update(ids)
+    rng = np.random.default_rng(1)
+    upd = rng.choice(args.docs, size=int(args.update * args.docs), replace=False)
+    for s in range(0, len(upd), args.batch):
+        step(upd[s:s + args.batch].tolist(), 1)
+    dele = rng.choice(args.docs, size=int(args.delete * args.docs), replace=False)
+    for s in range(0, len(dele), args.batch):
+        coll.delete([f"d{i}" for i in dele[s:s + args.batch]])
+        live_ids.difference_update(dele[s:s + args.batch].tolist())
+    write_s = time.perf_counter() - t_start
+    coll.seal()
+    t0 = time.perf_counter()
+    from polyindex.storage.merge_policy import TieredPolicy
+    policy = TieredPolicy.from_env()
+    while time.perf_counter() - t0 < args.settle:
+        if policy.plan(coll.sealed_snapshot().manifest.segments) is None:
+            break
+        time.sleep(1.0)
+    settle_s = time.perf_counter() - t0
+    info_settled = coll.info()
+    eng.close()
+    final = sorted(live_ids)
+    console.print(f"indexing the final {len(final):,} docs fresh ...")
+    fresh_eng = polyindex.open(args.work / "fresh")
+    fresh = fresh_eng.create_collection("c", ["lexical", "dense"], model=None)
+    size = fresh.config.segment_size
+    gen = Corpus(args.docs, args.dim)  # the same generator: same texts and vectors
+    docs_by_id = {}
+    for s in range(0, args.docs, args.batch):  # replay the generator to get final versions
+        for d in gen.docs(list(range(s, min(args.docs, s + args.batch))), 0):
+            docs_by_id[int(d["id"][1:])] = d
+    for s in range(0, len(upd), args.batch):
+        for d in gen.docs(upd[s:s + args.batch].tolist(), 1):
+            docs_by_id[int(d["id"][1:])] = d
+    final_docs = [docs_by_id[i] for i in final]
+    for s in range(0, len(final_docs), size):
+        fresh.add(final_docs[s:s + size])
+    fresh_eng.close()
+    del docs_by_id, final_docs
+
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(),
+              "write_seconds": write_s, "settle_seconds": settle_s,
+              "docs_per_s": n_batches * args.batch / write_s,
+              "settled": {k: info_settled.get(k) for k in ("segments", "deleted_rows", "merges",
+                                                           "rows_merged", "rows_reclaimed",
+                                                           "merge_failures")}}
+    queries = corpus.queries(args.queries)
+    result["after_settle"] = compare(args, "after the background merges settled", final,
+                                     queries, during)
+    if args.compact:
+        with polyindex.open(args.work / "living") as eng:
+            result["compact"] = eng.collection("c").compact()
+        result["after_compact"] = compare(args, "after compact()", final, queries, during)
+    save_results("bench_living", result)
+
+
+def compare(args, state: str, final: list[int], queries, during) -> dict:
+    """The living collection against the fresh one, read-only, interleaved (ABBA)."""
+    import polyindex
+    living = polyindex.open(args.work / "living", readonly=True).collection("c")
+    fresh = polyindex.open(args.work / "fresh", readonly=True).collection("c")
+    assert living.count() == fresh.count() == len(final), (living.count(), fresh.count())
+    for c in (living, fresh):  # warm: first queries open files and fill caches
+        for p in PROFILES:
+            time_queries(c, queries[:10], p)
+    lat = {(w, p): [] for w in ("living", "fresh") for p in PROFILES}
+    for rnd in range(4):
+        order = [("living", living), ("fresh", fresh)]
+        for w, c in (order if rnd % 2 == 0 else order[::-1]):
+            for p in PROFILES:
+                lat[(w, p)].extend(time_queries(c, queries, p))
+    out = {"profiles": {}, "bytes_living": folder_bytes(args.work / "living" / "c"),
+           "bytes_fresh": folder_bytes(args.work / "fresh" / "c"),
+           "living_segments": len(living.snapshot().segments),
+           "fresh_segments": len(fresh.snapshot().segments),
+           "living_deleted_rows": living.info()["deleted_rows"]}
+    out["bytes_ratio"] = out["bytes_living"] / out["bytes_fresh"]
+    rows = []
+    for p in PROFILES:
+        lp50, fp50 = statistics.median(lat[("living", p)]), statistics.median(lat[("fresh", p)])
+        fp99, dp99 = pct(lat[("fresh", p)], 99), pct(during[p], 99)
+        out["profiles"][p] = {"living_p50_ms": lp50, "fresh_p50_ms": fp50,
+                              "ratio_p50": lp50 / fp50, "during_p99_ms": dp99,
+                              "fresh_p99_ms": fp99, "ratio_p99_during": dp99 / fp99}
+        rows.append([p, f"{lp50:.2f}", f"{fp50:.2f}", f"{lp50 / fp50:.2f}x", f"{dp99:.2f}",
+                     f"{fp99:.2f}", f"{dp99 / fp99:.2f}x"])
+    console.print(table(
+        f"living {state} vs fresh ({len(final):,} docs; living {out['living_segments']} "
+        f"segments, {out['living_deleted_rows']:,} deleted rows left; fresh "
+        f"{out['fresh_segments']})",
+        ["profile", "living p50 ms", "fresh p50 ms", "ratio (<=1.3)", "during p99 ms",
+         "fresh p99 ms", "ratio (<=3)"], rows))
+    console.print(f"bytes on disk: living {out['bytes_living'] / 1e6:,.1f} MB, fresh "
+                  f"{out['bytes_fresh'] / 1e6:,.1f} MB, ratio {out['bytes_ratio']:.2f} (<=1.2)",
+                  highlight=False)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Scale: peak RSS and query latency of a lexical + dense collection at growing sizes.
+
+Generated text (30 words from a Zipf vocabulary) and generated vectors (``--dim``, a
+mixture around 200 centres), a vectors-only collection (nothing to encode) with
+``lexical`` and ``dense:<--dense>`` (default ``IVF1024,PQ48``: codes in the index, each
+vector stored once as a memory-mapped column). Each size is built once (``add()`` in
+``segment_size`` chunks, then ``compact()``), then measured in a fresh process: RSS after
+opening, peak RSS during a query load (``--queries`` lexical, dense and hybrid queries),
+p50 latency per profile. The ratio of RSS at the largest size to RSS at the smallest, and
+the growth fitted over sizes (RSS = a + b x docs), are printed; the issue's goal is RSS at
+10M at most 4x RSS at 1M. Writes bench/results/bench_scale.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import WORK, console, save_results, synthetic_vectors, table  # noqa: E402
+
+MEASURE = r'''
+import json, resource, statistics, sys, time
+import numpy as np
+import polyindex
+path, n_q, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+base = rss_mb()
+coll = polyindex.open(path, readonly=True).collection("c")
+coll.count()
+opened = rss_mb()
+rng = np.random.default_rng(3)
+vocab = [f"w{i}" for i in range(2000)]
+lat = {"lexical": [], "dense": [], "hybrid": []}
+for i in range(n_q):
+    text = " ".join(rng.choice(vocab, 3))
+    vec = rng.standard_normal(dim).astype(np.float32)
+    vec /= np.linalg.norm(vec)
+    for p in lat:
+        t0 = time.perf_counter()
+        if p == "lexical":
+            coll.query(text, k=10, profile=p)
+        elif p == "dense":
+            coll.query(vector=vec, k=10, profile=p)
+        else:
+            coll.query(text, vector=vec, k=10, profile=p)
+        lat[p].append((time.perf_counter() - t0) * 1e3)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"rss_start_mb": base, "rss_open_mb": opened, "rss_peak_mb": peak,
+                  "p50_ms": {p: statistics.median(v[5:]) for p, v in lat.items()},
+                  "segments": len(coll.snapshot().segments), "docs": coll.count()}))
+'''
+
+
+def build(path: Path, n: int, dim: int, dense: str) -> float:
+    import polyindex
+    shutil.rmtree(path, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    vocab = np.array([f"w{i}" for i in range(20_000)])
+    p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.07
+    p /= p.sum()
+    centres = rng.standard_normal((200, dim)).astype(np.float32)
+    t0 = time.perf_counter()
+    with polyindex.open(path) as eng:
+        coll = eng.create_collection("c", ["lexical", f"dense:{dense}"], model=None)
+        chunk = coll.config.segment_size
+        for s in range(0, n, chunk):
+            m = min(chunk, n - s)
+            words = rng.choice(len(vocab), size=(m, 30), p=p)
+            vecs = synthetic_vectors(centres, m, 0.35, s)
+            coll.add([{"id": f"d{s + i}", "text": " ".join(vocab[w]), "vector": v}
+                      for i, (w, v) in enumerate(zip(words, vecs))])
+            el = time.perf_counter() - t0
+            left = (n - s - m) / max(1, (s + m) / el)
+            console.print(f"  {n:,}: {s + m:,} docs, {(s + m) / el:,.0f} docs/s, ETA {left:,.0f} s",
+                          highlight=False)
+        coll.compact()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100000,1000000")
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--dense", default="IVF1024,PQ48")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--work", type=Path, default=WORK / "scale")
+    ap.add_argument("--reuse", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    out = {}
+    for n in sizes:
+        path = args.work / f"n{n}"
+        built = None
+        if not (args.reuse and (path / "c" / "manifest.json").exists()):
+            built = build(path, n, args.dim, args.dense)
+        run = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(args.queries),
+                              str(args.dim)], capture_output=True, text=True, check=True)
+        res = json.loads(run.stdout.strip().splitlines()[-1])
+        res["build_seconds"] = built
+        res["disk_mb"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+        out[n] = res
+    rows = [[f"{n:,}", r["segments"], f"{r['rss_open_mb']:,.0f}", f"{r['rss_peak_mb']:,.0f}",
+             f"{r['disk_mb']:,.0f}", *(f"{r['p50_ms'][p]:.2f}" for p in ("lexical", "dense", "hybrid"))]
+            for n, r in out.items()]
+    console.print(table(f"scale (lexical + dense:{args.dense}, {args.dim}-d)",
+                        ["docs", "segments", "RSS open MB", "RSS peak MB", "disk MB",
+                         "lexical p50 ms", "dense p50 ms", "hybrid p50 ms"], rows))
+    fit = None
+    if len(sizes) >= 2:
+        b, a = np.polyfit(sizes, [out[n]["rss_peak_mb"] for n in sizes], 1)
+        fit = {"mb_fixed": a, "mb_per_million_docs": b * 1e6,
+               "predicted_10M_mb": a + b * 1e7,
+               "predicted_ratio_10M_over_1M": (a + b * 1e7) / (a + b * 1e6)}
+        console.print(f"fitted peak RSS: {a:,.0f} MB + {b * 1e6:,.0f} MB per million docs; "
+                      f"10M predicted {fit['predicted_10M_mb']:,.0f} MB, "
+                      f"{fit['predicted_ratio_10M_over_1M']:.2f}x the 1M figure (goal <= 4)",
+                      highlight=False)
+    save_results("bench_scale", {"args": {k: str(v) for k, v in vars(args).items()},
+                                 "sizes": out, "fit": fit})
+
+
+if __name__ == "__main__":
+    main()
