@@ -432,7 +432,12 @@ def stored_collection(name: str, fallback: Path):
         t = seg.table.select(["title", "text"]).take(keep).to_pydict()
         titles += [x or "" for x in t["title"]]
         texts += [x or "" for x in t["text"]]
-        embs.append(seg.embeddings()[keep])
+        emb = seg.embeddings()
+        if emb is None:  # stored once, in the dense index (Flat or HNSW,Flat keep vectors)
+            import faiss
+            index = faiss.read_index(str(coll_dir / "segments" / e.id / "dense.faiss"))
+            emb = index.reconstruct_n(0, index.ntotal)
+        embs.append(emb[keep])
     x = np.ascontiguousarray(np.concatenate(embs), np.float32)
     qrels = read_qrels(folder)
     queries = judged(read_queries(folder), qrels)

@@ -78,7 +78,8 @@ def test_features_equal_hand_computed_values(small):
     assert d4["q_terms"] == 2 and d4["q_distinct"] == 2
     # dense PRF: cosine with the normalized mean embedding of the (here: all 4) candidates
     snap = small.snapshot()
-    emb = {i: e for seg in snap.segments for i, e in zip(seg.docs.ids, seg.docs.embeddings())}
+    emb = {i: e for seg in snap.segments
+           for i, e in zip(seg.docs.ids, seg.indexes["dense"].matrix())}
     centroid = sum(emb[d] for d in f) / 4
     centroid /= np.linalg.norm(centroid)
     for d in f:
