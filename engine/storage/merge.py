@@ -2,7 +2,7 @@
 manifest commit (the Lucene/tantivy way).
 
 A merge has two halves. ``build_merge`` reads a snapshot (no lock held: queries and writes
-go on) and writes the merged segment into ``segments/.merge-<n>.tmp``: the live rows'
+go on) and writes the merged segment into ``segments/.merge-<pid>-<n>.tmp``: the live rows'
 documents copied as Arrow, vectors copied (never re-encoded), and every kind's index built
 over them, or merged from the sources' own data where the kind declares ``Merges``
 (multivector copies its token codes). ``commit_merge`` runs under the writer: rows that died
@@ -45,7 +45,8 @@ _building_lock = threading.Lock()
 
 
 class Cancelled(Exception):
-    """The merge was asked to stop (the collection is closing); nothing was committed."""
+    """The merge was asked to stop (the collection is closing) or its sources changed under
+    it (another merge, a drop); nothing was committed."""
 
 
 @dataclass
