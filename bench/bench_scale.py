@@ -27,15 +27,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import WORK, console, save_results, synthetic_vectors, table  # noqa: E402
 
 MEASURE = r'''
-import json, resource, statistics, sys, time
+import json, statistics, sys, time
 import numpy as np
 import polyindex
 path, n_q, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def rss_mb():
+def status_mb(key):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
+def rss_mb():
+    return status_mb("VmRSS")
 base = rss_mb()
 coll = polyindex.open(path, readonly=True).collection("c")
 coll.count()
@@ -56,8 +58,11 @@ for i in range(n_q):
         else:
             coll.query(text, vector=vec, k=10, profile=p)
         lat[p].append((time.perf_counter() - t0) * 1e3)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: after fork + exec Linux reports the parent's high-water mark there
+peak = status_mb("VmHWM")
+anon = status_mb("RssAnon")  # private memory; the rest of RSS is mapped file pages
 print(json.dumps({"rss_start_mb": base, "rss_open_mb": opened, "rss_peak_mb": peak,
+                  "rss_anon_end_mb": anon,
                   "p50_ms": {p: statistics.median(v[5:]) for p, v in lat.items()},
                   "segments": len(coll.snapshot().segments), "docs": coll.count()}))
 '''
@@ -112,10 +117,11 @@ def main() -> None:
         res["disk_mb"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
         out[n] = res
     rows = [[f"{n:,}", r["segments"], f"{r['rss_open_mb']:,.0f}", f"{r['rss_peak_mb']:,.0f}",
+             f"{r['rss_anon_end_mb']:,.0f}",
              f"{r['disk_mb']:,.0f}", *(f"{r['p50_ms'][p]:.2f}" for p in ("lexical", "dense", "hybrid"))]
             for n, r in out.items()]
     console.print(table(f"scale (lexical + dense:{args.dense}, {args.dim}-d)",
-                        ["docs", "segments", "RSS open MB", "RSS peak MB", "disk MB",
+                        ["docs", "segments", "RSS open MB", "RSS peak MB", "private MB", "disk MB",
                          "lexical p50 ms", "dense p50 ms", "hybrid p50 ms"], rows))
     fit = None
     if len(sizes) >= 2:
@@ -123,6 +129,12 @@ def main() -> None:
         fit = {"mb_fixed": a, "mb_per_million_docs": b * 1e6,
                "predicted_10M_mb": a + b * 1e7,
                "predicted_ratio_10M_over_1M": (a + b * 1e7) / (a + b * 1e6)}
+        pb, pa_ = np.polyfit(sizes, [out[n]["rss_anon_end_mb"] for n in sizes], 1)
+        fit["private_mb_per_million_docs"] = pb * 1e6
+        fit["private_predicted_ratio_10M_over_1M"] = (pa_ + pb * 1e7) / (pa_ + pb * 1e6)
+        console.print(f"private memory: {pa_:,.0f} MB + {pb * 1e6:,.0f} MB per million docs; "
+                      f"10M predicted {fit['private_predicted_ratio_10M_over_1M']:.2f}x the 1M "
+                      "figure", highlight=False)
         console.print(f"fitted peak RSS: {a:,.0f} MB + {b * 1e6:,.0f} MB per million docs; "
                       f"10M predicted {fit['predicted_10M_mb']:,.0f} MB, "
                       f"{fit['predicted_ratio_10M_over_1M']:.2f}x the 1M figure (goal <= 4)",
