@@ -32,7 +32,7 @@ class TieredPolicy:
     factor: int = 8               # segments of one tier merged at once (tantivy: 8)
     floor_rows: int = 20_000      # segments smaller than this are all tier 0
     max_rows: int = 5_000_000     # background merges stop growing segments here
-    deletes_pct: float = 0.3      # a segment this much deleted is rewritten alone
+    deletes_pct: float = 0.2      # a segment this much deleted is rewritten alone (Lucene: 20-33%)
 
     @classmethod
     def from_env(cls) -> "TieredPolicy":
