@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -20,17 +20,16 @@ from polyindex.errors import (
     NotFound,
     ResourceExhausted,
 )
-from polyindex.index.protocol import IndexKind, Query, from_factory
+from polyindex.index.protocol import IndexKind, from_factory
 from polyindex.query.filters import compile_filter
 from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, resolve_profile
-from polyindex.storage import gc
+from polyindex.query.requests import default_vector_profile, make_queries
+from polyindex.storage import compaction, gc
 from polyindex.storage.manifest import MANIFEST, load_manifest
-from polyindex.storage.merge import Cancelled, build_merge, commit_merge
-from polyindex.storage.merge_policy import TieredPolicy, compact_plan
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import Writer, writer_lock
-from polyindex.types import MAX_K, MAX_VECTOR_NORM, Document, Hit
+from polyindex.types import MAX_K, Document, Hit
 
 RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
 
@@ -414,7 +413,7 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        queries = _make_queries(texts, vectors, using)
+        queries = make_queries(texts, vectors, using)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)
@@ -447,79 +446,16 @@ class Collection:
 
     # -- compaction ------------------------------------------------------------------------
     def merge(self, ids: Sequence[str], stop=lambda: False) -> dict | None:
-        """Merge the segments ``ids`` into one (their live rows; deleted rows dropped): built
-        from a snapshot while queries and writes go on, swapped in by one commit. None when
-        the segments changed under it (another merge, a drop)."""
-        snap = self.sealed_snapshot()
-        spec = self.vector_spec()
-        try:
-            built = build_merge(self.folder, snap, list(ids), self.kinds, spec.fields,
-                                self.encodes_text(), stop)
-        except Cancelled:
-            return None
-        except BaseException:
-            self.merge_stats["merge_failures"] += 1
-            raise
-        online = self._online
-        try:
-            # The online writer's seal lock: no seal commits between ours and the re-base
-            # of its buffer onto the new manifest.
-            with (online.seal_lock if online is not None else nullcontext()):
-                with self.writer() as w:
-                    entry = commit_merge(w, built)
-                self.refresh()
-                if online is not None:
-                    online.rebase()
-        except Cancelled:
-            return None
-        except BaseException:
-            built.discard()
-            self.merge_stats["merge_failures"] += 1
-            raise
-        sources = set(built.sources)
-        rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in sources)
-        st = self.merge_stats
-        st["merges"] += 1
-        st["rows_merged"] += built.n_rows
-        st["rows_reclaimed"] += rows_in - built.n_rows
-        return {"sources": built.sources, "segment": entry.id if entry else None,
-                "rows": built.n_rows, "rows_dropped": rows_in - built.n_rows,
-                "seconds": round(built.seconds, 3)}
+        """Merge the segments ``ids`` into one (``storage.compaction.merge``)."""
+        return compaction.merge(self, ids, stop)
 
     def compact(self, max_segments: int | None = None, on_merge=None) -> dict:
-        """Merge until the merge policy is satisfied (or at most ``max_segments`` remain) and
-        no segment keeps deleted rows; then remove every unreferenced file. Returns a report
-        (segments, rows and bytes before and after, the merges); ``on_merge(report)`` is
-        called after each merge."""
-        if max_segments is not None and (not isinstance(max_segments, int)
-                                         or isinstance(max_segments, bool) or max_segments < 1):
-            raise InvalidArgument(f"max_segments must be a positive integer, got {max_segments!r}")
-        policy = TieredPolicy.from_env()
-        before = self.storage_report()
-        merges = []
-        t0 = time.perf_counter()
-        # bounded: concurrent deletes or cancelled merges cannot keep it busy forever
-        for _ in range(2 * before["segments"] + 8):
-            plan = compact_plan(self.sealed_snapshot().manifest.segments, policy, max_segments)
-            if plan is None:
-                break
-            report = self.merge(plan)
-            if report is None:
-                continue
-            merges.append(report)
-            if on_merge is not None:
-                on_merge(report)
-        with self.writer():
-            self._swept = False  # a full sweep on the way out
-        return {"collection": self.name, "before": before, "after": self.storage_report(),
-                "merges": merges, "seconds": round(time.perf_counter() - t0, 3)}
+        """Merge until the policy (or ``max_segments``) is met and no deleted row is left;
+        returns a report (``storage.compaction.compact``)."""
+        return compaction.compact(self, max_segments, on_merge)
 
     def storage_report(self) -> dict:
-        """Segments, rows and bytes of the committed manifest (no buffered writes)."""
-        m = self.sealed_snapshot().manifest
-        return {"segments": len(m.segments), "rows": sum(s.n_rows for s in m.segments),
-                "deleted_rows": sum(s.n_deleted for s in m.segments),
-                **gc.disk_usage(self.folder, m)}
+        return compaction.storage_report(self)
 
     def seal(self) -> None:
         """Online mode: seal the buffered writes into a segment now."""
@@ -588,72 +524,3 @@ def _check_ids(ids) -> list[str]:
     if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
         raise InvalidArgument("ids must be a list of strings")
     return list(ids)
-
-
-def default_vector_profile(queries: list[Query], using: str | None, kinds: dict):
-    """The profile a query by named vectors runs when none is given: the field's own index,
-    or reciprocal rank fusion over the fields given. None: the collection's default."""
-    fields = set(queries[0].vectors)
-    if using is not None and using != "dense":
-        fields = {using}
-    if not fields:
-        return None
-    if queries[0].vector is not None:
-        fields.add("dense")
-    names = []
-    for f in sorted(fields):
-        name = "dense" if f == "dense" else f"dense@{f}"
-        if name not in kinds:
-            have = sorted(k.field for k in kinds.values() if k.kind == "dense")
-            raise InvalidArgument(f"no vector field {f!r} in this collection "
-                                  f"(its vector fields: {', '.join(have) or 'none'})")
-        names.append(name)
-    if len(names) == 1:
-        return names[0]
-    return {"retrieve": [{"index": n, "k": 100} for n in names], "fuse": {"method": "rrf", "k": 60}}
-
-
-def _query_vector(value, i: int, field: str) -> np.ndarray:
-    try:
-        vec = np.asarray(value, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"query {i}: vector must be a list of numbers") from None
-    if vec.ndim != 1 or not vec.size:
-        raise InvalidArgument(f"query {i}: vector must be a non-empty list of numbers")
-    if not np.isfinite(vec).all():
-        raise InvalidArgument(f"query {i}: vector has NaN or infinite values")
-    norm = float(np.linalg.norm(vec.astype(np.float64)))
-    if norm > MAX_VECTOR_NORM:
-        raise InvalidArgument(f"query {i}: vector norm {norm:.3g} is absurd (max "
-                              f"{MAX_VECTOR_NORM:.0e}); scores would overflow")
-    return vec
-
-
-def _make_queries(texts, vectors, using: str | None = None) -> list[Query]:
-    if texts is None and vectors is None:
-        raise InvalidArgument("a query needs text or a vector")
-    n = len(texts) if texts is not None else len(vectors)
-    if texts is not None and vectors is not None and len(vectors) != n:
-        raise InvalidArgument(f"{n} query texts but {len(vectors)} vectors")
-    out = []
-    for i in range(n):
-        text = None if texts is None else texts[i]
-        if text is not None and (not isinstance(text, str) or not text.strip()):
-            raise InvalidArgument(f"query {i}: text must be a non-empty string")
-        vec, named = None, {}
-        if vectors is not None:
-            if vectors[i] is None:
-                raise InvalidArgument(f"query {i}: vector is missing")
-            if isinstance(vectors[i], dict):
-                if using is not None:
-                    raise InvalidArgument("give using= with one vector, not with a dict of them")
-                named = {str(f): _query_vector(v, i, f) for f, v in vectors[i].items()}
-                vec = named.pop("dense", None)
-            elif using is not None and using != "dense":
-                named = {using: _query_vector(vectors[i], i, using)}
-            else:
-                vec = _query_vector(vectors[i], i, "dense")
-        out.append(Query(text=text, vector=vec, vectors=named))
-    if not out:
-        raise InvalidArgument("no queries given")
-    return out

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import bm25, postings, prf
+from polyindex.index import bm25, postings, prf, vocabulary
 from polyindex.index.analyzer import Analyzer
 from polyindex.index.bm25 import Scorer
 from polyindex.index.masks import MaskCache
@@ -88,7 +88,7 @@ class LexicalPrepared:
         """Every query's terms as UTF-8 (offsets, bytes), their weights and the per-query
         pointers into them: encoded once per batch, looked up in every segment."""
         if self._encoded is None:
-            qoff, qdata = postings.encode_terms([t for ts in self.terms for t in ts])
+            qoff, qdata = vocabulary.encode_terms([t for ts in self.terms for t in ts])
             qw = np.array([w for ws in self.weights for w in ws], np.float64)
             ptr = [0]
             for ts in self.terms:
@@ -119,13 +119,13 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
                  forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         # The vocabulary (sorted) stays an Arrow string column, memory-mapped: terms are found
-        # by binary search over its bytes (``postings.find_terms``), no dict per segment.
+        # by binary search over its bytes (``vocabulary.find_terms``), no dict per segment.
         vocab = terms if isinstance(terms, (pa.Array, pa.ChunkedArray)) \
             else pa.array(list(terms), pa.string())
         if isinstance(vocab, pa.ChunkedArray):
             vocab = vocab.chunk(0) if vocab.num_chunks == 1 else vocab.combine_chunks()
         self._vocab = vocab
-        self._voff, self._vdata = postings.string_buffers(vocab)
+        self._voff, self._vdata = vocabulary.string_buffers(vocab)
         if len(vocab) > 1 and not pc.all(pc.less(vocab.slice(0, len(vocab) - 1),
                                                  vocab.slice(1))).as_py():
             raise Corrupt("lexical vocabulary is not sorted (or has a duplicate term)")
@@ -158,13 +158,13 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
     def term_ids(self, terms: Sequence[str]) -> np.ndarray:
         """Segment-local id of each term, -1 where the segment lacks it."""
-        qoff, qdata = postings.encode_terms(terms)
-        return postings.find_terms(self._voff, self._vdata, qoff, qdata)
+        qoff, qdata = vocabulary.encode_terms(terms)
+        return vocabulary.find_terms(self._voff, self._vdata, qoff, qdata)
 
     def _query_terms(self, prepared: LexicalPrepared, scale: float = 1.0):
         """Segment-local term ids and weights of each query, flattened with pointers."""
         qoff, qdata, qw, qptr = prepared.encoded()
-        return postings.query_terms(self._voff, self._vdata, qoff, qdata, qw, qptr, float(scale))
+        return vocabulary.query_terms(self._voff, self._vdata, qoff, qdata, qw, qptr, float(scale))
 
     def _scorer(self, prepared: LexicalPrepared, params: dict[str, str]) -> Scorer:
         if not params:
@@ -393,10 +393,10 @@ class LexicalKind(IndexKind):
                    live: Sequence[np.ndarray | None]) -> list[int]:
         """df over live rows of the snapshot of each term."""
         df = [0] * len(terms)
-        qoff, qdata = postings.encode_terms(terms)
+        qoff, qdata = vocabulary.encode_terms(terms)
         total = np.zeros(len(terms), np.int64)
         for seg, mask in zip(segments, live):
-            postings.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.docs,
+            vocabulary.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.docs,
                                    seg.df, mask is not None,
                                    postings._NO_ALLOW if mask is None else mask, total)
         return total.tolist()

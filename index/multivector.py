@@ -39,12 +39,21 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
+from polyindex.index.multivector_files import (
+    DOCS_FILE,
+    FORMAT,
+    IVF_FILE,
+    TOKENS_FILE,
+    list_column,
+    open_v1,
+    open_v2,
+    read_table,
+    write_segment,
+)
 from polyindex.index.multivector_kernels import backend
-from polyindex.index.postings import half_lut
 from polyindex.index.protocol import (
     BuildBatch,
     DocTokens,
@@ -59,12 +68,9 @@ from polyindex.index.protocol import (
     register,
 )
 from polyindex.index.ranges import concat_ranges
+from polyindex.index.sparse_kernels import half_lut
 from polyindex.types import document_text
 
-TOKENS_FILE = "multivector.tokens.arrow"
-DOCS_FILE = "multivector.docs.arrow"
-IVF_FILE = "multivector.ivf.arrow"
-FORMAT = 2  # 1: per-document list columns in the tokens file (still read)
 DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
             "special": "drop", "seed": 0, "niter": 10, "nprobe": 4, "ndocs": 1024}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
@@ -414,7 +420,7 @@ class MultivectorKind(IndexKind):
             lengths = np.bincount(doc, minlength=n).astype(np.int64)
             res = None
         scale = cb.scales(x, codes, res) if res is not None else None
-        info = _write_segment(folder, cb, codes, res, scale, lengths)
+        info = write_segment(folder, cb, codes, res, scale, lengths)
         return {**info, "tokens_in": n_in, "tokens_kept": n_kept,
                 "kept_fraction": (n_kept / n_in) if n_in else 1.0, "salience": source}
 
@@ -434,7 +440,7 @@ class MultivectorKind(IndexKind):
                 if has_scale:
                     scale.append(seg.scale[take])
         lengths = np.concatenate(lengths).astype(np.int64)
-        info = _write_segment(Path(folder), cb, np.concatenate(codes),
+        info = write_segment(Path(folder), cb, np.concatenate(codes),
                               np.concatenate(res) if cb.m else None,
                               np.concatenate(scale).view(np.float16) if cb.m and has_scale
                               else None, lengths)
@@ -450,11 +456,11 @@ class MultivectorKind(IndexKind):
                           f"codebook artifact")
         n_rows, m = int(info.get("n_rows", -1)), int(info.get("m", self.m))
         if int(info.get("format", 1)) == 1:
-            offsets, codes, res, scale, tt = _open_v1(folder, info, m)
+            offsets, codes, res, scale, tt = open_v1(folder, info, m)
         else:
-            offsets, codes, res, scale, tt = _open_v2(folder, info, m)
-        it = _read(folder / IVF_FILE)
-        ivf_col = _list_column(it, "docs", folder)
+            offsets, codes, res, scale, tt = open_v2(folder, info, m)
+        it = read_table(folder / IVF_FILE)
+        ivf_col = list_column(it, "docs", folder)
         ivf_off, ivf_docs = ivf_col.offsets.to_numpy(), ivf_col.values.to_numpy(zero_copy_only=True)
         if len(offsets) - 1 != n_rows or len(ivf_off) - 1 != self.codebook.k \
                 or (len(codes) and int(codes.max()) >= self.codebook.k) \
@@ -571,122 +577,3 @@ class MultivectorKind(IndexKind):
                                cb.signature(q) if self.bits and cb.bits else None,
                                probes.astype(np.int64)))
         return MVPrepared(out, nprobe, ndocs, exhaustive)
-
-
-def _write_segment(folder: Path, cb, codes: np.ndarray, res: np.ndarray | None,
-                   scale: np.ndarray | None, lengths: np.ndarray) -> dict:
-    """A segment's three files from its stored tokens (``lengths`` per document); the
-    part of the build info they determine."""
-    n = len(lengths)
-    code_type = pa.uint8() if cb.k <= 256 else pa.uint16()
-    cols = {"codes": pa.array(codes.astype(code_type.to_pandas_dtype()), code_type)}
-    if res is not None:
-        cols["residual"] = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(cb.m), len(res), [None, pa.py_buffer(np.ascontiguousarray(res))])
-        if scale is not None:
-            cols["scale"] = pa.array(np.asarray(scale, np.float16), pa.float16())
-    _write(folder / TOKENS_FILE, cols)
-    # token counts, not offsets: 2 bytes per document instead of 4 (pure-code documents
-    # hold few distinct codes, so this is part of their bytes per token)
-    len_type = pa.uint16() if lengths.max(initial=0) < 65536 else pa.uint32()
-    _write(folder / DOCS_FILE, {"n_tokens": pa.array(lengths, len_type)})
-    # inverted lists: centroid -> documents having a token with that code (ascending)
-    doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    pairs = np.unique(codes.astype(np.int64) * max(n, 1) + doc)
-    ivf_off = np.concatenate([[0], np.cumsum(np.bincount(pairs // max(n, 1), minlength=cb.k))])
-    _write(folder / IVF_FILE, {"docs": pa.ListArray.from_arrays(
-        pa.array(ivf_off.astype(np.int32)), pa.array((pairs % max(n, 1)).astype(np.int32)))})
-    files = [TOKENS_FILE, DOCS_FILE, IVF_FILE]
-    sizes = {f: (folder / f).stat().st_size for f in files}
-    return {"format": FORMAT, "n_rows": n, "k": cb.k, "m": cb.m, "bits": cb.bits,
-            "scale": res is not None and scale is not None,
-            "tokens_stored": int(lengths.sum()), "ivf_entries": int(len(pairs)),
-            "bytes": sizes, "files": files}
-
-
-def _write(path: Path, columns: dict) -> None:
-    table = pa.table(columns)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
-def _read(path: Path) -> pa.Table:
-    try:
-        return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
-    except (OSError, pa.ArrowException) as exc:
-        raise Corrupt(f"{path}: cannot read Arrow file: {exc}") from None
-
-
-def _list_column(table: pa.Table, name: str, folder: Path):
-    if name not in table.column_names or not pa.types.is_list(table.schema.field(name).type):
-        raise Corrupt(f"{folder}: multivector file lacks list column {name!r} "
-                      f"(schema {table.schema})")
-    col = table.column(name)
-    col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    if col.null_count or col.offset:
-        raise Corrupt(f"{folder}: multivector column {name!r} has nulls or a slice offset")
-    return col
-
-
-def _open_v2(folder: Path, info: dict, m: int):
-    """Format 2: token-level columns in the tokens file, token counts in the docs file."""
-    tt = _read(folder / TOKENS_FILE)
-    counts = _column(_read(folder / DOCS_FILE), "n_tokens", folder)
-    if not pa.types.is_unsigned_integer(counts.type):
-        raise Corrupt(f"{folder}: multivector n_tokens column has type {counts.type}")
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts.to_numpy(zero_copy_only=True), out=offsets[1:])
-    codes = _column(tt, "codes", folder).to_numpy(zero_copy_only=True)
-    if offsets[-1] != len(codes):
-        raise Corrupt(f"{folder}: multivector documents count {offsets[-1]} tokens, the tokens "
-                      f"file holds {len(codes)}")
-    res = scale = None
-    if m and info.get("scale"):
-        sc = _column(tt, "scale", folder)
-        if not pa.types.is_float16(sc.type):
-            raise Corrupt(f"{folder}: multivector scale column has type {sc.type}")
-        scale = sc.to_numpy(zero_copy_only=True).view(np.uint16)
-    if m:
-        res = _residuals(_column(tt, "residual", folder), m, folder)
-    return offsets, codes, res, scale, tt
-
-
-def _open_v1(folder: Path, info: dict, m: int):
-    """Format 1: one row per document, list columns sharing int32 offsets."""
-    tt = _read(folder / TOKENS_FILE)
-    codes_col = _list_column(tt, "codes", folder)
-    offsets = codes_col.offsets.to_numpy()
-    codes = codes_col.values.to_numpy(zero_copy_only=True)
-    res = scale = None
-    if m and info.get("scale"):
-        sc = _list_column(tt, "scale", folder)
-        if not pa.types.is_float16(sc.values.type) or len(sc.values) != len(codes):
-            raise Corrupt(f"{folder}: multivector scale column does not match its codes")
-        scale = sc.values.to_numpy(zero_copy_only=True).view(np.uint16)
-    if m:
-        res_col = _list_column(tt, "residual", folder)
-        if not np.array_equal(res_col.offsets.to_numpy(), offsets):
-            raise Corrupt(f"{folder}: multivector residual column does not match its codes")
-        res = _residuals(res_col.values, m, folder)
-    return offsets, codes, res, scale, tt
-
-
-def _residuals(vals, m: int, folder: Path) -> np.ndarray:
-    """(n, M) uint8 view of a fixed_size_binary[M] array (zero copy)."""
-    if not pa.types.is_fixed_size_binary(vals.type) or vals.type.byte_width != m:
-        raise Corrupt(f"{folder}: multivector residual column has type {vals.type}, "
-                      f"expected fixed_size_binary[{m}]")
-    if not len(vals):
-        return np.zeros((0, m), np.uint8)
-    return np.frombuffer(vals.buffers()[1], np.uint8, count=len(vals) * m,
-                         offset=vals.offset * m).reshape(-1, m)
-
-
-def _column(table: pa.Table, name: str, folder: Path):
-    if name not in table.column_names:
-        raise Corrupt(f"{folder}: multivector file lacks column {name!r} (schema {table.schema})")
-    col = table.column(name)
-    col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    if col.null_count:
-        raise Corrupt(f"{folder}: multivector column {name!r} has nulls")
-    return col

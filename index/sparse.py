@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings
+from polyindex.index import postings, sparse_kernels
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -53,7 +53,7 @@ POSTINGS_FILE = "sparse.postings.arrow"
 FORMAT = 1
 MIN_DIM, MAX_DIM = 4096, 65536
 _TERMS_SCHEMA = {"offset": pa.int64(), "maxw": pa.float32()}
-_LUT = postings.half_lut()
+_LUT = sparse_kernels.half_lut()
 _NO_VALS = np.zeros(0, np.uint16)
 _SEARCH_KNOBS = ("k", "prune", "rescore")
 # The default configuration (README, docs/ARCHITECTURE.md and tests/test_defaults.py agree).
@@ -120,9 +120,9 @@ class SparseSegment(SegmentIndex):
         counts = np.zeros(nq, np.int64)
         head = (self.offsets, self.docs, self.vals, _LUT)
         if prune:
-            kernel, args = postings.maxscore_search, (*head, self.maxw, self.binary)
+            kernel, args = sparse_kernels.maxscore_search, (*head, self.maxw, self.binary)
         else:
-            kernel, args = postings.sparse_search, (*head, self.binary)
+            kernel, args = sparse_kernels.sparse_search, (*head, self.binary)
         args = (*args, prepared.ptr, prepared.terms, prepared.weights, counts)
         scores, rows = postings.run_search(kernel, args, self._pool, nq, depth, allow)
         prepared.touched += counts
@@ -134,14 +134,14 @@ class SparseSegment(SegmentIndex):
         out_s = np.empty((len(rows), k), np.float32)
         out_i = np.empty((len(rows), k), np.int64)
         bufs = self._pool.get()
-        postings.rescore_rows(emb, vectors, rows, *bufs, out_s, out_i)
+        sparse_kernels.rescore_rows(emb, vectors, rows, *bufs, out_s, out_i)
         self._pool.put(bufs)
         return out_s, out_i
 
     def score(self, prepared: SparsePrepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
         out = np.empty((len(prepared.ptr) - 1, len(rows)), np.float32)
-        postings.sparse_score_rows(self.offsets, self.docs, self.vals, _LUT, self.binary,
+        sparse_kernels.sparse_score_rows(self.offsets, self.docs, self.vals, _LUT, self.binary,
                                    self.n_rows, prepared.ptr, prepared.terms, prepared.weights,
                                    rows, out)
         return out

@@ -9,14 +9,14 @@ from topic_docs import TOPIC_DOCS as DOCS
 
 import polyindex
 from polyindex import Corrupt, InvalidArgument
-from polyindex.index import postings
+from polyindex.index import postings, sparse_kernels
 from polyindex.index.protocol import BuildBatch, Query, from_factory
 from polyindex.index.sparse import SparseKind
 from polyindex.index.sparse_projector import Projector, TrainConfig, train
 from polyindex.storage.segment import Segment, write_docs
 from polyindex.types import Document
 
-LUT = postings.half_lut()
+LUT = sparse_kernels.half_lut()
 
 
 def unit(n, d=32, seed=0):
@@ -62,7 +62,7 @@ def search(kernel, index, q, k, binary=False, allow=None):
     vals = np.zeros(0, np.uint16) if binary else w
     weights = np.ones_like(weights) if binary else weights
     counts = np.zeros(len(ptr) - 1, np.int64)
-    head = (off, docs, vals, LUT) + ((maxw,) if kernel is postings.maxscore_search else ())
+    head = (off, docs, vals, LUT) + ((maxw,) if kernel is sparse_kernels.maxscore_search else ())
     args = (*head, binary, ptr, terms, weights, counts)
     s, r = postings.run_search(kernel, args, postings.BufferPool(int(docs.max()) + 1 if len(docs) else 0),
                                len(ptr) - 1, k, allow)
@@ -98,7 +98,7 @@ def test_numba_scorer_equals_scipy(binary):
     ref = (qmat @ mat.T).toarray()
     allow = np.random.default_rng(3).random(n) < 0.7
     for a in (None, allow):
-        s, r, _ = search(postings.sparse_search, index, q, 20, binary, a)
+        s, r, _ = search(sparse_kernels.sparse_search, index, q, 20, binary, a)
         ref_s, ref_r = reference_topk(ref, 20, a)
         assert np.allclose(s, ref_s, rtol=1e-5, atol=1e-6)
         if binary:  # integer scores: the order (ties by row id) is fully determined
@@ -111,7 +111,7 @@ def test_numba_scorer_equals_scipy(binary):
         vals = np.zeros(0, np.uint16) if binary else index[2]
         for qi in range(len(q[0]) - 1):
             lo, hi = q[0][qi], q[0][qi + 1]
-            postings.sparse_score_rows(index[0], index[1], vals, LUT, binary, n,
+            sparse_kernels.sparse_score_rows(index[0], index[1], vals, LUT, binary, n,
                                        np.array([0, hi - lo]), q[1][lo:hi], weights[lo:hi],
                                        r[qi], out[qi:qi + 1])
         assert np.array_equal(np.where(r >= 0, out, -np.inf), s)
@@ -126,8 +126,8 @@ def test_pruned_equals_exhaustive(binary, k):
         q = queries(12, dim, 48, seed=10 + seed)
         allow = np.random.default_rng(seed).random(n) < 0.5
         for a in (None, allow):
-            s1, r1, c1 = search(postings.sparse_search, index, q, k, binary, a)
-            s2, r2, c2 = search(postings.maxscore_search, index, q, k, binary, a)
+            s1, r1, c1 = search(sparse_kernels.sparse_search, index, q, k, binary, a)
+            s2, r2, c2 = search(sparse_kernels.maxscore_search, index, q, k, binary, a)
             assert np.array_equal(r1, r2) and np.array_equal(s1, s2)
             assert (c2 <= c1).all()
     if k == 10 and not binary:

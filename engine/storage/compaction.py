@@ -1,0 +1,86 @@
+"""A collection's merges: one merge (built from a snapshot, committed under the writer), and
+``compact``, merging until the policy (or ``max_segments``) is met and no deleted row is
+left. The functions take the collection (``polyindex.collection.Collection``)."""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Sequence
+
+from polyindex.errors import InvalidArgument
+from polyindex.storage import gc
+from polyindex.storage.merge import Cancelled, build_merge, commit_merge
+from polyindex.storage.merge_policy import TieredPolicy, compact_plan
+
+
+def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
+    """Merge the segments ``ids`` into one (their live rows; deleted rows dropped): built
+    from a snapshot while queries and writes go on, swapped in by one commit. None when the
+    segments changed under it (another merge, a drop) or ``stop()`` said so."""
+    snap = coll.sealed_snapshot()
+    online = coll._online
+    built = None
+    try:
+        built = build_merge(coll.folder, snap, list(ids), coll.kinds, coll.vector_spec().fields,
+                            coll.encodes_text(), stop)
+        # The online writer's seal lock: no seal commits between ours and the re-base of its
+        # buffer onto the new manifest.
+        with (online.seal_lock if online is not None else nullcontext()):
+            with coll.writer() as w:
+                entry = commit_merge(w, built)
+            coll.refresh()
+            if online is not None:
+                online.rebase()
+    except Cancelled:
+        return None
+    except BaseException:
+        if built is not None:
+            built.discard()
+        coll.merge_stats["merge_failures"] += 1
+        raise
+    sources = set(built.sources)
+    rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in sources)
+    st = coll.merge_stats
+    st["merges"] += 1
+    st["rows_merged"] += built.n_rows
+    st["rows_reclaimed"] += rows_in - built.n_rows
+    return {"sources": built.sources, "segment": entry.id if entry else None,
+            "rows": built.n_rows, "rows_dropped": rows_in - built.n_rows,
+            "seconds": round(built.seconds, 3)}
+
+
+def compact(coll, max_segments: int | None = None, on_merge=None) -> dict:
+    """Merge until the merge policy is satisfied (or at most ``max_segments`` remain) and no
+    segment keeps deleted rows; then remove every unreferenced file. Returns a report
+    (segments, rows and bytes before and after, the merges); ``on_merge(report)`` is called
+    after each merge."""
+    if max_segments is not None and (not isinstance(max_segments, int)
+                                     or isinstance(max_segments, bool) or max_segments < 1):
+        raise InvalidArgument(f"max_segments must be a positive integer, got {max_segments!r}")
+    policy = TieredPolicy.from_env()
+    before = storage_report(coll)
+    merges = []
+    t0 = time.perf_counter()
+    # bounded: concurrent deletes or cancelled merges cannot keep it busy forever
+    for _ in range(2 * before["segments"] + 8):
+        plan = compact_plan(coll.sealed_snapshot().manifest.segments, policy, max_segments)
+        if plan is None:
+            break
+        report = merge(coll, plan)
+        if report is None:
+            continue
+        merges.append(report)
+        if on_merge is not None:
+            on_merge(report)
+    with coll.writer():
+        coll._swept = False  # a full sweep on the way out
+    return {"collection": coll.name, "before": before, "after": storage_report(coll),
+            "merges": merges, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def storage_report(coll) -> dict:
+    """Segments, rows and bytes of the committed manifest (no buffered writes)."""
+    m = coll.sealed_snapshot().manifest
+    return {"segments": len(m.segments), "rows": sum(s.n_rows for s in m.segments),
+            "deleted_rows": sum(s.n_deleted for s in m.segments),
+            **gc.disk_usage(coll.folder, m)}
