@@ -273,6 +273,15 @@ class LexicalKind(IndexKind):
         self.analyzer = _ANALYZER
         super().__init__(self.scorer.describe())
 
+    def __getstate__(self):  # the analyzer (a C stemmer) is this process's shared one
+        state = self.__dict__.copy()
+        state.pop("analyzer", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.analyzer = _ANALYZER
+
     def set_scorer(self, body: str) -> None:
         """Replace the default scorer (a collection's tuned BM25); queries in flight keep the
         one they prepared with (one attribute, swapped whole)."""

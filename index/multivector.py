@@ -303,6 +303,9 @@ class MultivectorKind(IndexKind):
             text = text.replace(f"KMeans{self.k}", f"KMeans{self.codebook.k}", 1)
         return text
 
+    def __getstate__(self):  # for the build process: kernels are chosen again there
+        return {**self.__dict__, "_kernels": None}
+
     @property
     def kernels(self):
         if self._kernels is None or self._kernels[0] != self.device:

@@ -77,6 +77,9 @@ class Codebook:
         self._index = None
         self._pq = None
 
+    def __getstate__(self):  # for the build process: caches (a faiss PQ) are rebuilt there
+        return {**self.__dict__, "_index": None, "_pq": None}
+
     # -- encoding ----------------------------------------------------------------------------
     def assign(self, x: np.ndarray) -> np.ndarray:
         """Nearest centroid (L2) of each row, int64: argmax of x.c - |c|^2 / 2, one numpy

@@ -357,11 +357,11 @@ def _named(folder: Path) -> set[str]:
 
 def _aliases(rel: str) -> list[str]:
     """The names (glob patterns) a path had before a rename put it in place (the writer
-    builds ``segments/seg-N`` as ``segments/.seg-N.tmp``, a merge as
+    builds ``segments/seg-N`` as ``segments/.seg-N.<pid>.tmp``, a merge as
     ``segments/.merge-<pid>-<n>.tmp``)."""
     parts = rel.split("/")
     if parts[0] == "segments" and len(parts) > 1:
-        return [rel, "/".join(["segments", f".{parts[1]}.tmp", *parts[2:]]),
+        return [rel, "/".join(["segments", f".{parts[1]}.*.tmp", *parts[2:]]),
                 "/".join(["segments", ".merge-*.tmp", *parts[2:]])]
     return [rel]
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from polyindex.errors import NotFound, ResourceExhausted
 from polyindex.online.wal import WriteAheadLog, disk_error
-from polyindex.storage import idindex
+from polyindex.storage import build_worker, idindex
 from polyindex.storage.manifest import SegmentEntry
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import build_segment
@@ -190,10 +190,11 @@ class OnlineWrites:
         self._hide(list(ids))
         self._publish()
 
-    def _build(self, docs, vectors) -> OpenedSegment:
+    def _build(self, docs, vectors, remote: bool = False) -> OpenedSegment:
         folder = self.scratch / f"buf-{next(self._names):08d}"
-        infos = build_segment(folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
-                              vectors=self.spec.stack(docs) if self.spec else None)
+        infos = (_remote_build if remote else build_segment)(
+            folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
+            vectors=self.spec.stack(docs) if self.spec else None)
         return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
 
     def _merge_active(self) -> None:
@@ -204,7 +205,7 @@ class OnlineWrites:
         merged.deleted, merged.started, merged.through = set(old.deleted), old.started, old.through
         if docs:
             vectors = np.stack([old.vectors[d.id] for d in docs]) if self.needs_vectors else None
-            merged.add_segment(self._build(docs, vectors), docs, vectors)
+            merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors)
             merged.deleted = set(old.deleted)
         self.active = merged
         _remove(old.segments)
@@ -295,7 +296,8 @@ class OnlineWrites:
                     w.commit_segment(docs, self.coll.config.fields, embeddings=vectors,
                                      delete_ids=sorted(frozen.deleted - frozen.docs.keys()),
                                      wal_through=frozen.through,
-                                     vectors=self.spec.stack(docs) if self.spec else None)
+                                     vectors=self.spec.stack(docs) if self.spec else None,
+                                     build=_remote_build)
             except BaseException as e:
                 self.seal_failures += 1
                 self.last_seal_error = f"{type(e).__name__}: {e}"
@@ -395,6 +397,15 @@ class OnlineWrites:
         with self.seal_lock, self.lock:
             self.closed = True
             self.wal.close()
+
+
+def _remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None) -> dict:
+    """``build_segment`` in the build process (off this process's GIL: queries beside a seal
+    keep their latency), or here when build processes are off."""
+    if not build_worker.enabled():
+        return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
+    return build_worker.run("seal", "polyindex.storage.writer:build_segment", folder, docs,
+                            fields, kinds, embeddings, tokens, vectors)
 
 
 def _remove(segments: list[OpenedSegment]) -> None:

@@ -8,7 +8,7 @@ from contextlib import nullcontext
 from typing import Sequence
 
 from polyindex.errors import InvalidArgument
-from polyindex.storage import gc
+from polyindex.storage import build_worker, gc
 from polyindex.storage.merge import Cancelled, build_merge, commit_merge
 from polyindex.storage.merge_policy import TieredPolicy, compact_plan
 
@@ -21,8 +21,11 @@ def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
     online = coll._online
     built = None
     try:
+        # An online collection serves queries meanwhile: the files are written by the build
+        # process, off this process's GIL (storage.build_worker).
         built = build_merge(coll.folder, snap, list(ids), coll.kinds, coll.vector_spec().fields,
-                            coll.encodes_text(), stop)
+                            coll.encodes_text(), stop,
+                            remote=online is not None and build_worker.enabled())
         # The online writer's seal lock: no seal commits between ours and the re-base of its
         # buffer onto the new manifest.
         with (online.seal_lock if online is not None else nullcontext()):

@@ -30,12 +30,12 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.index.protocol import BuildBatch, Merges
-from polyindex.storage import failpoints, idindex
+from polyindex.storage import build_worker, failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import SegmentEntry, commit_manifest
 from polyindex.storage.segment import DOCS_FILE, load_tombstones, tombstone_bytes
-from polyindex.storage.snapshot import Snapshot
+from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import stored_columns
 
 MERGE_PREFIX = ".merge-"
@@ -92,21 +92,18 @@ def _matrix(parts, column: str, index: str | None) -> np.ndarray | None:
 
 def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
                 spec_fields: dict, encodes_text: bool,
-                stop: Callable[[], bool] = lambda: False) -> BuiltMerge:
+                stop: Callable[[], bool] = lambda: False, remote: bool = False) -> BuiltMerge:
     """Write the merged segment of ``ids`` (segments of ``snap``) into a temporary folder.
-    ``spec_fields``: the user's vector fields (``VectorSpec.fields``)."""
+    ``spec_fields``: the user's vector fields (``VectorSpec.fields``). ``remote``: the files
+    are written by the build process (``storage.build_worker``), which opens the same
+    segments (pinned by ``snap`` meanwhile); fsync and sums stay here."""
     t0 = time.perf_counter()
     order = {s.id: i for i, s in enumerate(snap.manifest.segments)}
     ordinals = sorted(order[i] for i in ids)
     sources = [snap.manifest.segments[o].id for o in ordinals]
     lives = [snap.live[o] for o in ordinals]
-    parts = []
-    for o, live in zip(ordinals, lives):
-        seg = snap.segments[o]
-        rows = np.arange(seg.docs.n_rows, dtype=np.int64) if live is None \
-            else np.flatnonzero(live).astype(np.int64)
-        parts.append((seg, rows))
-    n = sum(len(r) for _, r in parts)
+    n = sum(snap.segments[o].docs.n_rows if live is None else int(live.sum())
+            for o, live in zip(ordinals, lives))
     if n == 0:
         return BuiltMerge(sources, lives, None, seconds=time.perf_counter() - t0)
     folder = collection / "segments" / f"{MERGE_PREFIX}{os.getpid()}-{next(_names)}.tmp"
@@ -117,42 +114,18 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         failpoints.hit("merge.segment.write", folder)
-        vectors = {}
-        for name, fs in spec_fields.items():
-            column = "embedding" if name == "dense" else f"vector.{name}"
-            m = _matrix(parts, column, fs.index)
-            if m is not None:
-                vectors[name] = m
-        embeddings = _matrix(parts, "embedding", "dense" if "dense" in kinds else None) \
-            if encodes_text else None
-        if embeddings is None:
-            embeddings = vectors.get("dense")
-        # Documents without their vectors, then the vectors stored as a fresh build stores
-        # them (columns only where no index keeps them); one chunk, so every reader's numpy
-        # views of the columns stay zero-copy.
-        tables = [_take(seg.docs.table, rows) for seg, rows in parts]
-        tables = [t.drop_columns([c for c in t.column_names
-                                  if c == "embedding" or c.startswith("vector.")]) for t in tables]
-        table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
-        column, extra = stored_columns(kinds, embeddings if encodes_text else None, vectors)
-        for name, m in ([("embedding", column)] if column is not None else []) + list(extra.items()):
-            flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
-            table = table.append_column(name, pa.FixedSizeListArray.from_arrays(flat, m.shape[1]))
-        with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
-            with pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-        idindex.write(folder, *idindex.merged(
-            [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
-        batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
-                           table.column("text").to_pylist(), embeddings, None, vectors)
-        for name, kind in kinds.items():
-            if stop():
-                raise Cancelled("the collection is closing")
-            if isinstance(kind, Merges):
-                built.infos[name] = kind.merge([(seg.indexes[name], rows) for seg, rows in parts],
-                                               batch, folder)
-            else:
-                built.infos[name] = kind.build(batch, folder)
+        if remote:
+            entries = [snap.manifest.segments[o] for o in ordinals]
+            try:
+                built.infos = build_worker.run(
+                    "merge", "polyindex.storage.merge:write_merged_from", collection, entries,
+                    lives, kinds, spec_fields, encodes_text, folder, stop=stop)
+            except build_worker.Stopped as e:
+                raise Cancelled("the collection is closing") from e
+        else:
+            built.infos = write_merged(folder, [(snap.segments[o], live)
+                                                for o, live in zip(ordinals, lives)],
+                                       kinds, spec_fields, encodes_text, stop)
         fsync_tree(folder, "merge.segment")
         built.files = {p.name: sum_file(p) for p in sorted(folder.iterdir())}
     except BaseException:
@@ -160,6 +133,62 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
         raise
     built.seconds = time.perf_counter() - t0
     return built
+
+
+def write_merged_from(collection: Path, entries: list[SegmentEntry], lives: list, kinds: dict,
+                      spec_fields: dict, encodes_text: bool, folder: Path) -> dict:
+    """``write_merged`` in the build process: open the source segments (files checked as
+    any reader checks them) and write the merged one into ``folder``."""
+    sources = [(OpenedSegment(collection / "segments" / e.id, e, kinds), live)
+               for e, live in zip(entries, lives)]
+    return write_merged(folder, sources, kinds, spec_fields, encodes_text)
+
+
+def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
+                 encodes_text: bool, stop: Callable[[], bool] = lambda: False) -> dict:
+    """The merged segment's files in ``folder`` from ``(opened segment, live mask or None)``
+    pairs: documents, id index, vectors copied, every kind built or merged. Returns the
+    kinds' build infos."""
+    parts = [(seg, np.arange(seg.docs.n_rows, dtype=np.int64) if live is None
+              else np.flatnonzero(live).astype(np.int64)) for seg, live in sources]
+    vectors = {}
+    for name, fs in spec_fields.items():
+        column = "embedding" if name == "dense" else f"vector.{name}"
+        m = _matrix(parts, column, fs.index)
+        if m is not None:
+            vectors[name] = m
+    embeddings = _matrix(parts, "embedding", "dense" if "dense" in kinds else None) \
+        if encodes_text else None
+    if embeddings is None:
+        embeddings = vectors.get("dense")
+    # Documents without their vectors, then the vectors stored as a fresh build stores
+    # them (columns only where no index keeps them); one chunk, so every reader's numpy
+    # views of the columns stay zero-copy.
+    tables = [_take(seg.docs.table, rows) for seg, rows in parts]
+    tables = [t.drop_columns([c for c in t.column_names
+                              if c == "embedding" or c.startswith("vector.")]) for t in tables]
+    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    column, extra = stored_columns(kinds, embeddings if encodes_text else None, vectors)
+    for name, m in ([("embedding", column)] if column is not None else []) + list(extra.items()):
+        flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
+        table = table.append_column(name, pa.FixedSizeListArray.from_arrays(flat, m.shape[1]))
+    with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    idindex.write(folder, *idindex.merged(
+        [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
+    batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
+                       table.column("text").to_pylist(), embeddings, None, vectors)
+    infos = {}
+    for name, kind in kinds.items():
+        if stop():
+            raise Cancelled("the collection is closing")
+        if isinstance(kind, Merges):
+            infos[name] = kind.merge([(seg.indexes[name], rows) for seg, rows in parts],
+                                     batch, folder)
+        else:
+            infos[name] = kind.build(batch, folder)
+    return infos
 
 
 def commit_merge(writer, built: BuiltMerge) -> SegmentEntry | None:

@@ -173,11 +173,13 @@ class Writer:
                        delete_ids: Sequence[str] = (),
                        tokens: Sequence[DocTokens] | None = None,
                        wal_through: int | None = None,
-                       vectors: dict[str, np.ndarray] | None = None) -> SegmentEntry | None:
+                       vectors: dict[str, np.ndarray] | None = None,
+                       build: Callable | None = None) -> SegmentEntry | None:
         """Seal ``docs`` (unique ids) as a new segment and commit, in one manifest version,
         with ``delete_ids`` tombstoned first; returns the new segment's entry. ``wal_through``:
         the WAL sequence number these writes reach (online seals). ``vectors``: the user's
-        vectors by field, (n, d) float32 in document order."""
+        vectors by field, (n, d) float32 in document order. ``build``: writes the segment's
+        files, ``build_segment``'s signature (online seals use the build process)."""
         m = self.manifest.copy()
         if ingest is not None:
             m.ingest = ingest
@@ -194,9 +196,11 @@ class Writer:
             embeddings, tokens = out if isinstance(out, tuple) else (out, None)
         self._train_if_needed(m, batch_of(docs, embeddings, tokens, vectors))
         seg_id = f"seg-{m.next_segment:06d}"
-        tmp = self.folder / "segments" / f".{seg_id}.tmp"
+        # The pid: a build process of a writer that died never writes into the next one's
+        tmp = self.folder / "segments" / f".{seg_id}.{os.getpid()}.tmp"
         failpoints.hit("commit.segment.write", tmp)
-        infos = build_segment(tmp, docs, fields, self.kinds, embeddings, tokens, vectors)
+        infos = (build or build_segment)(tmp, docs, fields, self.kinds, embeddings, tokens,
+                                         vectors)
         fsync_tree(tmp, "commit.segment")
         # Summed after the fsync: one read of each file, from the page cache.
         files = {p.name: sum_file(p) for p in sorted(tmp.iterdir())}
