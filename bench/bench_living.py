@@ -5,8 +5,11 @@ Workload (issue 17): ``--docs`` generated documents (text from a Zipf vocabulary
 ``--dim``-d vector each, a vectors-only collection with ``lexical`` + ``dense``: nothing to
 encode) upserted through the online path (WAL, buffer, background seals and merges) in
 batches of ``--batch``; then ``--update`` of them rewritten and ``--delete`` deleted, in the
-same batches. Every ``--probe-every`` batches a few queries of each profile are timed (the
-p99 during the workload). Then the background merging is let settle (``--settle`` s at
+same batches. The final corpus is bulk-indexed first (the reference); every
+``--probe-every`` batches a few queries of each profile are timed on the living collection
+and on the reference, interleaved, so the p99 during the workload is compared with the
+reference's p99 at the same moments (the same load from anything else on the machine).
+Then the background merging is let settle (``--settle`` s at
 most; with ``--compact``, ``compact()`` after it), and p50 latency of ``lexical``, ``dense``
 and ``hybrid``, bytes on disk and deleted rows are compared with the final live corpus
 bulk-indexed fresh (``add()`` in ``segment_size`` chunks, as ``polyindex index`` makes
@@ -117,9 +120,20 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     warm(args.work, Corpus(args.docs, args.dim, seed=5))
+    rng = np.random.default_rng(1)
+    upd = rng.choice(args.docs, size=int(args.update * args.docs), replace=False)
+    dele = rng.choice(args.docs, size=int(args.delete * args.docs), replace=False)
+    final = sorted(set(range(args.docs)) - set(dele.tolist()))
+    # The reference first, so that the p99 during the workload is compared with the fresh
+    # collection's p99 at the same moments (same load from anything else on the machine).
+    build_fresh(args, upd, final)
+    reference = polyindex.open(args.work / "fresh", readonly=True).collection("c")
     corpus = Corpus(args.docs, args.dim)
     probes = corpus.queries(5, seed=11)
+    for p in PROFILES:
+        time_queries(reference, probes, p)
     during: dict[str, list[float]] = {p: [] for p in PROFILES}
+    during_fresh: dict[str, list[float]] = {p: [] for p in PROFILES}
     live_ids = set()
     n_batches = 0
     t_start = time.perf_counter()
@@ -132,8 +146,13 @@ def main() -> None:
         coll.add(corpus.docs(ids, version))
         n_batches += 1
         if n_batches % args.probe_every == 0:
+            first = n_batches // args.probe_every % 2  # alternate which goes first
             for p in PROFILES:
-                during[p].extend(time_queries(coll, probes, p))
+                for which in ((0, 1) if first else (1, 0)):
+                    if which == 0:
+                        during[p].extend(time_queries(coll, probes, p))
+                    else:
+                        during_fresh[p].extend(time_queries(reference, probes, p))
         if n_batches % 200 == 0:
             el = time.perf_counter() - t_start
             console.print(f"  {n_batches:,} batches, {len(live_ids):,} live, "
@@ -145,11 +164,8 @@ def main() -> None:
         ids = list(range(s, min(args.docs, s + args.batch)))
         step(ids, 0)
         live_ids.update(ids)
-    rng = np.random.default_rng(1)
-    upd = rng.choice(args.docs, size=int(args.update * args.docs), replace=False)
     for s in range(0, len(upd), args.batch):
         step(upd[s:s + args.batch].tolist(), 1)
-    dele = rng.choice(args.docs, size=int(args.delete * args.docs), replace=False)
     for s in range(0, len(dele), args.batch):
         coll.delete([f"d{i}" for i in dele[s:s + args.batch]])
         live_ids.difference_update(dele[s:s + args.batch].tolist())
@@ -165,25 +181,7 @@ def main() -> None:
     settle_s = time.perf_counter() - t0
     info_settled = coll.info()
     eng.close()
-    final = sorted(live_ids)
-    console.print(f"indexing the final {len(final):,} docs fresh ...")
-    fresh_eng = polyindex.open(args.work / "fresh")
-    fresh = fresh_eng.create_collection("c", ["lexical", "dense"], model=None)
-    size = fresh.config.segment_size
-    gen = Corpus(args.docs, args.dim)  # the same generator: same texts and vectors
-    docs_by_id = {}
-    for s in range(0, args.docs, args.batch):  # replay the generator to get final versions
-        for d in gen.docs(list(range(s, min(args.docs, s + args.batch))), 0):
-            docs_by_id[int(d["id"][1:])] = d
-    for s in range(0, len(upd), args.batch):
-        for d in gen.docs(upd[s:s + args.batch].tolist(), 1):
-            docs_by_id[int(d["id"][1:])] = d
-    final_docs = [docs_by_id[i] for i in final]
-    for s in range(0, len(final_docs), size):
-        fresh.add(final_docs[s:s + size])
-    fresh_eng.close()
-    del docs_by_id, final_docs
-
+    assert sorted(live_ids) == final
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(),
               "write_seconds": write_s, "settle_seconds": settle_s,
               "docs_per_s": n_batches * args.batch / write_s,
@@ -191,6 +189,19 @@ def main() -> None:
                                                            "rows_merged", "rows_reclaimed",
                                                            "merge_failures")}}
     queries = corpus.queries(args.queries)
+    result["during"] = {p: {"living_p99_ms": pct(during[p], 99),
+                            "fresh_p99_same_moments_ms": pct(during_fresh[p], 99),
+                            "ratio_p99": pct(during[p], 99) / pct(during_fresh[p], 99),
+                            "living_p50_ms": pct(during[p], 50),
+                            "fresh_p50_same_moments_ms": pct(during_fresh[p], 50)}
+                        for p in PROFILES}
+    console.print(table("p99 during the workload: living vs fresh, timed at the same moments",
+                        ["profile", "living p99 ms", "fresh p99 ms", "ratio (<=3)",
+                         "living p50 ms", "fresh p50 ms"],
+                        [[p, f"{r['living_p99_ms']:.2f}", f"{r['fresh_p99_same_moments_ms']:.2f}",
+                          f"{r['ratio_p99']:.2f}x", f"{r['living_p50_ms']:.2f}",
+                          f"{r['fresh_p50_same_moments_ms']:.2f}"]
+                         for p, r in result["during"].items()]))
     result["after_settle"] = compare(args, "after the background merges settled", final,
                                      queries, during)
     if args.compact:
@@ -198,6 +209,27 @@ def main() -> None:
             result["compact"] = eng.collection("c").compact()
         result["after_compact"] = compare(args, "after compact()", final, queries, during)
     save_results("bench_living", result)
+
+
+def build_fresh(args, upd: np.ndarray, final: list[int]) -> None:
+    """The final corpus bulk-indexed (``add()`` in ``segment_size`` chunks): the generator
+    replayed in the workload's order gives the same texts and vectors."""
+    import polyindex
+    console.print(f"indexing the final {len(final):,} docs fresh ...")
+    gen = Corpus(args.docs, args.dim)
+    docs_by_id = {}
+    for s in range(0, args.docs, args.batch):
+        for d in gen.docs(list(range(s, min(args.docs, s + args.batch))), 0):
+            docs_by_id[int(d["id"][1:])] = d
+    for s in range(0, len(upd), args.batch):
+        for d in gen.docs(upd[s:s + args.batch].tolist(), 1):
+            docs_by_id[int(d["id"][1:])] = d
+    final_docs = [docs_by_id[i] for i in final]
+    with polyindex.open(args.work / "fresh") as eng:
+        fresh = eng.create_collection("c", ["lexical", "dense"], model=None)
+        size = fresh.config.segment_size
+        for s in range(0, len(final_docs), size):
+            fresh.add(final_docs[s:s + size])
 
 
 def compare(args, state: str, final: list[int], queries, during) -> dict:

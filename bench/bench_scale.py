@@ -60,9 +60,21 @@ for i in range(n_q):
         lat[p].append((time.perf_counter() - t0) * 1e3)
 # VmHWM, not ru_maxrss: after fork + exec Linux reports the parent's high-water mark there
 peak = status_mb("VmHWM")
+def rss_by_file():
+    """Resident MB of the collection's mapped files, by file name (summed over segments)."""
+    out, name = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not line.startswith(("Rss", "Pss")):
+                name = head[5] if len(head) > 5 and path in head[5] else None
+            elif head[0] == "Rss:" and name is not None:
+                key = name.rsplit("/", 1)[-1]
+                out[key] = out.get(key, 0) + int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 anon = status_mb("RssAnon")  # private memory; the rest of RSS is mapped file pages
 print(json.dumps({"rss_start_mb": base, "rss_open_mb": opened, "rss_peak_mb": peak,
-                  "rss_anon_end_mb": anon,
+                  "rss_anon_end_mb": anon, "rss_files_end_mb": rss_by_file(),
                   "p50_ms": {p: statistics.median(v[5:]) for p, v in lat.items()},
                   "segments": len(coll.snapshot().segments), "docs": coll.count()}))
 '''

@@ -428,7 +428,7 @@ def stored_collection(name: str, fallback: Path):
         live = read_tombstones(coll_dir / e.tombstones, e.n_rows) if e.tombstones else \
             np.ones(e.n_rows, bool)
         keep = np.flatnonzero(live)
-        ids += [seg.ids[i] for i in keep]
+        ids += seg.ids_at(keep)
         t = seg.table.select(["title", "text"]).take(keep).to_pydict()
         titles += [x or "" for x in t["title"]]
         texts += [x or "" for x in t["text"]]

@@ -274,6 +274,13 @@ class Collection:
         opened = self._opened.get(seg_id)
         return opened.docs if opened is not None else None
 
+    def collect_garbage(self) -> None:
+        """Retry removing files left pinned at the last commit (a merge's sources, pinned by
+        the snapshots that were serving until it was published); nothing to do: no lock."""
+        if self._garbage and not self.readonly and not self.closed:
+            with self.writer():
+                pass  # the writer's exit collects
+
     def _collect(self, w: Writer) -> None:
         """Remove what this writer's commits stopped naming (and, the first time, what a
         crash left behind), unless a live snapshot pins it; under the writer's lock."""

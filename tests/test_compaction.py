@@ -326,7 +326,13 @@ def test_tiered_policy_plans():
     segs = [_entry(0, 5000), _entry(1, 10), _entry(2, 20, deleted=1), _entry(3, 30)]
     assert compact_plan(segs, p, 2) == ["seg-000001", "seg-000002", "seg-000003"]
     assert compact_plan(segs, p, None) == ["seg-000001", "seg-000002", "seg-000003"]
-    assert compact_plan([_entry(0, 5000), _entry(1, 10, deleted=2)], p, None) == ["seg-000001"]
+    # a lone segment under the floor is folded into the smallest other one
+    assert compact_plan([_entry(0, 5000), _entry(1, 10, deleted=2)], p, None) == \
+        ["seg-000001", "seg-000000"]
+    assert compact_plan([_entry(0, 5000), _entry(1, 10), _entry(2, 900)], p, None) == \
+        ["seg-000001", "seg-000002"]
+    assert compact_plan([_entry(0, 9_995), _entry(1, 10)], p, None) is None  # past max_rows
+    assert compact_plan([_entry(1, 10, deleted=2)], p, None) == ["seg-000001"]
     assert compact_plan([_entry(0, 5000)], p, None) is None
 
 

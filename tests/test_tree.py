@@ -293,9 +293,10 @@ def _cosine_top(coll, text, k=5):
     for seg, live in zip(snap.segments, snap.live):
         x = seg.docs.embeddings().astype(np.float64)
         cos = x @ q / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
+        ids = seg.docs.ids
         for row in range(len(x)):
             if live is None or live[row]:
-                scored.append((-cos[row], seg.docs.ids[row]))
+                scored.append((-cos[row], ids[row]))
     return [i for _, i in sorted(scored)[:k]]
 
 

@@ -58,6 +58,7 @@ class BackgroundMerger:
             try:
                 plan = self.policy.plan(self.coll.sealed_snapshot().manifest.segments)
                 if plan is None:
+                    self.coll.collect_garbage()  # files a query in flight pinned at the merge
                     continue
                 self.coll.merge(plan, stop=self._stop.is_set)
                 self._failures = 0

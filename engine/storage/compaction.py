@@ -41,8 +41,11 @@ def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
             built.discard()
         coll.merge_stats["merge_failures"] += 1
         raise
-    sources = set(built.sources)
-    rows_in = sum(e.n_rows for e in snap.manifest.segments if e.id in sources)
+    # The sources were pinned by this merge's snapshot and by the view served until the
+    # re-base: removed now, not at some later commit.
+    del snap
+    coll.collect_garbage()
+    rows_in = built.rows_in
     st = coll.merge_stats
     st["merges"] += 1
     st["rows_merged"] += built.n_rows

@@ -55,6 +55,7 @@ class BuiltMerge:
     live: list[np.ndarray | None]       # each source's live mask when the merge read it
     folder: Path | None                 # the built segment (None: no live rows at all)
     n_rows: int = 0
+    rows_in: int = 0                    # the sources' rows (live and deleted)
     infos: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -104,12 +105,14 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
     lives = [snap.live[o] for o in ordinals]
     n = sum(snap.segments[o].docs.n_rows if live is None else int(live.sum())
             for o, live in zip(ordinals, lives))
+    rows_in = sum(snap.manifest.segments[o].n_rows for o in ordinals)
     if n == 0:
-        return BuiltMerge(sources, lives, None, seconds=time.perf_counter() - t0)
+        return BuiltMerge(sources, lives, None, rows_in=rows_in,
+                          seconds=time.perf_counter() - t0)
     folder = collection / "segments" / f"{MERGE_PREFIX}{os.getpid()}-{next(_names)}.tmp"
     with _building_lock:
         _building.add(folder)
-    built = BuiltMerge(sources, lives, folder, n)
+    built = BuiltMerge(sources, lives, folder, n, rows_in)
     try:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

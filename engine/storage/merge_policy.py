@@ -80,8 +80,9 @@ def compact_plan(segments: Sequence[SegmentEntry], policy: TieredPolicy,
                  max_segments: int | None) -> list[str] | None:
     """The next merge of a full compaction: down to ``max_segments`` (the smallest segments
     merged into one), else each tier of the policy collapsed into one segment (up to
-    ``max_rows``); then every segment with deleted rows rewritten (all its tombstoned rows
-    reclaimed). None when there is nothing left to do."""
+    ``max_rows``) and a segment left below ``floor_rows`` folded into the next smallest;
+    then every segment with deleted rows rewritten (all its tombstoned rows reclaimed).
+    None when there is nothing left to do."""
     if max_segments is not None and len(segments) > max_segments:
         smallest = sorted(segments, key=lambda s: (_live(s), s.id))
         return [s.id for s in smallest[:len(segments) - max_segments + 1]]
@@ -98,6 +99,13 @@ def compact_plan(segments: Sequence[SegmentEntry], policy: TieredPolicy,
                 total += _live(s)
             if len(group) >= 2:
                 return group
+        # A lone segment below the floor is the costliest per row (the dense default scans
+        # it exactly): folded into the smallest other segment.
+        small = [s for s in segments if _live(s) < policy.floor_rows]
+        others = sorted((s for s in segments if _live(s) >= policy.floor_rows),
+                        key=lambda s: (_live(s), s.id))
+        if len(small) == 1 and others and _live(small[0]) + _live(others[0]) <= policy.max_rows:
+            return [small[0].id, others[0].id]
     deleted = [s for s in segments if s.n_deleted]
     if deleted:
         return [max(deleted, key=lambda s: s.n_deleted).id]

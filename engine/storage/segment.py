@@ -93,17 +93,26 @@ class Segment:
                     or self.table.schema.field(name).type != pa.string():
                 raise Corrupt(f"segment {seg_id}: {path} has no string column {name!r}")
         self._sums = sums
-        self._ids: np.ndarray | None = None
         self._emb: np.ndarray | None = None
         self._vec: dict[str, np.ndarray] = {}
         self._id_entries: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
+    def checksummed(self) -> bool:
+        """Its files were checked against the manifest's sums before use (format 2)."""
+        return self._sums is not None
+
+    @property
     def ids(self) -> np.ndarray:
-        """Document ids as a numpy object array (built once, then cached)."""
-        if self._ids is None:
-            self._ids = self.table.column("id").to_numpy(zero_copy_only=False)
-        return self._ids
+        """Every id as a numpy object array, built per call (tools and tests; queries use
+        ``ids_at``)."""
+        return self.table.column("id").to_numpy(zero_copy_only=False)
+
+    def ids_at(self, rows: np.ndarray) -> list[str]:
+        """The ids of ``rows``, read from the memory-mapped Arrow column: no per-segment
+        array of every id as Python strings (~65 bytes a document, resident for good)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.table.column("id").take(pa.array(rows, pa.int64())).to_pylist()
 
     def id_column(self) -> pa.ChunkedArray:
         return self.table.column("id")
@@ -115,7 +124,7 @@ class Segment:
             path = self.folder / idindex.ID_INDEX_FILE
             if self._sums is not None and idindex.ID_INDEX_FILE in self._sums:
                 check_file(path, self._sums[idindex.ID_INDEX_FILE])
-                self._id_entries = idindex.read(path, self.n_rows)
+                self._id_entries = idindex.read(path, self.n_rows, scan=False)
             elif self._sums is None and path.exists():  # built by this process
                 self._id_entries = idindex.read(path, self.n_rows)
             else:

@@ -126,9 +126,14 @@ class Snapshot:
 
     def ids_of(self, keys: np.ndarray) -> list[str]:
         if len(self.segments) == 1:
-            return self.segments[0].docs.ids[keys].tolist()
+            return self.segments[0].docs.ids_at(keys)
         seg, rows = self.locate(keys)
-        return [self.segments[s].docs.ids[r] for s, r in zip(seg.tolist(), rows.tolist())]
+        out: list = [None] * len(keys)
+        for s in np.unique(seg).tolist():  # one Arrow take per segment the keys touch
+            at = np.flatnonzero(seg == s)
+            for p, doc_id in zip(at.tolist(), self.segments[s].docs.ids_at(rows[at])):
+                out[p] = doc_id
+        return out
 
     def find(self, ids: list[str]) -> list[tuple[int, int] | None]:
         """(segment ordinal, row) of each live id, or None; later segments win."""
