@@ -404,8 +404,12 @@ def _remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=
     keep their latency), or here when build processes are off."""
     if not build_worker.enabled():
         return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
-    return build_worker.run("seal", "polyindex.storage.writer:build_segment", folder, docs,
-                            fields, kinds, embeddings, tokens, vectors)
+    # As columns: pickling 5,000 Document objects (with their vectors) took ~40 ms of GIL,
+    # the columns ~1 ms; the stacked vectors travel once.
+    columns = ([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
+               [d.metadata for d in docs])
+    return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
+                            columns, fields, kinds, embeddings, tokens, vectors)
 
 
 def _remove(segments: list[OpenedSegment]) -> None:

@@ -8,7 +8,8 @@ child process at nice +10 left query p99 at ~1 ms (bench/README.md, bench_living
 
 The child (``python -m polyindex.storage.build_worker``: nothing re-imports the caller's
 ``__main__``) is started on first use, runs one job at a time sent over a pipe (a function of
-``polyindex`` by dotted path, pickled arguments) and writes only into the folder it is
+``polyindex`` by dotted path, its arguments pickled into the pipe; documents travel as
+columns, not as objects) and writes only into the folder it is
 given; the caller fsyncs, sums, renames and commits as before, so failpoints and
 crash-safety are the writer's. A child that dies fails its job (the seal or merge is retried,
 a new child started); a child whose parent died exits. ``POLYINDEX_BUILD_WORKER=0`` builds
@@ -96,11 +97,13 @@ class BuildWorker:
         return self._proc
 
     def call(self, target: str, *args, stop: Callable[[], bool] | None = None, **kwargs):
-        payload = pickle.dumps((target, args, kwargs), protocol=5)
         with self._lock:
             proc = self._ensure()
             try:
-                _write(proc.stdin.fileno(), payload)
+                # Pickled straight into the pipe: written frame by frame, each write letting
+                # go of the GIL, where one pickle.dumps of a seal's documents held it ~40 ms.
+                pickle.Pickler(proc.stdin, protocol=5).dump((target, args, kwargs))
+                proc.stdin.flush()
                 fd = proc.stdout.fileno()
                 while not select.select([fd], [], [], 0.2)[0]:
                     if stop is not None and stop():
@@ -201,18 +204,19 @@ def main() -> None:
     parent = int(sys.argv[1])
     out = os.dup(1)
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the reply pipe
-    inp = 0
+    inp = os.fdopen(0, "rb")
     try:
         os.nice(NICE)
     except OSError:
         pass
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     while True:
-        frame = _read_frame(inp)
-        if frame is None:
-            return
         try:
-            target, args, kwargs = pickle.loads(frame)
+            job = pickle.Unpickler(inp).load()
+        except EOFError:
+            return  # the parent closed the pipe (or died)
+        try:
+            target, args, kwargs = job
             reply = ("ok", _resolve(target)(*args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - sent back to the caller, who raises it
             reply = ("err", e)

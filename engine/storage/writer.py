@@ -77,6 +77,16 @@ def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str]
     return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
+def build_segment_columns(folder: Path, columns: tuple, fields: dict[str, str],
+                          kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
+                          tokens: Sequence[DocTokens] | None = None,
+                          vectors: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+    """``build_segment`` from (ids, titles, texts, metadata) lists (the build process's
+    form: cheap to pickle); the vectors come in ``embeddings`` / ``vectors``."""
+    docs = [Document(i, t, x, m) for i, t, x, m in zip(*columns)]
+    return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
+
+
 @contextmanager
 def writer_lock(folder: Path, wait: bool = True):
     """One writer per collection across processes (readers never take it)."""
