@@ -336,8 +336,10 @@ class Collection:
             doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
             if doc is not None and with_vectors:
                 seg = snap.segments[loc[0]]
-                doc.vectors = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
-                               for name, k in self.kinds.items() if k.kind == "dense"}
+                vecs = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
+                        for name, k in self.kinds.items() if k.kind == "dense"}
+                # an optional field the document left out reads back as NaN: absent here
+                doc.vectors = {f: v for f, v in vecs.items() if not np.isnan(v[:1]).any()}
             out.append(doc)
         return out
 

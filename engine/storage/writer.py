@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polyindex.errors import ResourceExhausted
+from polyindex.index.dense_presence import missing_rows, placeholders_zeroed
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
 from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename, write_file
@@ -54,7 +55,10 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
     def in_index(f: str) -> bool:
         return f in dense and dense[f].keeps_vectors()
 
-    columns = {f"vector.{f}": m for f, m in vectors.items() if f != "dense" and not in_index(f)}
+    # an optional field's missing vectors (NaN rows) are stored as zeros: the field's index
+    # keeps which rows are real (``index.dense_presence``)
+    columns = {f"vector.{f}": placeholders_zeroed(m, missing_rows(m))
+               for f, m in vectors.items() if f != "dense" and not in_index(f)}
     if embeddings is None:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
     others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())
