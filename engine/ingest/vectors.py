@@ -19,7 +19,7 @@ import numpy as np
 from polyindex.errors import InputError, InvalidArgument
 
 UNNAMED = "dense"
-VECTOR_KEYS = ("vector", "vectors")  # record keys that are vectors, never metadata
+VECTOR_KEYS = ("vector", "vectors", "tokens")  # record keys that are vectors, never metadata
 # Past 1e15 a square is 1e30: a 65,536-d inner product or L2 distance could leave float32.
 MAX_ABS = 1e15
 MAX_DIM = 65_536
@@ -93,8 +93,9 @@ class VectorSpec:
     """The vector fields a collection's user fills, checked per document. Dimensions not
     declared are fixed by the first vector seen (per write call or bulk run)."""
 
-    def __init__(self, fields: dict[str, FieldSpec]):
+    def __init__(self, fields: dict[str, FieldSpec], tokens=None):
         self.fields = fields
+        self.tokens = tokens  # ``ingest.tokens.TokenSpec`` of a multivector:source=user index
 
     @classmethod
     def of(cls, kinds: dict, model: str | None) -> "VectorSpec":
@@ -110,10 +111,22 @@ class VectorSpec:
         if model is None and UNNAMED not in fields and \
                 any(k.needs_embeddings for k in kinds.values()):
             fields[UNNAMED] = FieldSpec(UNNAMED, None, None)  # e.g. a tree over user vectors
-        return cls(fields)
+        from polyindex.ingest.tokens import token_spec
+        return cls(fields, token_spec(kinds))
 
     def __bool__(self) -> bool:
-        return bool(self.fields)
+        return bool(self.fields) or self.tokens is not None
+
+    def check_tokens(self, tokens, *, source: str | None, line: int | None,
+                     doc_id: str | None) -> InputError | None:
+        """The problem of one document's token matrix (checked well-formed already), or None."""
+        if self.tokens is None:
+            if tokens is None:
+                return None
+            return InputError("the collection has no multivector index that takes the user's "
+                              "tokens (multivector:source=user)", source=source, line=line,
+                              field="tokens", doc_id=doc_id)
+        return self.tokens.check(tokens, source=source, line=line, doc_id=doc_id)
 
     def check(self, vectors: dict[str, np.ndarray] | None, *, source: str | None,
               line: int | None, doc_id: str | None) -> InputError | None:

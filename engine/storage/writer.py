@@ -39,6 +39,8 @@ def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
              vectors: dict[str, np.ndarray] | None = None) -> BuildBatch:
     if embeddings is None and vectors:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
+    if tokens is None and docs and docs[0].tokens is not None:
+        tokens = [DocTokens(d.tokens) for d in docs]  # the user's (multivector:source=user)
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
                       embeddings, tokens, dict(vectors or {}))
 
