@@ -39,17 +39,22 @@ def _doc_from(obj: Any, i: int, spec) -> Document:
     "vectors"?, ...}); vectors are checked against the collection's fields (``spec``)."""
     from polyindex.ingest.records import document_from_record
     if isinstance(obj, Document):
-        if spec or obj.vectors:
+        if spec or obj.vectors or obj.tokens is not None:
+            from polyindex.ingest.tokens import as_tokens
             from polyindex.ingest.vectors import as_vector
+            field = "vectors"
             try:
                 vecs = {f: as_vector(v, f) for f, v in (obj.vectors or {}).items()}
+                field = "tokens"
+                toks = None if obj.tokens is None else as_tokens(obj.tokens)
             except ValueError as e:
                 raise InputError(str(e), source="add()", line=i + 1, doc_id=obj.id,
-                                 field="vectors") from None
-            err = spec.check(vecs, source="add()", line=i + 1, doc_id=obj.id)
+                                 field=field) from None
+            err = spec.check(vecs, source="add()", line=i + 1, doc_id=obj.id) or \
+                spec.check_tokens(toks, source="add()", line=i + 1, doc_id=obj.id)
             if err is not None:
                 raise err
-            obj = Document(obj.id, obj.title, obj.text, obj.metadata, vecs)
+            obj = Document(obj.id, obj.title, obj.text, obj.metadata, vecs, toks)
         return obj
     if not isinstance(obj, dict):
         raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
@@ -343,8 +348,10 @@ class Collection:
             doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
             if doc is not None and with_vectors:
                 seg = snap.segments[loc[0]]
-                doc.vectors = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
-                               for name, k in self.kinds.items() if k.kind == "dense"}
+                vecs = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
+                        for name, k in self.kinds.items() if k.kind == "dense"}
+                # an optional field the document left out reads back as NaN: absent here
+                doc.vectors = {f: v for f, v in vecs.items() if not np.isnan(v[:1]).any()}
             out.append(doc)
         return out
 
@@ -401,18 +408,22 @@ class Collection:
         return {**builtin_profiles(list(self.kinds)), **self.config.profiles}
 
     def query(self, text: str | None = None, *, vector=None, using: str | None = None,
-              k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
-              with_text: bool = False, with_metadata: bool | None = None) -> list[Hit]:
+              tokens=None, k: int = 10, profile=None, filter: dict | None = None,
+              explain: bool = False, with_text: bool = False,
+              with_metadata: bool | None = None) -> list[Hit]:
         """``vector``: a list/array for the unnamed field (or the field ``using`` names), or a
         dict field -> vector (several named vectors; fused by ``profile``, by default RRF).
+        ``tokens``: an (n_tokens, d) query matrix for a ``multivector:source=user`` index
+        (alone, profile ``multivector`` by default).
         ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata."""
         vectors = None if vector is None else [vector]
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
+                                tokens=None if tokens is None else [tokens],
                                 k=k, profile=profile, filter=filter, explain=explain,
                                 with_text=with_text, with_metadata=with_metadata)[0]
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
-                    using: str | None = None, k: int = 10, profile=None,
+                    using: str | None = None, tokens=None, k: int = 10, profile=None,
                     filter: dict | None = None, explain: bool = False,
                     with_text: bool = False,
                     with_metadata: bool | None = None) -> list[list[Hit]]:
@@ -420,7 +431,7 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        queries = make_queries(texts, vectors, using)
+        queries = make_queries(texts, vectors, using, tokens)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)

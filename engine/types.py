@@ -22,6 +22,8 @@ class Document:
     metadata: dict[str, Any]
     # user-supplied vectors by field ("dense": the unnamed field), float32 numpy arrays
     vectors: dict[str, Any] | None = None
+    # a user token matrix (n_tokens, d) for a ``multivector:source=user`` index
+    tokens: Any = None
 
 
 def document_text(title: str, text: str) -> str:

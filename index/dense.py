@@ -5,10 +5,12 @@ model's embeddings, or the user's vectors in a collection without a model); ``de
 is a named field whose vectors the user supplies. OPTIONS (any order, before the faiss
 string): ``dim=N`` (else taken from the first vector), ``metric=ip|cosine|l2`` (default ip;
 cosine vectors are stored L2-normalized; l2 scores are ``-squared distance``, so higher is
-better everywhere), ``source=model|user`` (who fills the field). FAISS is ``auto`` (``Flat``
+better everywhere), ``source=model|user`` (who fills the field), ``optional`` (a named field
+that documents may leave out; needs ``dim``: see ``dense_presence``). FAISS is ``auto`` (``Flat``
 below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above) or any
 ``faiss.index_factory`` string (``HNSW32,Flat``, ``IVF1024,PQ48``). Example:
-``dense@image:dim=512,metric=cosine,HNSW32,Flat``.
+``dense@image:dim=512,metric=cosine,HNSW32,Flat``,
+``dense@image:dim=512,metric=cosine,optional,HNSW32,Flat``.
 
 Default: ``dense`` (auto).
 Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
@@ -28,7 +30,7 @@ import numpy as np
 
 from polyindex.cuda.device import to_device
 from polyindex.errors import InvalidArgument
-from polyindex.index import dense_filtered, prf
+from polyindex.index import dense_filtered, dense_presence, prf
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -53,6 +55,7 @@ SEARCH_PARAMS = {"nprobe": int, "efSearch": int, "exact_below": int}
 METRICS = ("ip", "cosine", "l2")
 SOURCES = ("model", "user")
 OPTIONS = ("dim", "metric", "source")
+FLAGS = ("optional",)  # options without a value
 MAX_DIM = 65_536
 UNNAMED = "dense"  # the field name of the unnamed field (a top-level "vector")
 _FIELD_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -67,11 +70,13 @@ def parse_body(body: str, where: str) -> tuple[dict[str, str], str]:
     opts, rest = {}, []
     for part in filter(None, (p.strip() for p in (body or "").split(","))):
         key, sep, value = part.partition("=")
-        if sep and not rest and key.strip() in OPTIONS:
+        if not sep and not rest and part in FLAGS:
+            opts[part] = "1"
+        elif sep and not rest and key.strip() in OPTIONS:
             opts[key.strip()] = value.strip()
         elif sep and not rest:
             raise InvalidArgument(f"{where}: unknown option {key.strip()!r} "
-                                  f"(known: {', '.join(OPTIONS)})")
+                                  f"(known: {', '.join(OPTIONS + FLAGS)})")
         else:
             rest.append(part)
     return opts, ",".join(rest)
@@ -163,8 +168,10 @@ def read_index(path: Path):
 
 class DenseSegment(SegmentIndex):  # and StoredVectors
     def __init__(self, index, folder: Path, docs=None, column: str = "embedding",
-                 metric: str = "ip"):
+                 metric: str = "ip", present: np.ndarray | None = None):
         self.index = index
+        # an optional field's rows that have a vector (None: every row has one)
+        self.presence = None if present is None else dense_presence.Presence(present)
         self.folder = folder
         self.n_rows = index.ntotal
         self.metric = metric
@@ -188,7 +195,17 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         return self._matrix
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
-        """Stored float32 vectors of rows; without a stored matrix, the index's reconstruction."""
+        """Stored float32 vectors of rows (NaN rows for an optional field's missing vectors);
+        without a stored matrix, the index's reconstruction."""
+        out = self._vectors(rows)
+        if self.presence is not None:
+            gone = ~self.presence.mask[rows]
+            if gone.any():
+                out = np.array(out, dtype=np.float32)
+                out[gone] = np.nan
+        return out
+
+    def _vectors(self, rows: np.ndarray) -> np.ndarray:
         m = self.matrix()
         if m is not None:
             return m[rows]
@@ -239,6 +256,8 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         if self.n_rows == 0:
             return empty_result(len(vectors), k)
         params = _faiss_params(params)
+        if self.presence is not None:  # rows without a vector are never candidates
+            allow = self.presence.fold(allow)
         if allow is None:
             kwargs = {key: SEARCH_PARAMS[key](v) for key, v in params.items()
                       if key != "exact_below"}
@@ -287,6 +306,13 @@ class DenseKind(IndexKind):
         if field is not None and self.source == "model":
             raise InvalidArgument(f"{where}: a named field holds the user's vectors "
                                   "(source=model is for the unnamed field 'dense')")
+        self.optional = "optional" in opts
+        if self.optional and field is None:
+            raise InvalidArgument(f"{where}: only a named field can be optional "
+                                  "(dense@FIELD:dim=N,optional,...)")
+        if self.optional and "dim" not in opts:
+            raise InvalidArgument(f"{where}: an optional field needs its dimension declared "
+                                  "(dim=N): a segment may hold no vector to take it from")
         self.declared_dim = None
         if "dim" in opts:
             try:
@@ -320,6 +346,7 @@ class DenseKind(IndexKind):
         opts = [f"dim={self.declared_dim}"] if self.declared_dim else []
         opts += [f"metric={self.metric}"] if self.metric != "ip" else []
         opts += [f"source={self.source}"] if self.source else []
+        opts += ["optional"] if self.optional else []
         body = ",".join(opts + ([self.factory] if self.factory and self.factory != "auto" else []))
         return f"{self.name}:{body}" if body else self.name
 
@@ -347,7 +374,10 @@ class DenseKind(IndexKind):
         return batch.vectors.get(self.field)
 
     def train(self, sample: BuildBatch) -> None:
-        x = np.ascontiguousarray(self._vectors_of(sample), dtype=np.float32)
+        x = self._vectors_of(sample)
+        x = np.ascontiguousarray(x[~dense_presence.missing_rows(x)], dtype=np.float32)
+        if not len(x):  # an optional field no sampled document has: trained later
+            return
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
         index.train(x)
         self.template = index
@@ -373,13 +403,22 @@ class DenseKind(IndexKind):
         if self.dim is not None and x.shape[1] != self.dim:
             raise InvalidArgument(f"{self.name}: vectors have dimension {x.shape[1]}, "
                                   f"the field has {self.dim}")
+        missing = dense_presence.missing_rows(x) if self.optional else np.zeros(len(x), bool)
+        if missing.any() and not self.optional:
+            raise InvalidArgument(f"{self.name}: a document has no vector for this field")
+        x = dense_presence.placeholders_zeroed(x, missing)
         factory = self._factory_for(len(x))
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:
             index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
             if not index.is_trained:  # a per-segment fallback; collections train a template first
-                index.train(x)
+                real = x[~missing]
+                if not len(real):  # no document of the segment has the field: nothing to learn
+                    factory = "Flat"
+                    index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
+                else:
+                    index.train(np.ascontiguousarray(real, dtype=np.float32))
         index.add(np.ascontiguousarray(x, dtype=np.float32))
         faiss.write_index(index, str(folder / self.index_file))
         self.dim = int(x.shape[1])
@@ -387,13 +426,20 @@ class DenseKind(IndexKind):
                 "files": [self.index_file]}
         if self.field != UNNAMED or self.metric != "ip":
             info.update(field=self.field, metric=self.metric)
+        if missing.any():
+            info["files"].append(dense_presence.write(folder, self.index_file, ~missing))
+            info["missing"] = int(missing.sum())
         return info
 
     def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:
         index = to_device(read_index(folder / self.index_file), self.device)
         if self.dim is None:
             self.dim = info.get("dim")
-        return DenseSegment(index, folder, docs, self.column, self.metric)
+        present = None
+        if info.get("missing"):
+            present = dense_presence.read(folder, self.index_file, index.ntotal,
+                                          int(info["missing"]))
+        return DenseSegment(index, folder, docs, self.column, self.metric, present)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         rocchio = None

@@ -5,7 +5,13 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024]``.
+[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024][,source=model|user][,dim=N]``.
+``source=user``: the token matrices come from the user (ColBERT/ColPali run elsewhere): each
+document carries ``tokens`` (n_tokens, d) (``polyindex.ingest.tokens``), queries carry
+``query(tokens=...)``; the codebook (k-means codes + residuals) is trained on the user's
+tokens, which are used as given (normalize them for cosine MaxSim). ``dim`` (else the first
+matrix's) is checked on every document and query. Default ``source=model``: the collection
+model's per-token embeddings.
 Default: ``multivector:KMeans4096,residual=OPQ32`` (2-byte code + 32-byte rotated residual + a float16
 scale per token that undoes most of the reconstruction's loss along the original, see
 ``multivector_codec.Codebook.scales``: 36 bytes, 42x smaller than float32 384-d tokens).
@@ -53,6 +59,8 @@ from polyindex.index.multivector_files import (
     read_table,
     write_segment,
 )
+from polyindex.index.multivector_factory import DEFAULTS
+from polyindex.index.multivector_factory import parse as _parse
 from polyindex.index.multivector_kernels import backend
 from polyindex.index.protocol import (
     BuildBatch,
@@ -63,69 +71,15 @@ from polyindex.index.protocol import (
     TokenEncoder,
     check_format,
     empty_result,
-    option,
-    parse_options,
     register,
 )
 from polyindex.index.ranges import concat_ranges
 from polyindex.index.sparse_kernels import half_lut
 from polyindex.types import document_text
 
-DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
-            "special": "drop", "seed": 0, "niter": 10, "nprobe": 4, "ndocs": 1024}
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
 _HALF = half_lut()
 _NO_SCALE = np.zeros(0, np.uint16)
-
-
-def _parse(body: str) -> dict:
-    where = f"index factory string {('multivector:' + body) if body else 'multivector'!r}"
-    parts = [p.strip() for p in (body or "").split(",") if p.strip()]
-    cfg = dict(DEFAULTS)
-    if parts and "=" not in parts[0] and parts[0] != "binary":
-        head = parts.pop(0)
-        if not head.lower().startswith("kmeans") or not head[6:].isdigit():
-            raise InvalidArgument(f"{where}: expected KMeans<K> (e.g. KMeans4096), got {head!r}")
-        cfg["k"] = int(head[6:])
-    if "binary" in parts:
-        parts.remove("binary")
-        cfg["bits"] = 64
-    opts = parse_options(",".join(parts), where=where)
-    known = {"residual", "prune", "binary", "special", "seed", "niter", "nprobe", "ndocs"}
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the multivector "
-                              f"index knows {', '.join(sorted(known))}")
-    res = opts.get("residual", f"OPQ{cfg['m']}").upper()
-    cfg["opq"] = res.startswith("OPQ")
-    m_text, _, dim_text = (res[3:] if cfg["opq"] else res[2:]).partition("_")
-    if res == "NONE":
-        cfg["m"], cfg["opq"] = 0, False
-    elif res.startswith(("PQ", "OPQ")) and m_text.isdigit() and int(m_text) > 0 \
-            and (not dim_text or (cfg["opq"] and dim_text.isdigit() and int(dim_text) > 0)):
-        cfg["m"], cfg["opq_dim"] = int(m_text), int(dim_text or 0)
-    else:
-        raise InvalidArgument(f"{where}: residual must be OPQ<M>[_<D>] (e.g. OPQ32, OPQ40_320: "
-                              f"rotated and reduced to D dimensions), PQ<M> or none, "
-                              f"got {opts['residual']!r}")
-    cfg["prune"] = option(opts, "prune", float, 1.0, where=where)
-    cfg["bits"] = option(opts, "binary", int, cfg["bits"], where=where)
-    for key in ("seed", "niter", "nprobe", "ndocs"):
-        cfg[key] = option(opts, key, int, cfg[key], where=where)
-    cfg["special"] = opts.get("special", "drop")
-    checks = (("k", 2, 65536), ("m", 0, 256), ("bits", 0, 64), ("seed", 0, 2**31 - 1),
-              ("niter", 1, 1000), ("nprobe", 1, 65536), ("ndocs", 1, 1_000_000))
-    for key, lo, hi in checks:
-        if not lo <= cfg[key] <= hi:
-            raise InvalidArgument(f"{where}: {key} must be in {lo}..{hi}, got {cfg[key]}")
-    if "binary" in opts and cfg["bits"] < 1:
-        raise InvalidArgument(f"{where}: binary=B needs B in 1..64, got {cfg['bits']}")
-    if not 0 < cfg["prune"] <= 1:
-        raise InvalidArgument(f"{where}: prune is the fraction of tokens kept, in (0, 1], "
-                              f"got {cfg['prune']}")
-    if cfg["special"] not in ("drop", "keep"):
-        raise InvalidArgument(f"{where}: special must be drop or keep, got {cfg['special']!r}")
-    return cfg
 
 
 @dataclass
@@ -278,6 +232,9 @@ class MultivectorKind(IndexKind):
         self.opq, self.opq_dim = cfg["opq"], cfg["opq_dim"]
         self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
         self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
+        self.source, self.declared_dim = cfg["source"], cfg["dim"]
+        # the user's tokens: the writer encodes nothing for this kind
+        self.needs_tokens = self.source == "model"
         self.codebook: codec.Codebook | None = None
         self._kernels = None
         self._saved = False
@@ -292,7 +249,14 @@ class MultivectorKind(IndexKind):
         for key in ("special", "seed", "niter", "nprobe", "ndocs"):
             if cfg[key] != DEFAULTS[key]:
                 text += f",{key}={cfg[key]}"
+        if self.source == "user":
+            text += ",source=user" + (f",dim={self.declared_dim}" if self.declared_dim else "")
         super().__init__(text)
+
+    @property
+    def dim(self) -> int | None:
+        """The token dimension: declared, else the codebook's (None before the first build)."""
+        return self.declared_dim or (self.codebook.d if self.codebook is not None else None)
 
     def describe(self) -> str:
         """The factory string; once a codebook is trained (or loaded) with fewer centroids
@@ -329,6 +293,9 @@ class MultivectorKind(IndexKind):
                 raise InvalidArgument(f"multivector: {len(batch.tokens)} token sets for "
                                       f"{len(batch.ids)} documents")
             return batch.tokens
+        if self.source == "user":
+            raise InvalidArgument("multivector (source=user): the documents carry no token "
+                                  "matrices (\"tokens\": [[...], ...])")
         # No tokens from the writer (an online buffer segment): encode the texts here.
         texts = [document_text(t, x) for t, x in zip(batch.titles, batch.texts)]
         return self.token_encoder().encode_documents(texts, salience=self.wants_salience)[1]
@@ -396,6 +363,9 @@ class MultivectorKind(IndexKind):
         cb = self.codebook
         x, lengths, sal, ids = self._flatten(toks)
         n, n_in = len(lengths), int(lengths.sum())
+        if self.declared_dim and n_in and x.shape[1] != self.declared_dim:
+            raise InvalidArgument(f"multivector: token vectors have dimension {x.shape[1]}, "
+                                  f"the index declares dim={self.declared_dim}")
         if n_in and x.shape[1] != cb.d:
             raise InvalidArgument(f"multivector: token vectors have dimension {x.shape[1]}, "
                                   f"the codebook expects {cb.d}")
@@ -481,6 +451,9 @@ class MultivectorKind(IndexKind):
         for i, q in enumerate(queries):
             t = q.extra.get("tokens") if q.extra else None
             if t is None:
+                if self.source == "user":
+                    raise InvalidArgument(f"query {i}: the multivector index takes the user's "
+                                          f"tokens: give query tokens (query(tokens=...))")
                 if not q.text:
                     raise InvalidArgument(f"query {i}: the multivector index needs query text "
                                           f"(or query tokens)")

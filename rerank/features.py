@@ -1,11 +1,11 @@
 """Feature vectors of (query, candidate) pairs for the rerank stage, a query batch at a time.
 
 ``compute`` returns a float32 matrix, one row per candidate (queries' candidates one after the
-other, in the given order) and one column per ``schema.NAMES``, and the row offsets of each
-query. Lexical features come from the numba kernel over each segment's forward index with
+other, in the given order) and one column per ``schema.names_for(kinds)`` (``schema.NAMES``,
+then ``vec_sim@FIELD`` per named vector field), and the row offsets of each query. Lexical features come from the numba kernel over each segment's forward index with
 collection-wide statistics (``stats``); the dense cosine from the stored embeddings; fusion
 features from the retrieve stages' lists; the other kinds' own scores (``kind_scores``) when
-the collection has them. Missing values are NaN.
+the collection has them, and so the named vector fields' similarities. Missing values are NaN.
 """
 from __future__ import annotations
 
@@ -18,17 +18,19 @@ from polyindex.index.protocol import StoredVectors
 from polyindex.rerank import kernels, kind_scores, schema, window
 from polyindex.rerank.stats import field_stats, forward_index, lexical_of
 
-F = len(schema.NAMES)
+F = len(schema.NAMES)  # columns of a collection without named vector fields
 _COL = schema.INDEX
 _SCRATCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> free buffers
 
 
 def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, np.ndarray]],
             stage_lists: Sequence[list], stage_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(features (n, F) float32, query row offsets (nq + 1,) int64) of a batch's candidates."""
+    """(features (n, len(names(snapshot))) float32, query row offsets (nq + 1,) int64) of a
+    batch's candidates."""
     counts = np.fromiter((len(k) for k, _ in candidates), np.int64, count=len(candidates))
     qptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    X = np.full((int(qptr[-1]), F), np.nan, np.float32)
+    extra = schema.vector_features(snapshot.kinds)
+    X = np.full((int(qptr[-1]), F + len(extra)), np.nan, np.float32)
     if not len(X):
         return X, qptr
     keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates])
@@ -42,7 +44,15 @@ def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
     for kind, name in schema.KIND_SCORES.items():
         if kind in snapshot.kinds:
             X[:, _COL[name]] = kind_scores.score(snapshot, kind, queries, q_of, seg, rows)
+    for i, name in enumerate(extra):  # NaN where the query has no vector for the field
+        field = name[len(schema.VECTOR_PREFIX):]
+        X[:, F + i] = kind_scores.score(snapshot, f"dense@{field}", queries, q_of, seg, rows)
     return X, qptr
+
+
+def names(snapshot) -> tuple[str, ...]:
+    """The columns ``compute`` gives for a snapshot's collection."""
+    return schema.names_for(snapshot.kinds)
 
 
 # ------------------------------------------------------------------------------- lexical

@@ -30,8 +30,10 @@ def score(snapshot, index: str, queries: Sequence, q_of: np.ndarray, seg: np.nda
     bounds = np.searchsorted(q_of[order], np.arange(len(queries) + 1))
     for qi, q in enumerate(queries):
         sel = order[bounds[qi]:bounds[qi + 1]]
-        if not len(sel) or (kind.needs_embeddings and getattr(q, "vector", None) is None):
-            continue
+        if not len(sel) or (kind.needs_embeddings and getattr(q, "vector", None) is None) \
+                or (kind.kind == "dense" and kind.field != "dense"
+                    and kind.field not in (getattr(q, "vectors", None) or {})):
+            continue  # the query lacks what the kind scores with
         prepared = kind.prepare([q], seg_indexes, snapshot.live, params or {},
                                 snapshot.cache[index])
         for s in np.unique(seg[sel]).tolist():

@@ -7,7 +7,9 @@ retrained model a new set of files, so caches keyed by file names never serve a 
 
 Transforms turn the schema's feature matrix into the model's input, from the feature names the
 model was trained with (``features`` in its metadata: all of ``schema.NAMES`` for a new model,
-a prefix of them for one trained before later features were added):
+a prefix of them for one trained before later features were added; plus ``vec_sim@FIELD``
+for each named vector field of the collection it was trained on, which must then be the
+serving collection's named fields too: ``Ranker.check_names``):
 - ``raw``: those columns as computed;
 - ``raw+query``: the raw columns followed by copies of their collection-scaled scores
   (``schema.SCALED``) min-max normalized within each query's window (``<name>@q``): the
@@ -43,7 +45,7 @@ def model_names(transform: str, base: Sequence[str] = schema.NAMES) -> list[str]
     if transform == "general":
         return list(schema.GENERAL)
     if transform == "raw+query":
-        return list(base) + [f"{n}@q" for n in schema.SCALED if n in base]
+        return list(base) + [f"{n}@q" for n in schema.scaled(base)]
     raise InvalidArgument(f"unknown feature transform {transform!r}; known: {', '.join(TRANSFORMS)}")
 
 
@@ -80,17 +82,27 @@ def transform(kind: str, X: np.ndarray, qptr: np.ndarray,
     return Xg
 
 
+def _column_of(base: tuple[str, ...]):
+    """Column of a name in the feature matrix of a collection whose vector fields are the
+    ones ``base`` lists (checked before: ``Ranker.check_names``): they follow ``NAMES``."""
+    vec = {n: len(schema.NAMES) + i
+           for i, n in enumerate(sorted(n for n in base if schema.is_vector_feature(n)))}
+    return lambda n: vec[n] if n in vec else schema.INDEX[n]
+
+
 @functools.lru_cache(maxsize=64)
 def _columns(base: tuple[str, ...]) -> np.ndarray | None:
-    """Columns of ``base`` in the schema's matrix (None: all of them, in order)."""
+    """Columns of ``base`` in the feature matrix (None: all of them, in order)."""
     if base == schema.NAMES:
         return None
-    return np.array([schema.INDEX[n] for n in base], np.int64)
+    col = _column_of(base)
+    return np.array([col(n) for n in base], np.int64)
 
 
 @functools.lru_cache(maxsize=64)
 def _scaled(base: tuple[str, ...]) -> np.ndarray:
-    return np.array([schema.INDEX[n] for n in schema.SCALED if n in base], np.int64)
+    col = _column_of(base)
+    return np.array([col(n) for n in schema.scaled(base)], np.int64)
 
 
 class Ranker:
@@ -112,6 +124,22 @@ class Ranker:
         if booster.num_feature() != len(self.names):
             raise Corrupt(f"{what}: the model has {booster.num_feature()} features, its "
                           f"metadata describes {len(self.names)}")
+
+    def check_names(self, names: Sequence[str]) -> None:
+        """Refuse a collection whose named vector fields are not the ones this model was
+        trained with (its ``vec_sim@FIELD`` features would mean other vectors, or be absent).
+        The general ranker uses no per-field feature and serves any collection."""
+        if self.transform == "general":
+            return
+        have = sorted(n[len(schema.VECTOR_PREFIX):] for n in names if schema.is_vector_feature(n))
+        want = sorted(n[len(schema.VECTOR_PREFIX):] for n in self.base
+                      if schema.is_vector_feature(n))
+        if have != want:
+            raise InvalidArgument(
+                f"{self.what} was trained on a collection with named vector fields "
+                f"{want or 'none'}, this collection has {have or 'none'}; its per-field "
+                f"similarity features (vec_sim@FIELD) do not apply: train a ranker for this "
+                f"collection (`polyindex train-ranker`)")
 
     def inputs(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
         return transform(self.transform, X, qptr, self.base)
@@ -159,8 +187,12 @@ class Ranker:
         return cls(booster, meta_data, what)
 
 
-def new_meta(transform: str, prior_weight: float = 0.0, **summary) -> dict:
+def new_meta(transform: str, prior_weight: float = 0.0, names: Sequence[str] = schema.NAMES,
+             **summary) -> dict:
+    """``names``: the training collection's feature names (``schema.names_for``)."""
     model_names(transform)  # validates
-    return {"format": FORMAT, "schema_version": schema.VERSION, "features": list(schema.NAMES),
+    if transform == "general":  # what transfers across collections: no per-field feature
+        names = schema.NAMES
+    return {"format": FORMAT, "schema_version": schema.VERSION, "features": list(names),
             "transform": transform, "prior": {"feature": "rrf", "weight": float(prior_weight)},
             **summary}

@@ -64,6 +64,30 @@ NAMES: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in PER_FIELD)
                           + QUERY + NEURAL + FUSION + tuple(KIND_SCORES.values()))
 INDEX = {n: i for i, n in enumerate(NAMES)}
 
+# One feature per named vector field of the collection (``dense@FIELD``): the field index's
+# own score of the candidate (its metric: inner product, cosine, or -squared L2 distance),
+# NaN when the query carries no vector for the field or the document has none (an optional
+# field). They follow ``NAMES`` in the feature matrix, in field-name order, so a collection's
+# names are ``names_for(kinds)``; a trained model lists the ones it saw, and is refused by a
+# collection whose named fields differ (``ltr.Ranker.check_names``).
+VECTOR_PREFIX = "vec_sim@"
+
+
+def is_vector_feature(name: str) -> bool:
+    return name.startswith(VECTOR_PREFIX) and len(name) > len(VECTOR_PREFIX)
+
+
+def vector_features(kinds) -> tuple[str, ...]:
+    """``vec_sim@FIELD`` of every named vector field among a collection's index kinds."""
+    return tuple(sorted(f"{VECTOR_PREFIX}{k.field}" for k in kinds.values()
+                        if k.kind == "dense" and getattr(k, "field", "dense") != "dense"))
+
+
+def names_for(kinds) -> tuple[str, ...]:
+    """The feature names (matrix columns, in order) of a collection with these kinds."""
+    extra = vector_features(kinds)
+    return NAMES + extra if extra else NAMES
+
 # Scores whose scale depends on the collection (document count, lengths, the retrievers): the
 # "raw+query" transform adds them min-max normalized within each query's candidate window.
 _SCALED_PER_FIELD = ("bm25_k1.2_b0.75", "bm25_k0.9_b0.4", "ql_dir_mu100", "ql_dir_mu1000",
@@ -83,7 +107,13 @@ GENERAL_AS_IS = ("all.tfidf_cos", "all.matched_frac", "all.idf_frac", "lexical_r
 
 
 def describe() -> dict:
-    return {"version": VERSION, "names": list(NAMES)}
+    return {"version": VERSION, "names": list(NAMES), "per_vector_field": f"{VECTOR_PREFIX}FIELD"}
+
+
+def scaled(base) -> list[str]:
+    """The names of ``base`` whose scale depends on the collection (``SCALED``, and every
+    vector field's similarity: inner products and L2 distances have no fixed range)."""
+    return [n for n in SCALED if n in base] + [n for n in base if is_vector_feature(n)]
 
 
 def check(version, names, *, what: str) -> None:
@@ -94,7 +124,7 @@ def check(version, names, *, what: str) -> None:
             f"computes version {VERSION}; retrain it with `polyindex train-ranker`")
     # A model's names are its input columns, by name: any subset of today's names works
     # (features added later, such as the kind scores, are simply not among its inputs).
-    unknown = [n for n in names if n not in INDEX]
+    unknown = [n for n in names if n not in INDEX and not is_vector_feature(n)]
     if unknown or len(set(names)) != len(names) or not len(names):
         raise InvalidArgument(f"{what}: its feature names do not match feature schema version "
                               f"{VERSION} (unknown: {unknown[:5]}; the model files are "

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from polyindex.rerank import features, registry, schema
+from polyindex.rerank import features, registry
 
 
 def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explain):
@@ -21,9 +21,11 @@ def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explai
     ``prior``: the weighted RRF score boosting started from), which sum to the model score.
     """
     ranker = registry.resolve(snapshot, spec["model"])
+    names = features.names(snapshot)
+    ranker.check_names(names)
     X, qptr = features.compute(snapshot, queries, candidates, stage_lists, stage_names)
     scores = ranker.predict(X, qptr) if len(X) else np.zeros(0)
-    names, contrib = ranker.contributions(X, qptr) if explain and len(X) else ([], None)
+    cnames, contrib = ranker.contributions(X, qptr) if explain and len(X) else ([], None)
     out = []
     for qi, (keys, fused) in enumerate(candidates):
         lo, hi = int(qptr[qi]), int(qptr[qi + 1])
@@ -32,14 +34,14 @@ def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explai
         details = None
         if explain:
             details = [_detail(float(fused[i]), float(s[i]), X[lo + i],
-                               None if contrib is None else contrib[lo + i], names)
+                               None if contrib is None else contrib[lo + i], cnames, names)
                        for i in order.tolist()]
         out.append((np.asarray(keys)[order], s[order], details))
     return out
 
 
-def _detail(fused: float, score: float, x: np.ndarray, contrib, names) -> dict:
+def _detail(fused: float, score: float, x: np.ndarray, contrib, cnames, names) -> dict:
     values = x.tolist()
     return {"fused_score": fused, "model_score": score,
-            "features": {n: (None if math.isnan(v) else v) for n, v in zip(schema.NAMES, values)},
-            "contributions": {} if contrib is None else dict(zip(names, contrib.tolist()))}
+            "features": {n: (None if math.isnan(v) else v) for n, v in zip(names, values)},
+            "contributions": {} if contrib is None else dict(zip(cnames, contrib.tolist()))}

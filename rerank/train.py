@@ -7,12 +7,13 @@ threads) with early stopping on validation queries.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 
 from polyindex.errors import InvalidArgument
+from polyindex.rerank import schema
 from polyindex.rerank.ltr import Ranker, new_meta
 from polyindex.rerank.ltr import transform as apply_transform
 
@@ -33,12 +34,13 @@ class Candidates:
     """Judged queries' candidate windows: features, labels, ids (rows grouped by query)."""
 
     qids: list[str]
-    X: np.ndarray                    # (n, F) float32
+    X: np.ndarray                    # (n, len(names)) float32
     qptr: np.ndarray                 # (nq + 1,) int64
     labels: np.ndarray               # (n,) float32, graded relevance (unjudged = 0)
     doc_ids: list[str]
     fused: np.ndarray                # (n,) the profile's fused score (its own order)
     meta: dict = field(default_factory=dict)
+    names: tuple = schema.NAMES      # the columns of X (``schema.names_for`` the collection)
 
     def subset(self, keep: Sequence[int]) -> "Candidates":
         keep = list(keep)
@@ -48,16 +50,21 @@ class Candidates:
         return Candidates([self.qids[i] for i in keep], self.X[rows],
                           np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
                           self.labels[rows], [self.doc_ids[r] for r in rows.tolist()],
-                          self.fused[rows], dict(self.meta))
+                          self.fused[rows], dict(self.meta), self.names)
 
     @staticmethod
     def concat(parts: Sequence["Candidates"]) -> "Candidates":
+        names = {p.names for p in parts}
+        if len(names) > 1:
+            raise InvalidArgument("candidates of collections with different named vector fields "
+                                  f"cannot train one ranker: {sorted(set().union(*names) - set(schema.NAMES))}")
         sizes = np.concatenate([np.diff(p.qptr) for p in parts])
         return Candidates([q for p in parts for q in p.qids], np.vstack([p.X for p in parts]),
                           np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
                           np.concatenate([p.labels for p in parts]),
                           [d for p in parts for d in p.doc_ids],
-                          np.concatenate([p.fused for p in parts]))
+                          np.concatenate([p.fused for p in parts]), {},
+                          parts[0].names if parts else schema.NAMES)
 
     def run(self, scores: np.ndarray | None = None) -> dict[str, list[tuple[str, float]]]:
         """A run (qid -> [(doc id, score)] best first): by ``scores``, or the fused order."""
@@ -92,14 +99,17 @@ def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: boo
 
     from polyindex.rerank.schema import INDEX
     parts = [_useful(p) for p in parts]
+    if general:  # the general ranker sees no per-field feature: collections may differ there
+        parts = [replace(p, X=p.X[:, :len(schema.NAMES)], names=schema.NAMES) for p in parts]
     c = Candidates.concat(parts)
+    names = c.names
     weight = None
     if general:
         weight = np.concatenate([np.full(len(p.labels), 1.0 / max(len(p.qids), 1)) for p in parts])
         weight *= len(weight) / weight.sum()
     labels = (c.labels > 0).astype(np.float32) if general else c.labels
     init = prior * c.X[:, INDEX["rrf"]].astype(np.float64) if prior else None
-    return lgb.Dataset(apply_transform(tf, c.X, c.qptr), labels, weight=weight,
+    return lgb.Dataset(apply_transform(tf, c.X, c.qptr, names), labels, weight=weight,
                        group=np.diff(c.qptr), init_score=init, reference=reference,
                        free_raw_data=True), len(c.qids)
 
@@ -132,7 +142,8 @@ def fit(train: Candidates | Sequence[Candidates], valid, *, transform: str = "ra
     best = booster.best_iteration or booster.current_iteration()
     valid_ndcg = (booster.best_score.get("valid_0") or {}).get("ndcg@10")
     booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
-    meta = new_meta(transform, prior, rounds=int(best), train_queries=n_train, valid_queries=n_valid,
+    names = as_list(train)[0].names
+    meta = new_meta(transform, prior, names, rounds=int(best), train_queries=n_train, valid_queries=n_valid,
                     valid_ndcg10=None if valid_ndcg is None else float(valid_ndcg),
                     params={k: v for k, v in params.items() if k != "verbose"}, **summary)
     return Ranker(booster, meta)

@@ -82,7 +82,7 @@ def train_command(eng, collections: Sequence[str], queries: Sequence[Path], qrel
             "train_queries": ranker.meta["train_queries"],
             "valid_queries": ranker.meta["valid_queries"],
             "valid_ndcg10": ranker.meta["valid_ndcg10"], "transform": transform,
-            "features": len(schema.NAMES), "schema_version": schema.VERSION}
+            "features": len(ranker.meta["features"]), "schema_version": schema.VERSION}
 
 
 def _check_judged(collection: str, c: Candidates, split: str, qrels: Path, profile: str,
@@ -111,7 +111,7 @@ def write_features(path: Path, parts: dict[str, Candidates]) -> None:
         cols = {"split": pa.array([split] * len(c.doc_ids)), "qid": pa.array(qids.tolist(), pa.string()),
                 "doc_id": pa.array(c.doc_ids, pa.string()), "label": pa.array(c.labels),
                 "fused_score": pa.array(c.fused)}
-        cols.update({n: pa.array(c.X[:, i]) for i, n in enumerate(schema.NAMES)})
+        cols.update({n: pa.array(c.X[:, i]) for i, n in enumerate(c.names)})
         tables.append(pa.table(cols))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.concat_tables(tables), str(path))

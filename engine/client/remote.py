@@ -38,6 +38,7 @@ from polyindex.wire.convert import (
     doc_to_proto,
     from_struct,
     hit_from_proto,
+    put_tokens,
     to_struct,
 )
 from polyindex.wire.grpc_errors import Unavailable, code_of, from_rpc_error, from_status
@@ -211,6 +212,7 @@ class RemoteCollection:
         self.client, self.name, self.fields = client, name, dict(fields or {})
 
     def query(self, text: str | None = None, *, vector=None, using: str | None = None,
+              tokens=None,
               k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
               with_text: bool = False, with_metadata: bool | None = None,
               timeout: float | None = None) -> list[Hit]:
@@ -222,19 +224,24 @@ class RemoteCollection:
             req.text = _text(text, 0)
         if vector is not None:
             _put_vector(req, vector, 0)
+        if tokens is not None:
+            _put_tokens(req, tokens, 0)
         resp = self.client._call("Query", req, timeout=timeout)
         return [hit_from_proto(h, self.fields) for h in resp.hits]
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
-                    using: str | None = None, k: int = 10,
+                    using: str | None = None, tokens=None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
                     timeout: float | None = None) -> list[list[Hit]]:
-        n = len(texts) if texts is not None else len(vectors) if vectors is not None else 0
+        n = len(texts) if texts is not None else len(vectors) if vectors is not None else \
+            len(tokens) if tokens is not None else 0
         if texts is not None and vectors is not None and len(vectors) != n:
             raise InvalidArgument(f"{n} query texts but {len(vectors)} vectors")
-        if texts is None and vectors is None:
-            raise InvalidArgument("a query needs text or a vector")
+        if tokens is not None and len(tokens) != n:
+            raise InvalidArgument(f"{n} queries but {len(tokens)} token matrices")
+        if texts is None and vectors is None and tokens is None:
+            raise InvalidArgument("a query needs text or a vector (or tokens)")
         if n == 0:
             raise InvalidArgument("no queries given")
         out: list[list[Hit]] = []
@@ -246,6 +253,8 @@ class RemoteCollection:
                     item.text = _text(texts[i], i)
                 if vectors is not None:
                     _put_vector(item, vectors[i], i)
+                if tokens is not None:
+                    _put_tokens(item, tokens[i], i)
             resp = self.client._call("Query", req, timeout=timeout)
             out.extend([hit_from_proto(h, self.fields) for h in hl.hits] for hl in resp.batch)
         return out
@@ -346,6 +355,14 @@ def _put_vector(msg, vector, i: int) -> None:
             msg.vectors[str(name)].values.extend(_vector(v, i))
     else:
         msg.vector.extend(_vector(vector, i))
+
+
+def _put_tokens(msg, tokens, i: int) -> None:
+    """A query's token matrix into a QueryRequest or QueryItem (checked by the server)."""
+    try:
+        put_tokens(msg.tokens, tokens)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"query {i}: {e}") from None
 
 
 def _vector(vector, i: int) -> list[float]:

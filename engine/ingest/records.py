@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from polyindex.errors import InputError
+from polyindex.ingest.tokens import as_tokens
 from polyindex.ingest.vectors import VECTOR_KEYS, vectors_of_record
 from polyindex.types import Document
 
@@ -99,13 +100,20 @@ def document_from_record(rec: dict[str, Any], source: str | None = None,
     vecs, vfield, verr = vectors_of_record(rec) if _has_vectors(rec) else (None, None, None)
     if verr is not None:
         return InputError(verr, source=source, line=line, field=vfield, doc_id=doc_id)
+    toks = rec.get("tokens")
+    if toks is not None:
+        try:
+            toks = as_tokens(toks)
+        except ValueError as e:
+            return InputError(str(e), source=source, line=line, field="tokens", doc_id=doc_id)
     if vectors is not None:
-        err = vectors.check(vecs, source=source, line=line, doc_id=doc_id)
+        err = vectors.check(vecs, source=source, line=line, doc_id=doc_id) or \
+            vectors.check_tokens(toks, source=source, line=line, doc_id=doc_id)
         if err is not None:
             return err
     text, title = rec.get("text"), rec.get("title")
     title = "" if title is None else title
-    if text is None and vecs is not None:
+    if text is None and (vecs is not None or toks is not None):
         text = ""
     bad = None
     if text is None:
@@ -134,7 +142,7 @@ def document_from_record(rec: dict[str, Any], source: str | None = None,
                 metadata.pop(name)  # an empty CSV cell: the document has no value there
             else:
                 metadata[name] = value
-    return Document(doc_id, title, text, metadata, vecs)
+    return Document(doc_id, title, text, metadata, vecs, toks)
 
 
 def _has_vectors(rec: dict[str, Any]) -> bool:

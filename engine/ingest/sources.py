@@ -23,6 +23,7 @@ from polyindex.errors import InputError, InvalidArgument
 from polyindex.ingest.records import document_from_record
 from polyindex.ingest.records import jsonable as _jsonable
 from polyindex.ingest.records import kind_of as _kind
+from polyindex.ingest.tokens import token_column_rows
 from polyindex.ingest.vector_columns import check_vector_schema, split_vector_columns
 from polyindex.ingest.vector_files import VECTOR_FORMATS, count_rows, vector_file_records
 from polyindex.types import Document
@@ -207,7 +208,7 @@ def _csv_header(reader: Any, lines: _DecodedLines, source: str) -> list[str]:
     if len(set(header)) != len(header):
         raise InputError("CSV header has duplicate column names", source=source, line=1)
     for col in header:
-        if col in ("vector", "vectors") or col.startswith("vector."):
+        if col in ("vector", "vectors", "tokens") or col.startswith("vector."):
             raise InputError("CSV cannot carry vectors (a cell is text, not a list of floats); "
                              "use JSONL, Parquet or Arrow", source=source, line=1, field=col)
     return header
@@ -239,7 +240,8 @@ def _check_parquet_schema(schema: Any, source: str) -> None:
     import pyarrow.types as pt
     names = schema.names
     id_col = "_id" if "_id" in names else "id"
-    has_vectors = any(n in ("vector", "vectors") or n.startswith("vector.") for n in names)
+    has_vectors = any(n in ("vector", "vectors", "tokens") or n.startswith("vector.")
+                      for n in names)
     for col in (id_col,) if has_vectors else (id_col, "text"):  # vectors may stand for the text
         if col not in names:
             raise InputError(f"Parquet file has no {col!r} column", source=source, field=col)
@@ -292,10 +294,16 @@ def batch_records(batch, source: str, position: int, fields: dict[str, str] | No
     """The records of one Arrow batch (rows ``position + 1`` ...): vector columns as numpy
     rows of the batch's buffers, everything else as Python values."""
     vecs, rest = split_vector_columns(batch)
+    toks = None
+    if "tokens" in rest.schema.names:  # per-row (n_tokens, d) views of the batch's values
+        toks = token_column_rows(rest.column("tokens"))
+        rest = rest.drop_columns(["tokens"])
     for j, rec in enumerate(rest.to_pylist()):
         rec = {k: v if k in _CORE else _jsonable(v) for k, v in rec.items()}
         if vecs:
             rec["vectors"] = {f: m[j] for f, m in vecs.items()}
+        if toks is not None:
+            rec["tokens"] = toks[j]
         yield document_from_record(rec, source, position + j + 1, fields, vectors=vectors)
 
 

@@ -31,7 +31,10 @@ def _numeric_list(t: pa.DataType) -> bool:
 
 
 def check_vector_schema(schema: pa.Schema, source: str) -> None:
-    """Refuse vector columns of a type that cannot hold vectors, naming the column."""
+    """Refuse vector (and token) columns of a type that cannot hold them, naming the column."""
+    if "tokens" in schema.names:
+        from polyindex.ingest.tokens import check_token_schema
+        check_token_schema(schema.field("tokens").type, source)
     for f in schema:
         if not _is_vector_column(f.name):
             continue

@@ -5,7 +5,9 @@ and/or ``"vectors": {"image": [...], ...}`` (named fields, ``dense@image`` index
 are lists of numbers or numpy arrays (Parquet/Arrow rows arrive as numpy views). A vector is
 refused when it is not a flat list of numbers, holds NaN or infinity, has a component larger
 than ``MAX_ABS`` in magnitude, has the wrong dimension, is all zeros in a cosine field, or is
-missing for a field the user fills. Cosine fields are stored L2-normalized.
+missing for a field the user fills (unless the field is ``optional``: the document then has
+no vector there; ``stack`` gives it a NaN row, see ``index.dense_presence``). Cosine fields
+are stored L2-normalized.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 from polyindex.errors import InputError, InvalidArgument
 
 UNNAMED = "dense"
-VECTOR_KEYS = ("vector", "vectors")  # record keys that are vectors, never metadata
+VECTOR_KEYS = ("vector", "vectors", "tokens")  # record keys that are vectors, never metadata
 # Past 1e15 a square is 1e30: a 65,536-d inner product or L2 distance could leave float32.
 MAX_ABS = 1e15
 MAX_DIM = 65_536
@@ -84,14 +86,16 @@ class FieldSpec:
     index: str | None  # the dense index holding it (None: only other kinds read it)
     dim: int | None   # None: taken from the first vector given
     metric: str = "ip"
+    optional: bool = False  # documents may leave it out (dim is then always declared)
 
 
 class VectorSpec:
     """The vector fields a collection's user fills, checked per document. Dimensions not
     declared are fixed by the first vector seen (per write call or bulk run)."""
 
-    def __init__(self, fields: dict[str, FieldSpec]):
+    def __init__(self, fields: dict[str, FieldSpec], tokens=None):
         self.fields = fields
+        self.tokens = tokens  # ``ingest.tokens.TokenSpec`` of a multivector:source=user index
 
     @classmethod
     def of(cls, kinds: dict, model: str | None) -> "VectorSpec":
@@ -102,14 +106,27 @@ class VectorSpec:
             if kind.source == "model" and model is None:
                 raise InvalidArgument(f"{name}: source=model, but the collection has no model")
             if kind.field != UNNAMED or kind.source == "user" or model is None:
-                fields[kind.field] = FieldSpec(kind.field, name, kind.dim, kind.metric)
+                fields[kind.field] = FieldSpec(kind.field, name, kind.dim, kind.metric,
+                                               getattr(kind, "optional", False))
         if model is None and UNNAMED not in fields and \
                 any(k.needs_embeddings for k in kinds.values()):
             fields[UNNAMED] = FieldSpec(UNNAMED, None, None)  # e.g. a tree over user vectors
-        return cls(fields)
+        from polyindex.ingest.tokens import token_spec
+        return cls(fields, token_spec(kinds))
 
     def __bool__(self) -> bool:
-        return bool(self.fields)
+        return bool(self.fields) or self.tokens is not None
+
+    def check_tokens(self, tokens, *, source: str | None, line: int | None,
+                     doc_id: str | None) -> InputError | None:
+        """The problem of one document's token matrix (checked well-formed already), or None."""
+        if self.tokens is None:
+            if tokens is None:
+                return None
+            return InputError("the collection has no multivector index that takes the user's "
+                              "tokens (multivector:source=user)", source=source, line=line,
+                              field="tokens", doc_id=doc_id)
+        return self.tokens.check(tokens, source=source, line=line, doc_id=doc_id)
 
     def check(self, vectors: dict[str, np.ndarray] | None, *, source: str | None,
               line: int | None, doc_id: str | None) -> InputError | None:
@@ -127,6 +144,8 @@ class VectorSpec:
         for name, spec in self.fields.items():
             where = "vector" if name == UNNAMED else f"vectors.{name}"
             v = vectors.get(name)
+            if v is None and spec.optional:
+                continue
             if v is None:
                 return error(where, f"missing vector for field {name!r}"
                              + (" (a top-level \"vector\")" if name == UNNAMED else ""))
@@ -142,8 +161,20 @@ class VectorSpec:
         return None
 
     def stack(self, docs: Sequence) -> dict[str, np.ndarray]:
-        """Checked documents' vectors as one float32 (n, d) matrix per field, in order."""
+        """Checked documents' vectors as one float32 (n, d) matrix per field, in order; an
+        optional field's missing vectors are NaN rows."""
         if not docs:
             return {}
-        return {name: np.stack([d.vectors[name] for d in docs]).astype(np.float32, copy=False)
-                for name in self.fields}
+        out = {}
+        for name, spec in self.fields.items():
+            if not spec.optional:
+                out[name] = np.stack([d.vectors[name] for d in docs]).astype(np.float32,
+                                                                            copy=False)
+                continue
+            m = np.full((len(docs), spec.dim), np.nan, np.float32)
+            for i, d in enumerate(docs):
+                v = (d.vectors or {}).get(name)
+                if v is not None:
+                    m[i] = v
+            out[name] = m
+        return out

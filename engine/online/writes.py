@@ -129,9 +129,13 @@ class OnlineWrites:
 
     # -- writes ----------------------------------------------------------------------------
     def upsert(self, docs: list[Document]) -> int:
+        # [id, title, text, metadata] + [vectors] when the document has vectors or tokens,
+        # + [token matrix] when it has tokens (multivector:source=user)
         record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] +
-                                           ([{f: v.tolist() for f, v in d.vectors.items()}]
-                                            if d.vectors else []) for d in docs]}
+                                           ([{f: v.tolist() for f, v in (d.vectors or {}).items()}]
+                                            if d.vectors or d.tokens is not None else []) +
+                                           ([d.tokens.tolist()] if d.tokens is not None else [])
+                                           for d in docs]}
         vectors = self._encode(docs)  # before the WAL: an encoder failure acknowledges nothing
         with self.lock:
             self._check_writable(len(docs))
@@ -353,7 +357,9 @@ class OnlineWrites:
                 for i, t, x, m, *v in rec["docs"]:
                     docs.pop(i, None)
                     docs[i] = Document(i, t, x, m, {f: np.asarray(a, np.float32)
-                                                    for f, a in v[0].items()} if v else None)
+                                                    for f, a in v[0].items()} if v and v[0]
+                                       else None,
+                                       np.asarray(v[1], np.float32) if len(v) > 1 else None)
                     deleted.discard(i)
             else:
                 for i in rec["ids"]:

@@ -25,9 +25,12 @@ from polyindex.rerank.train import Candidates
 
 def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
             profile: str = "hybrid", window: int = 100, batch: int = 64,
-            vectors: np.ndarray | None = None) -> Candidates:
+            vectors: np.ndarray | None = None,
+            field_vectors: dict[str, np.ndarray] | None = None) -> Candidates:
     """Candidates (the profile's fused top ``window``) and features of ``queries``
-    (``vectors``: their embeddings, when already computed)."""
+    (``vectors``: their embeddings, when already computed; ``field_vectors``: per named
+    vector field, the queries' vectors in query order, (nq, d), for its retrieve stage and
+    its ``vec_sim@FIELD`` feature)."""
     prof = coll._profile(profile)
     if prof.rerank is not None:
         raise InvalidArgument(f"profile {profile!r} already reranks; candidates come from a "
@@ -39,7 +42,9 @@ def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
     parts = []
     for start in range(0, len(queries), batch):
         chunk = queries[start:start + batch]
-        qs = [Query(text=t) for _, t in chunk]
+        qs = [Query(text=t, vectors={f: np.asarray(m[start + i], np.float32)
+                                     for f, m in (field_vectors or {}).items()})
+              for i, (_, t) in enumerate(chunk)]
         if needs_vec:
             vecs = vectors[start:start + batch] if vectors is not None else \
                 coll.encoder.encode([t for _, t in chunk], chunk=len(chunk))
@@ -56,10 +61,11 @@ def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
             qid_of = np.repeat([q for q, _ in chunk], np.diff(qptr))
             labels[:] = [max(qrels.get(q, {}).get(d, 0), 0) for q, d in zip(qid_of, ids)]
         parts.append(Candidates([q for q, _ in chunk], X, qptr, labels, ids,
-                                np.concatenate([s for _, s in cands]).astype(np.float64)))
-    out = Candidates.concat(parts) if parts else Candidates([], np.zeros((0, features.F), np.float32),
-                                                           np.zeros(1, np.int64), np.zeros(0, np.float32),
-                                                           [], np.zeros(0))
+                                np.concatenate([s for _, s in cands]).astype(np.float64),
+                                names=features.names(snap)))
+    out = Candidates.concat(parts) if parts else Candidates(
+        [], np.zeros((0, len(features.names(snap))), np.float32), np.zeros(1, np.int64),
+        np.zeros(0, np.float32), [], np.zeros(0), names=features.names(snap))
     out.meta = {"collection": coll.name, "profile": profile, "window": window,
                 "retrieve": prof.to_json()["retrieve"]}
     return out

@@ -12,8 +12,12 @@ from polyindex.types import MAX_VECTOR_NORM
 
 def default_vector_profile(queries: list[Query], using: str | None, kinds: dict):
     """The profile a query by named vectors runs when none is given: the field's own index,
-    or reciprocal rank fusion over the fields given. None: the collection's default."""
+    or reciprocal rank fusion over the fields given; a query by tokens alone, the
+    multivector index. None: the collection's default."""
     fields = set(queries[0].vectors)
+    if "tokens" in queries[0].extra and not fields and queries[0].vector is None \
+            and queries[0].text is None and "multivector" in kinds:
+        return "multivector"
     if using is not None and using != "dense":
         fields = {using}
     if not fields:
@@ -49,12 +53,24 @@ def query_vector(value, i: int, field: str) -> np.ndarray:
     return vec
 
 
-def make_queries(texts, vectors, using: str | None = None) -> list[Query]:
-    if texts is None and vectors is None:
-        raise InvalidArgument("a query needs text or a vector")
-    n = len(texts) if texts is not None else len(vectors)
+def query_tokens(value, i: int) -> np.ndarray:
+    """A query's token matrix (n_tokens, d), checked as documents' are."""
+    from polyindex.ingest.tokens import as_tokens
+    try:
+        return as_tokens(value)
+    except ValueError as e:
+        raise InvalidArgument(f"query {i}: {e}") from None
+
+
+def make_queries(texts, vectors, using: str | None = None, tokens=None) -> list[Query]:
+    """``tokens``: per query, a token matrix for a ``multivector:source=user`` index."""
+    if texts is None and vectors is None and tokens is None:
+        raise InvalidArgument("a query needs text or a vector (or tokens)")
+    n = len(texts) if texts is not None else len(vectors) if vectors is not None else len(tokens)
     if texts is not None and vectors is not None and len(vectors) != n:
         raise InvalidArgument(f"{n} query texts but {len(vectors)} vectors")
+    if tokens is not None and len(tokens) != n:
+        raise InvalidArgument(f"{n} queries but {len(tokens)} token matrices")
     out = []
     for i in range(n):
         text = None if texts is None else texts[i]
@@ -73,7 +89,12 @@ def make_queries(texts, vectors, using: str | None = None) -> list[Query]:
                 named = {using: query_vector(vectors[i], i, using)}
             else:
                 vec = query_vector(vectors[i], i, "dense")
-        out.append(Query(text=text, vector=vec, vectors=named))
+        extra = {}
+        if tokens is not None:
+            if tokens[i] is None:
+                raise InvalidArgument(f"query {i}: tokens are missing")
+            extra["tokens"] = query_tokens(tokens[i], i)
+        out.append(Query(text=text, vector=vec, vectors=named, extra=extra))
     if not out:
         raise InvalidArgument("no queries given")
     return out

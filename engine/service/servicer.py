@@ -26,6 +26,7 @@ from polyindex.wire.convert import (
     doc_to_proto,
     from_struct,
     to_struct,
+    tokens_from_proto,
     vectors_from_proto,
 )
 from polyindex.wire.grpc_errors import Cancelled, DeadlineExceeded
@@ -81,6 +82,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         if k > self.limits.max_k:
             raise ResourceExhausted(f"k must be an integer in 1..{self.limits.max_k}, got {k}")
         texts, vectors = self._queries(req)
+        tokens = self._query_tokens(req)
         which = req.WhichOneof("rank_profile")
         profile = (req.profile if which == "profile" else
                    from_struct(req.inline_profile) if which == "inline_profile" else None)
@@ -88,7 +90,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         coll = self.engine.collection(req.collection)
         check_deadline(context, "the query ran")  # the work below is the expensive part
         # Collection.query's with_text brings the stored metadata too; each is sent if asked
-        results = coll.query_batch(texts, vectors=vectors, k=k, profile=profile, filter=flt,
+        results = coll.query_batch(texts, vectors=vectors, tokens=tokens, k=k, profile=profile,
+                                   filter=flt,
                                    explain=req.explain,
                                    with_text=req.with_text or req.with_metadata,
                                    using=req.using if req.HasField("using") else None)
@@ -103,6 +106,22 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             add_hits(resp.hits, results[0], **payload)
         resp.took_ms = (time.perf_counter() - start) * 1000
         return resp
+
+    def _query_tokens(self, req):
+        """Per query, its token matrix (or None when no query carries tokens)."""
+        items = list(req.batch) if req.batch else [req]
+        if not any(it.HasField("tokens") for it in items):
+            return None
+        out = []
+        for i, it in enumerate(items):
+            if not it.HasField("tokens"):
+                raise InvalidArgument(f"query {i}: tokens are missing (every query of a batch "
+                                      "has tokens or none does)")
+            try:
+                out.append(tokens_from_proto(it.tokens))
+            except ValueError as e:
+                raise InvalidArgument(f"query {i}: {e}") from None
+        return out
 
     def _queries(self, req):
         """(texts | None, vectors | None) for query_batch, with the size limits checked."""
@@ -129,7 +148,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                           f"{lim.max_vector_dims} dimensions")
                 vectors[i] = named
         for i, (t, v) in enumerate(zip(texts, vectors)):
-            if t is None and v is None:
+            if t is None and v is None and not items[i].HasField("tokens"):
                 raise InvalidArgument("a query needs text or a vector" if not req.batch
                                       else f"query {i}: needs text or a vector")
             if t is not None and len(t) > lim.max_text_chars:
@@ -148,7 +167,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     @_rpc
     def Upsert(self, request_iterator, context, tags):
         name, coll, records, size, expected = None, None, [], 0, None
-        spec = None
+        spec, bad_tokens = None, {}
         for msg in request_iterator:
             if msg.HasField("expected_total"):
                 if expected is not None and msg.expected_total != expected:
@@ -169,6 +188,11 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                 rec = {"id": d.id, "title": d.title, "text": d.text, "metadata": meta}
                 if d.vectors:
                     rec["vectors"] = vectors_from_proto(d.vectors)
+                if d.HasField("tokens"):  # a malformed matrix is this row's error
+                    try:
+                        rec["tokens"] = tokens_from_proto(d.tokens)
+                    except ValueError as e:
+                        bad_tokens[len(records)] = str(e)
                 records.append(rec)
         if coll is None:
             raise InvalidArgument("the Upsert stream named no collection")
@@ -181,6 +205,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         # Every bad row the same way (errors[], status OK), declared field types included
         docs, errors = [], []
         for i, rec in enumerate(records):
+            if i in bad_tokens:
+                errors.append((i, rec["id"], "tokens", bad_tokens[i]))
+                continue
             doc = document_from_record(rec, source="Upsert", line=i + 1, fields=coll.config.fields,
                                        vectors=spec)
             if isinstance(doc, InputError):

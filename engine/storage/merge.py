@@ -77,15 +77,17 @@ def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 
 def _matrix(parts, column: str, index: str | None) -> np.ndarray | None:
-    """(n, d) float32 of a vector field over the merged rows: the stored column, else the
-    field's index's own vectors (the kind keeps them: Flat, HNSW..,Flat)."""
+    """(n, d) float32 of a vector field over the merged rows, through the field's index (its
+    stored column or its own vectors: Flat, HNSW..,Flat; NaN rows where an optional field
+    has none, so missing stays missing), else the stored column."""
     out = []
     for seg, rows in parts:
+        if index is not None and index in seg.indexes:
+            out.append(np.asarray(seg.indexes[index].vectors(rows), dtype=np.float32))
+            continue
         m = seg.docs.vector_column(column)
         if m is not None:
             out.append(np.asarray(m[rows], dtype=np.float32))
-        elif index is not None and index in seg.indexes:
-            out.append(np.asarray(seg.indexes[index].vectors(rows), dtype=np.float32))
         else:
             return None
     return np.concatenate(out) if out else None

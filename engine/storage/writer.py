@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polyindex.errors import ResourceExhausted
+from polyindex.index.dense_presence import missing_rows, placeholders_zeroed
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
 from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename, write_file
@@ -38,6 +39,8 @@ def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
              vectors: dict[str, np.ndarray] | None = None) -> BuildBatch:
     if embeddings is None and vectors:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
+    if tokens is None and docs and docs[0].tokens is not None:
+        tokens = [DocTokens(d.tokens) for d in docs]  # the user's (multivector:source=user)
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
                       embeddings, tokens, dict(vectors or {}))
 
@@ -54,7 +57,10 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
     def in_index(f: str) -> bool:
         return f in dense and dense[f].keeps_vectors()
 
-    columns = {f"vector.{f}": m for f, m in vectors.items() if f != "dense" and not in_index(f)}
+    # an optional field's missing vectors (NaN rows) are stored as zeros: the field's index
+    # keeps which rows are real (``index.dense_presence``)
+    columns = {f"vector.{f}": placeholders_zeroed(m, missing_rows(m))
+               for f, m in vectors.items() if f != "dense" and not in_index(f)}
     if embeddings is None:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
     others_read = any(k.needs_embeddings and k.kind != "dense" for k in kinds.values())

@@ -75,7 +75,28 @@ def doc_to_proto(doc: Document) -> pb.Document:
         msg.metadata.CopyFrom(to_struct(doc.metadata))
     for name, v in (doc.vectors or {}).items():
         msg.vectors[name].values.extend(np.asarray(v, np.float32).tolist())
+    if doc.tokens is not None:
+        put_tokens(msg.tokens, doc.tokens)
     return msg
+
+
+def put_tokens(msg, tokens) -> None:
+    """An (n_tokens, d) matrix into a ``TokenMatrix`` (row-major packed floats + dim)."""
+    m = np.asarray(tokens, dtype=np.float32)
+    if m.ndim != 2:
+        raise ValueError(f"tokens must be an (n_tokens, d) matrix, got shape {m.shape}")
+    msg.dim = m.shape[1]
+    msg.values.extend(m.reshape(-1).tolist())
+
+
+def tokens_from_proto(msg) -> np.ndarray:
+    """A ``TokenMatrix`` as a float32 (n_tokens, dim) array; ValueError when values do not
+    fill whole rows of ``dim``."""
+    values = np.array(msg.values, dtype=np.float32)
+    if msg.dim == 0 or len(values) % msg.dim:
+        raise ValueError(f"a token matrix of {len(values)} values does not split into rows of "
+                         f"dim={msg.dim}")
+    return values.reshape(-1, msg.dim)
 
 
 def vectors_from_proto(field) -> dict[str, np.ndarray]:
@@ -86,7 +107,8 @@ def vectors_from_proto(field) -> dict[str, np.ndarray]:
 def doc_from_proto(msg: pb.Document, fields: dict[str, str] | None = None) -> Document:
     meta = from_struct(msg.metadata) if msg.HasField("metadata") else {}
     return Document(msg.id, msg.title, msg.text, typed_metadata(meta, fields),
-                    vectors_from_proto(msg.vectors) or None)
+                    vectors_from_proto(msg.vectors) or None,
+                    tokens_from_proto(msg.tokens) if msg.HasField("tokens") else None)
 
 
 def add_hits(container, hits, *, text: bool = True, metadata: bool = True) -> None:

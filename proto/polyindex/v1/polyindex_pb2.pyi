@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Document(_message.Message):
-    __slots__ = ("id", "title", "text", "metadata", "vectors")
+    __slots__ = ("id", "title", "text", "metadata", "vectors", "tokens")
     class VectorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,12 +21,14 @@ class Document(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     id: str
     title: str
     text: str
     metadata: _struct_pb2.Struct
     vectors: _containers.MessageMap[str, Vector]
-    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ...) -> None: ...
+    tokens: TokenMatrix
+    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
 
 class Vector(_message.Message):
     __slots__ = ("values",)
@@ -34,8 +36,16 @@ class Vector(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class TokenMatrix(_message.Message):
+    __slots__ = ("values", "dim")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    dim: int
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., dim: _Optional[int] = ...) -> None: ...
+
 class QueryItem(_message.Message):
-    __slots__ = ("text", "vector", "vectors")
+    __slots__ = ("text", "vector", "vectors", "tokens")
     class VectorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,13 +56,15 @@ class QueryItem(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
     vectors: _containers.MessageMap[str, Vector]
-    def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ...) -> None: ...
+    tokens: TokenMatrix
+    def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using")
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using", "tokens")
     class VectorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +85,7 @@ class QueryRequest(_message.Message):
     WITH_METADATA_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
     USING_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
@@ -86,7 +99,8 @@ class QueryRequest(_message.Message):
     with_metadata: bool
     vectors: _containers.MessageMap[str, Vector]
     using: str
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ...) -> None: ...
+    tokens: TokenMatrix
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("id", "score", "rank", "title", "text", "explain", "metadata")

@@ -1,0 +1,172 @@
+"""Optional named vector fields: documents may leave them out, and a search by the field only
+ever returns documents that have it (issue 18)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import polyindex
+from polyindex.errors import InputError, InvalidArgument
+
+
+def vecs(n, d=16, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+def has_field(i):
+    return i % 3 != 0  # a third of the documents leave the field out
+
+
+def records(x, n0=0):
+    return [{"id": f"d{i}", "text": f"doc {i}",
+             **({"vectors": {"image": x[i]}} if has_field(i) else {})}
+            for i in range(n0, len(x))]
+
+
+def brute_present(x, q, k):
+    """numpy reference over only the rows that have the field (inner product)."""
+    rows = np.array([i for i in range(len(x)) if has_field(i)])
+    s = q @ x[rows].T
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return rows[order]
+
+
+@pytest.fixture
+def eng(tmp_path):
+    e = polyindex.open(tmp_path / "data")
+    yield e
+    e.close()
+
+
+def _ids(hits):
+    return [h.id for h in hits]
+
+
+def test_factory_syntax():
+    from polyindex.index.protocol import from_factory
+    kind = from_factory("dense@image:dim=8,metric=cosine,optional,HNSW32,Flat")
+    assert kind.optional and kind.factory == "HNSW32,Flat"
+    assert from_factory(kind.describe()).optional
+    with pytest.raises(InvalidArgument, match="needs its dimension declared"):
+        from_factory("dense@image:optional,Flat")
+    with pytest.raises(InvalidArgument, match="only a named field can be optional"):
+        from_factory("dense:dim=8,optional,Flat")
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat", "IVF8,PQ4x4"])
+def test_missing_vectors_are_never_found(eng, factory):
+    """ip with vectors scored negative: a zero placeholder (score 0) would outrank them."""
+    x = vecs(300, 8)
+    coll = eng.create_collection("v", ["lexical", f"dense@image:dim=8,optional,{factory}"],
+                                 model=None, segment_size=100)
+    coll.add(records(x))
+    q = -x[1:2]  # the query's own document scores most negative; most others near 0
+    n_present = sum(has_field(i) for i in range(300))
+    hits = coll.query(vector=q[0], using="image", k=300)
+    ids = _ids(hits)
+    assert len(ids) == n_present
+    assert all(has_field(int(i[1:])) for i in ids)
+    if factory != "IVF8,PQ4x4":  # exact scores: every present row, ordered as numpy orders them
+        assert ids == [f"d{r}" for r in brute_present(x, q, 300)[0]]
+    got = coll.get(["d0", "d1"], with_vectors=True)
+    assert "image" not in got[0].vectors  # absent, not zeros
+    assert np.array_equal(got[1].vectors["image"], x[1])
+
+
+def test_recall_against_numpy_over_present_rows(eng):
+    x = vecs(3000, 24, seed=3)
+    coll = eng.create_collection("v", ["dense@image:dim=24,optional,HNSW32,Flat"], model=None)
+    coll.add(records(x))
+    q = vecs(30, 24, seed=9)
+    ref = brute_present(x, q, 10)
+    hit = 0
+    for qi in range(len(q)):
+        ids = _ids(coll.query(vector=q[qi], using="image", k=10))
+        assert all(has_field(int(i[1:])) for i in ids)
+        hit += len(set(ids) & {f"d{r}" for r in ref[qi]})
+    recall = hit / (10 * len(q))
+    print(f"optional field HNSW32 recall@10 vs numpy over present rows: {recall:.3f}")
+    assert recall >= 0.95
+
+
+def test_a_required_field_still_refuses_a_missing_vector(eng):
+    x = vecs(10, 4)
+    coll = eng.create_collection("v", ["dense@image:dim=4,optional,Flat", "dense@tag:dim=4,Flat"],
+                                 model=None)
+    docs = [{"id": f"d{i}", "vectors": {"image": x[i], "tag": x[i]}} for i in range(10)]
+    docs[6] = {"id": "d6", "vectors": {"image": x[6]}}
+    with pytest.raises(InputError, match=r"add\(\):7, id='d6', field 'vectors.tag'.*missing"):
+        coll.add(docs)
+    assert coll.count() == 0
+    docs[6] = {"id": "d6", "text": "no image", "vectors": {"tag": x[6]}}
+    assert coll.add(docs) == 10
+    assert "d6" not in _ids(coll.query(vector=x[6], using="image", k=10))
+    assert _ids(coll.query(vector=x[6], using="tag", k=1)) == ["d6"]
+
+
+@pytest.mark.parametrize("factory", ["HNSW16,Flat", "IVF4,PQ4x4"])
+def test_missing_stays_missing_through_merge_and_reopen(tmp_path, factory):
+    x = vecs(240, 8, seed=1)
+    eng = polyindex.open(tmp_path / "data")
+    coll = eng.create_collection("v", [f"dense@image:dim=8,optional,{factory}"], model=None,
+                                 segment_size=1000)
+    for start in range(0, 240, 60):  # four segments
+        coll.add(records(x[:start + 60], start))
+    coll.delete(["d4", "d5"])
+    assert len(coll.sealed_snapshot().segments) == 4
+    before = _ids(coll.query(vector=x[2], using="image", k=200))
+    coll.compact(max_segments=1)
+    assert len(coll.sealed_snapshot().segments) == 1
+    after = _ids(coll.query(vector=x[2], using="image", k=200))
+    n_present = sum(has_field(i) for i in range(240) if i not in (4, 5))
+    assert len(after) == n_present and sorted(after) == sorted(before)
+    eng.close()
+    coll = polyindex.open(tmp_path / "data").collection("v")
+    got = coll.get(["d3", "d7"], with_vectors=True)
+    assert got[0].vectors == {} and np.array_equal(got[1].vectors["image"], x[7])
+    assert sorted(_ids(coll.query(vector=x[2], using="image", k=200))) == sorted(after)
+
+
+def test_jsonl_missing_key_and_parquet_null(eng, tmp_path):
+    x = vecs(50, 4)
+    (tmp_path / "v.jsonl").write_text("".join(
+        json.dumps({"id": f"d{i}", "text": "t", **({"vectors": {"image": x[i].tolist()}}
+                                                   if has_field(i) else {})}) + "\n"
+        for i in range(50)))
+    coll = eng.create_collection("v", ["lexical", "dense@image:dim=4,optional,Flat"], model=None)
+    coll.index(tmp_path / "v.jsonl")
+    assert len(coll.query(vector=x[1], using="image", k=50)) == sum(map(has_field, range(50)))
+    col = pa.array([x[i].tolist() if has_field(i) else None for i in range(50)],
+                   pa.list_(pa.float32(), 4))
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(50)], "text": ["t"] * 50,
+                             "vector.image": col}), tmp_path / "v.parquet")
+    coll2 = eng.create_collection("w", ["lexical", "dense@image:dim=4,optional,Flat"], model=None)
+    coll2.index(tmp_path / "v.parquet")
+    assert coll2.count() == 50
+    ids = _ids(coll2.query(vector=x[1], using="image", k=50))
+    assert len(ids) == sum(map(has_field, range(50))) and "p0" not in ids
+    assert coll2.get(["p0"], with_vectors=True)[0].vectors == {}
+
+
+def test_online_writes_and_wal_replay(tmp_path):
+    x = vecs(60, 4, seed=2)
+    eng = polyindex.open(tmp_path / "d", online=True)
+    coll = eng.create_collection("v", ["lexical", "dense@image:dim=4,optional,HNSW16,Flat"],
+                                 model=None)
+    coll.add(records(x))
+    assert len(coll.query(vector=x[1], using="image", k=60)) == sum(map(has_field, range(60)))
+    shutil.copytree(tmp_path / "d", tmp_path / "crashed")  # nothing sealed yet
+    eng.close()
+    eng2 = polyindex.open(tmp_path / "crashed", online=True)
+    coll2 = eng2.collection("v")
+    ids = _ids(coll2.query(vector=x[1], using="image", k=60))
+    assert len(ids) == sum(map(has_field, range(60))) and "d0" not in ids
+    assert coll2.get(["d0"], with_vectors=True)[0].vectors == {}
+    eng2.close()
+    coll3 = polyindex.open(tmp_path / "crashed").collection("v")
+    assert len(coll3.query(vector=x[1], using="image", k=60)) == sum(map(has_field, range(60)))
