@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.errors import NotFound, ResourceExhausted
+from polyindex.index.protocol import DocTokens
 from polyindex.online.wal import WriteAheadLog, disk_error
 from polyindex.storage import build_worker, idindex
 from polyindex.storage.manifest import SegmentEntry
@@ -414,6 +415,8 @@ def _remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=
     # the columns ~1 ms; the stacked vectors travel once.
     columns = ([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
                [d.metadata for d in docs])
+    if tokens is None and docs and docs[0].tokens is not None:  # multivector:source=user
+        tokens = [DocTokens(d.tokens) for d in docs]
     return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
                             columns, fields, kinds, embeddings, tokens, vectors)
 
