@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from polyindex.errors import Corrupt, NotFound
@@ -122,7 +123,11 @@ class WalFollower(BufferedView):
     """The sealed manifest composed with the WAL records above its ``wal_through``."""
 
     def __init__(self, coll):
-        super().__init__(coll, Path(tempfile.mkdtemp(prefix="polyindex-follow-")))
+        # Buffer segments go to a private folder, never the data directory; removed at close,
+        # or at exit for a handle nobody closed (a serve worker's is in its group's folder)
+        scratch = Path(tempfile.mkdtemp(prefix="polyindex-follow-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, scratch, True)
+        super().__init__(coll, scratch)
         self.tail = WalTail(coll.folder / "wal")
         self.records: list[tuple[int, dict]] = []  # read and above base's wal_through
         self.closed = False
@@ -187,7 +192,7 @@ class WalFollower(BufferedView):
     def close(self) -> None:
         with self._catch_lock, self.lock:
             self.closed = True
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._cleanup()
 
 
 def _forget(buffer: Buffer) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,6 +52,12 @@ def _serve(cfg: dict):
     from polyindex.service.server import serve
     member = Member(cfg["worker"], cfg["processes"], Path(cfg["runtime"]), cfg["restarts"],
                     readonly=cfg["readonly"])
+    # Temporary files (a follower's buffer segments) in the group's folder, which the parent
+    # removes at the end even when this worker was killed; a predecessor's are removed now
+    scratch = member.runtime / f"tmp-{member.worker}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    tempfile.tempdir = str(scratch)
     socket_path(member.runtime, member.worker).unlink(missing_ok=True)  # a dead predecessor's
     token = None
     if cfg.get("token_file"):
@@ -87,6 +95,14 @@ def main(argv: list[str]) -> int:
     while not done.wait(1.0):
         pass
     srv.stop(cfg["grace"])
+    if os.getppid() != cfg["parent"]:  # orphaned: nobody else will clean the group's folder
+        runtime = Path(cfg["runtime"])
+        shutil.rmtree(runtime / f"tmp-{cfg['worker']}", ignore_errors=True)
+        (runtime / f"worker-{cfg['worker']}.sock").unlink(missing_ok=True)
+        try:
+            runtime.rmdir()  # the last worker out
+        except OSError:
+            pass
     return 0
 
 
