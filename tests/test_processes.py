@@ -239,3 +239,13 @@ def test_a_port_held_by_another_program_fails_clearly(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_a_directory_held_by_another_writer_fails_clearly(tmp_path):
+    import polyindex
+    with polyindex.open(tmp_path):  # this process holds the directory's lock
+        r = subprocess.run([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
+                            str(tmp_path), "--port", "0", "--processes", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "did not start" in r.stderr and "already open for writing" in r.stderr

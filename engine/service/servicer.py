@@ -43,6 +43,10 @@ class Limits:
     max_row_errors: int = 1000  # reported per Upsert; `failed` counts them all
 
 
+# The calls a group's processes make to each other (queries never are: no metadata scan)
+_MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "CreateCollection", "DropCollection", "Stats"})
+
+
 def _rpc(method):
     """Wrap a servicer method: deadline, error mapping, metrics. ``tags`` carries labels."""
     name = method.__name__
@@ -58,7 +62,7 @@ def _rpc(method):
         code = "OK" if err is None else grpc_errors.status_code(err).name
         # A call one process of a group makes to another (a forwarded write, a sibling's
         # Stats) is counted where the client's call arrived, not twice in the group's sums
-        internal = self.member is not None and is_internal(context)
+        internal = self.member is not None and name in _MAY_BE_INTERNAL and is_internal(context)
         self.metrics.observe(name, code, time.perf_counter() - start,
                              tags["profile"] if err is None else "", tally=not internal)
         if err is not None:

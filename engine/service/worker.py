@@ -70,8 +70,9 @@ def _serve(cfg: dict):
                          workers=cfg["workers"], metrics_port=0, frontend=cfg["frontend"],
                          member=member)
         except FailedPrecondition:
-            # The writer's predecessor may still be releasing the directory's lock
-            if member.role != "writer" or time.monotonic() > deadline:
+            # A restarted writer's predecessor may still be releasing the directory's lock;
+            # at the group's start, a lock held by another program fails at once
+            if member.role != "writer" or not member.restarts or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
