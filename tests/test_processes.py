@@ -7,6 +7,7 @@ every process with a generous deadline (the bound is documented, 50 ms; no timin
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -133,6 +134,17 @@ def test_queries_over_fresh_connections_reach_both_processes(group):
     served = {p["pid"] for p in stats["processes"] if p["requests"].get("Query", 0) > 0}
     assert len(served) == 2, f"only {served} answered queries: {stats['processes']}"
     assert stats["requests_all"]["Query"] >= 60
+
+
+def test_info_shows_the_processes(group, cli):
+    _, address = group
+    r = cli("info", "--server", address, "--json")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)
+    assert sorted(p["role"] for p in stats["processes"]) == ["follower", "writer"]
+    assert all(p["pid"] and not p["error"] for p in stats["processes"])
+    shown = cli("info", "--server", address)
+    assert shown.returncode == 0 and "follower" in shown.stdout and "writer" in shown.stdout
 
 
 def test_a_write_through_either_process_is_visible_through_every_process(group):
