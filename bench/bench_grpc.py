@@ -172,6 +172,8 @@ def main() -> None:
     ap.add_argument("--processes", default=None,
                     help="e.g. 1,2: compare `serve --processes N` settings instead (16 client "
                          "processes, lexical and dense)")
+    ap.add_argument("--server-workers", type=int, default=None,
+                    help="with --processes: each server process's --workers (default: serve's, 8)")
     args = ap.parse_args()
     frontends = args.frontends.split(",")
     folder = collection_folder("npl")
@@ -237,7 +239,7 @@ def processes_main(args, folder: Path) -> None:
             copies[n] = tmp / f"p{n}"
             shutil.copytree(ENGINE_DATA / "npl", copies[n] / "npl")
         res = compare(polyindex_cmd(), copies, settings, queries, vectors, args.seconds,
-                      args.rounds, console, table)
+                      args.rounds, console, table, args.server_workers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if len(settings) > 1:
@@ -246,7 +248,8 @@ def processes_main(args, folder: Path) -> None:
         res["pass"] = ratio >= 1.6 and errors == 0
         console.print(f"lexical q/s, --processes {settings[-1]} vs {settings[0]}: {ratio:.2f}x "
                       f"(goal >= 1.6x), errors {errors} (goal 0) {verdict(res['pass'])}")
-    res.update(seconds=args.seconds, cpus=os.cpu_count(), load_avg=os.getloadavg())
+    res.update(seconds=args.seconds, cpus=os.cpu_count(), load_avg=os.getloadavg(),
+               server_workers=args.server_workers)
     save_results("bench_grpc_processes", res)
 
 

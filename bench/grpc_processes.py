@@ -13,6 +13,7 @@ round) on this shared, busy machine; the ratio of q/s is the median of the per-r
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import re
 import subprocess
 import time
@@ -99,9 +100,54 @@ class Clients:
             p.join(10)
 
 
-def start_group(cmd: list[str], data, processes: int, workers: int = 16):
-    proc = subprocess.Popen([*cmd, "serve", "--data", str(data), "--port", "0", "--workers",
-                             str(workers), "--processes", str(processes)],
+def _tree(pid: int) -> list[int]:
+    """A process and its children (a group's parent and its workers)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *map(int, f.read().split())]
+    except OSError:
+        return [pid]
+
+
+def _cpu(pids) -> float:
+    """CPU seconds (user + system, every thread) the processes used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _machine() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of the whole machine so far (steal counted as busy)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    idle = v[3] + v[4]
+    return (sum(v) - idle) / os.sysconf("SC_CLK_TCK"), idle / os.sysconf("SC_CLK_TCK")
+
+
+def accounted(run, server_pid: int, client_pids: list[int]) -> dict:
+    """``run()``'s result with where the machine's CPUs went meanwhile, in cores: the server
+    (all its processes), the 16 clients, everything else on this shared machine, idle."""
+    servers = _tree(server_pid)
+    s0, c0, (b0, i0), t0 = _cpu(servers), _cpu(client_pids), _machine(), time.perf_counter()
+    res = run()
+    s1, c1, (b1, i1), t1 = _cpu(servers), _cpu(client_pids), _machine(), time.perf_counter()
+    wall = t1 - t0
+    res.update(server_cores=(s1 - s0) / wall, client_cores=(c1 - c0) / wall,
+               other_cores=((b1 - b0) - (s1 - s0) - (c1 - c0)) / wall,
+               idle_cores=(i1 - i0) / wall)
+    return res
+
+
+def start_group(cmd: list[str], data, processes: int, workers: int | None = None):
+    extra = ["--workers", str(workers)] if workers else []  # else the server's default (8)
+    proc = subprocess.Popen([*cmd, "serve", "--data", str(data), "--port", "0", *extra,
+                             "--processes", str(processes)],
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"serving on (\S+)", line)
@@ -119,10 +165,10 @@ def query_requests(queries, vectors, profile: str) -> list[bytes]:
 
 
 def compare(cmd, data_copies: dict, settings: list[int], queries, vectors, seconds: float,
-            rounds: int, console, table) -> dict:
+            rounds: int, console, table, workers: int | None = None) -> dict:
     """Start one server per setting, then rounds of (setting x profile) measurements."""
     requests = {p: query_requests(queries, vectors, p) for p in ("lexical", "dense")}
-    servers = {n: start_group(cmd, data_copies[n], n) for n in settings}
+    servers = {n: start_group(cmd, data_copies[n], n, workers) for n in settings}
     clients = Clients()
     runs: dict = {n: {p: [] for p in requests} for n in settings}
     try:
@@ -130,11 +176,16 @@ def compare(cmd, data_copies: dict, settings: list[int], queries, vectors, secon
             order = settings if r % 2 == 0 else settings[::-1]
             for profile in requests:
                 for n in order:
-                    res = clients.run(servers[n][1], requests[profile], seconds)
+                    res = accounted(lambda: clients.run(servers[n][1], requests[profile],
+                                                        seconds),
+                                    servers[n][0].pid, [p.pid for p in clients.procs])
                     runs[n][profile].append(res)
                     console.print(f"round {r + 1} {profile:7s} --processes {n}: "
                                   f"{res['qps']:7.0f} q/s  p50 {res['p50_ms']:.2f} ms  "
-                                  f"p99 {res['p99_ms']:.2f} ms  errors {res['errors']}")
+                                  f"p99 {res['p99_ms']:.2f} ms  errors {res['errors']}  cores: "
+                                  f"server {res['server_cores']:.2f} clients "
+                                  f"{res['client_cores']:.2f} other {res['other_cores']:.2f} "
+                                  f"idle {res['idle_cores']:.2f}")
     finally:
         clients.close()
         codes = {}
@@ -156,10 +207,10 @@ def summarize(runs: dict, settings: list[int], console, table, codes) -> dict:
         per = {}
         for n in settings:
             rs = runs[n][profile]
-            per[n] = {"qps": float(np.median([r["qps"] for r in rs])),
-                      "p50_ms": float(np.median([r["p50_ms"] for r in rs])),
-                      "p99_ms": float(np.median([r["p99_ms"] for r in rs])),
-                      "errors": sum(r["errors"] for r in rs)}
+            per[n] = {k: float(np.median([r[k] for r in rs]))
+                      for k in ("qps", "p50_ms", "p99_ms", "server_cores", "client_cores",
+                                "other_cores", "idle_cores")}
+            per[n]["errors"] = sum(r["errors"] for r in rs)
         for n in settings:
             ratios = [a["qps"] / b["qps"] for a, b in zip(runs[n][profile], runs[base][profile])]
             per[n]["ratio_vs_first"] = float(np.median(ratios))
@@ -167,10 +218,13 @@ def summarize(runs: dict, settings: list[int], console, table, codes) -> dict:
             rows.append([profile, n, f"{per[n]['qps']:.0f}", f"{per[n]['p50_ms']:.2f}",
                          f"{per[n]['p99_ms']:.2f}", per[n]["errors"],
                          f"{per[n]['ratio_vs_first']:.2f}x",
-                         " ".join(f"{x:.2f}" for x in ratios)])
+                         " ".join(f"{x:.2f}" for x in ratios),
+                         f"{per[n]['server_cores']:.2f}", f"{per[n]['client_cores']:.2f}",
+                         f"{per[n]['other_cores']:.2f}", f"{per[n]['idle_cores']:.2f}"])
         out["profiles"][profile] = per
     console.print(table(f"npl, {CLIENTS} client processes: `serve --processes N` (medians of "
                         f"{len(runs[base][next(iter(runs[base]))])} interleaved rounds)",
                         ["profile", "processes", "q/s", "p50 ms", "p99 ms", "errors",
-                         f"q/s vs {base}", "per round"], rows))
+                         f"q/s vs {base}", "per round", "server cores", "client cores",
+                         "other cores", "idle"], rows))
     return out
