@@ -25,6 +25,11 @@ target: zero errors and the server's RSS at the end within 20% of its RSS after 
 
     python bench/bench_grpc.py [--seconds 5] [--rounds 5] [--load-seconds 60]
         [--setups pinned,free] [--frontends native,python] [--fresh]
+
+``--processes 1,2`` measures instead `polyindex serve --processes N` for each N: 16 client
+processes, `lexical` and `dense`, q/s, p50/p99 and errors, the settings interleaved over
+``--rounds`` rounds of ``--seconds`` each (``grpc_processes.py``; goal: >= 1.6x the q/s of
+the first setting for lexical), written to bench/results/bench_grpc_processes.json.
 """
 from __future__ import annotations
 
@@ -164,11 +169,18 @@ def main() -> None:
     ap.add_argument("--frontends", default="native,python",
                     help="server front ends; the goal is checked on the first")
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--processes", default=None,
+                    help="e.g. 1,2: compare `serve --processes N` settings instead (16 client "
+                         "processes, lexical and dense)")
+    ap.add_argument("--server-workers", type=int, default=None,
+                    help="with --processes: each server process's --workers (default: serve's, 8)")
     args = ap.parse_args()
     frontends = args.frontends.split(",")
     folder = collection_folder("npl")
     if folder is None:
         return
+    if args.processes:
+        return processes_main(args, folder)
     import polyindex
     from polyindex.service.affinity import pin_process
     ids, _, _ = read_corpus(folder)
@@ -206,6 +218,39 @@ def main() -> None:
         pin_process(all_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
     save_results("bench_grpc", results)
+
+
+def processes_main(args, folder: Path) -> None:
+    """``--processes 1,2``: see grpc_processes.py."""
+    import polyindex
+    from grpc_processes import compare
+
+    from common import polyindex_cmd
+    settings = [int(x) for x in args.processes.split(",")]
+    ids, _, _ = read_corpus(folder)
+    ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
+    queries = [t for _, t in read_queries(folder)]
+    with polyindex.open(ENGINE_DATA, readonly=True) as eng:
+        vectors = eng.collection("npl").encoder.encode(queries)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-processes-"))
+    try:
+        copies = {}
+        for n in settings:  # each server writes its own directory (the writer's lock)
+            copies[n] = tmp / f"p{n}"
+            shutil.copytree(ENGINE_DATA / "npl", copies[n] / "npl")
+        res = compare(polyindex_cmd(), copies, settings, queries, vectors, args.seconds,
+                      args.rounds, console, table, args.server_workers)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if len(settings) > 1:
+        ratio = res["profiles"]["lexical"][settings[-1]]["ratio_vs_first"]
+        errors = sum(v["errors"] for per in res["profiles"].values() for v in per.values())
+        res["pass"] = ratio >= 1.6 and errors == 0
+        console.print(f"lexical q/s, --processes {settings[-1]} vs {settings[0]}: {ratio:.2f}x "
+                      f"(goal >= 1.6x), errors {errors} (goal 0) {verdict(res['pass'])}")
+    res.update(seconds=args.seconds, cpus=os.cpu_count(), load_avg=os.getloadavg(),
+               server_workers=args.server_workers)
+    save_results("bench_grpc_processes", res)
 
 
 def warm(colls, queries, vectors) -> None:

@@ -160,8 +160,9 @@ def evaluate_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, flo
 # ------------------------------------------------------------------------------------ CLI
 
 def polyindex_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "polyindex"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "polyindex.cli.main"]
+    # This interpreter's polyindex, always: a console script's shebang may name another
+    # checkout's interpreter (a venv copied or shared between worktrees)
+    return [sys.executable, "-m", "polyindex.cli.main"]
 
 
 def run_cli(args: Sequence[str], *, json_out: bool = True, timeout: float | None = None):

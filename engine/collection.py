@@ -66,7 +66,7 @@ def _doc_from(obj: Any, i: int, spec) -> Document:
 
 class Collection:
     def __init__(self, folder: Path, device: str = "cpu", online: bool = False,
-                 readonly: bool = False, dir_lock=None):
+                 readonly: bool = False, dir_lock=None, follow_wal: bool = True):
         self.folder = folder
         # The engine's data-directory lock, kept alive while this handle can write (a
         # collection outliving its engine object must not let a second writer in).
@@ -115,6 +115,9 @@ class Collection:
                             "rows_merged": 0, "rows_reclaimed": 0}
         self._online = None
         self._merger = None
+        # A reader's view of the writer's acknowledged, not yet sealed writes (its WAL tail)
+        self._follow_wal = readonly and follow_wal
+        self._follower = None
         if online:
             from polyindex.online.merging import BackgroundMerger
             from polyindex.online.writes import OnlineWrites
@@ -135,6 +138,8 @@ class Collection:
         online = self._online
         if online is not None:
             return online.snapshot()
+        if self._follow_wal:
+            return self._follow().snapshot()
         if self._snapshot is None or self.manifest_changed():
             return self.sealed_snapshot()
         return self._snapshot
@@ -211,6 +216,21 @@ class Collection:
         names = {e.tombstones for e in manifest.segments}
         for gone in [k for k in self._tombstones if k not in names]:
             del self._tombstones[gone]
+
+    def _follow(self):
+        follower = self._follower
+        if follower is None:
+            from polyindex.online.follow import WalFollower
+            with self._lock:
+                if self._follower is None:
+                    self._follower = WalFollower(self)
+                follower = self._follower
+        return follower
+
+    def catch_up(self) -> None:
+        """A reader: take in the writer's acknowledged writes now (not at the next check)."""
+        if self._follow_wal and not self.closed:
+            self._follow().catch_up(force=True)
 
     def refresh(self) -> None:
         self._stamp = None
@@ -460,7 +480,8 @@ class Collection:
                 # merges this process made (a server's background merging, compact)
                 **(self.merge_stats if self._merger is not None or self.merge_stats["merges"]
                    else {}),
-                **(online.pending() if (online := self._online) is not None else {})}
+                **(online.pending() if (online := self._online) is not None else {}),
+                **(f.pending() if (f := self._follower) is not None else {})}
 
     # -- compaction ------------------------------------------------------------------------
     def merge(self, ids: Sequence[str], stop=lambda: False) -> dict | None:
@@ -500,6 +521,9 @@ class Collection:
             self._snapshot = None
             self._opened.clear()
             self._tombstones.clear()
+            follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.close()  # its private folder of buffer segments
 
     def abandon(self) -> None:
         """Close without sealing (the collection is being dropped): stops the sealer, waits

@@ -29,12 +29,14 @@ _LEFTOVERS = (".creating", ".dropping")  # dot-folders of an interrupted create 
 
 class Engine:
     def __init__(self, path: str | Path, device: str = "cpu", create: bool = True,
-                 online: bool = False, readonly: bool = False):
+                 online: bool = False, readonly: bool = False, follow_wal: bool = True):
         """``online=True`` is the serving mode: writes go through a write-ahead log and an
         in-memory buffer sealed into segments in the background (see ``polyindex.online``).
-        ``readonly=True``: no lock and no writes; new commits of the writer are followed."""
+        ``readonly=True``: no lock and no writes; new commits of the writer are followed, and
+        (``follow_wal``) so are its acknowledged writes not yet sealed (``online.follow``)."""
         self.path = Path(path)
         self.readonly = readonly
+        self.follow_wal = follow_wal
         self.online = online and not readonly
         self.device = check_device(device)
         if not self.path.is_dir():
@@ -114,6 +116,7 @@ class Engine:
             coll = self._collections.get(name)
             if coll is not None and self.readonly and not coll.is_current():
                 self._collections.pop(name, None)  # dropped (and maybe re-created) by the writer
+                coll.close()
                 coll = None
             if coll is None:
                 folder = self.path / name
@@ -121,7 +124,8 @@ class Engine:
                     raise NotFound(f"collection {name!r} not found "
                                    f"(have: {', '.join(self.list_collections()) or 'none'})")
                 coll = Collection(folder, self.device, online=self.online,
-                                  readonly=self.readonly, dir_lock=self._dir_lock)
+                                  readonly=self.readonly, dir_lock=self._dir_lock,
+                                  follow_wal=self.follow_wal)
                 self._collections[name] = coll
             return coll
 

@@ -117,6 +117,11 @@ def test_every_rpc(stub):
     (c,) = stats.collections
     assert (c.name, c.documents) == ("every", 2) and c.wal_bytes >= 0 and c.deleted_rows >= 0
     assert stats.uptime_s > 0 and stats.requests["Query"] >= 4 and stats.requests_total >= 10
+    assert (stats.process.pid, stats.process.role) == (os.getpid(), "writer")  # a lone server
+    assert stats.process.requests_total == stats.requests_total and not stats.processes
+    every = stub.Stats(pb.StatsRequest(processes=True))
+    assert [p.pid for p in every.processes] == [os.getpid()]
+    assert every.requests_all_total == every.requests_total
     assert {c.name for c in stub.Stats(pb.StatsRequest()).collections} >= {"every", "docs"}
     stub.DropCollection(pb.DropCollectionRequest(name="every"))
     assert "every" not in stub.ListCollections(pb.ListCollectionsRequest()).names

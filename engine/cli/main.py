@@ -323,10 +323,25 @@ def tune_bm25(data: Path = DataOpt, collection: str = CollOpt,
 
 
 @app.command()
-def info(data: Path = DataOpt, collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Describe this collection (default: list them)."),
+def info(data: Optional[Path] = typer.Option(None, "--data", help="Data directory."),
+         collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Describe this collection (default: list them)."),
+         server: Optional[str] = typer.Option(None, "--server", help="Describe the server at HOST:PORT instead: its processes (pid, role, requests) and collections."),
+         token_file: Optional[Path] = typer.Option(None, "--token-file", help="With --server: file holding the bearer token."),
          as_json: bool = JsonOpt):
-    """Describe a collection, or list the collections."""
-    from polyindex.cli.show import show_collection, show_collections
+    """Describe a collection, or list the collections (or a running server's processes)."""
+    from polyindex.cli.show import show_collection, show_collections, show_server
+    if server is not None:
+        from polyindex.client.remote import Client
+        token = token_file.read_text().strip() if token_file else None
+        with Client(server, token=token) as client:
+            stats = client.stats(processes=True)
+        if as_json:
+            print(json.dumps(stats))
+        else:
+            show_server(out, server, stats)
+        return
+    if data is None:
+        raise InvalidArgument("give --data DIR (or --server HOST:PORT)")
     eng = _engine(data, readonly=True)
     payload = (eng.collection(collection).info() if collection
                else {"collections": eng.list_collections()})
@@ -421,14 +436,20 @@ def serve(data: Path = DataOpt,
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
           cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
           frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
-          readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits followed.")):
+          readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits and acknowledged writes followed."),
+          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core.")):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
+    kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
+              workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
+              readonly=readonly)
+    if processes > 1:
+        from polyindex.service.supervisor import run_group
+        run_group(data, processes, **kw)
+        return
     from polyindex.service.server import run
-    run(data, host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
-        workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-        readonly=readonly)
+    run(data, **kw)
 
 
 def main() -> None:

@@ -74,3 +74,21 @@ def show_collections(out: Console, data: Path, infos: list[dict]) -> None:
         table.add_row(escape(info["name"]), f"{info['documents']:,}", f"{info['segments']:,}",
                       escape(", ".join(info["indexes"])))
     out.print(table)
+
+
+def show_server(out: Console, address: str, stats: dict) -> None:
+    """A running server's processes (``polyindex info --server``) and collections."""
+    table = Table(title=f"server {address}: {len(stats['processes'])} process(es), "
+                        f"{stats['requests_all_total']:,} requests", title_justify="left")
+    for col, justify in (("worker", "right"), ("pid", "right"), ("role", "left"),
+                         ("uptime s", "right"), ("requests", "right"), ("restarts", "right"),
+                         ("state", "left")):
+        table.add_column(col, justify=justify)
+    for p in stats["processes"]:
+        table.add_row(str(p["worker"]), str(p["pid"] or "-"), p["role"] or "-",
+                      f"{p['uptime_s']:.0f}", f"{p['requests_total']:,}", str(p["restarts"]),
+                      escape(p["error"]) if p["error"] else "serving")
+    out.print(table)
+    for name, c in stats["collections"].items():
+        out.print(f"  {escape(name)}: {c['documents']:,} documents, {c['segments']:,} segments",
+                  highlight=False)

@@ -160,13 +160,20 @@ class Client:
     def list_collections(self) -> list[str]:
         return list(self._call("ListCollections", pb.ListCollectionsRequest()).names)
 
-    def stats(self) -> dict:
-        r = self._call("Stats", pb.StatsRequest())
-        return {"uptime_s": r.uptime_s, "requests": dict(r.requests),
-                "requests_total": r.requests_total,
-                "collections": {c.name: {"documents": c.documents, "segments": c.segments,
-                                         "deleted_rows": c.deleted_rows, "wal_bytes": c.wal_bytes}
-                                for c in r.collections}}
+    def stats(self, processes: bool = False) -> dict:
+        """Counts of the process that answers (``process``: its pid and role); with
+        ``processes``, every process of the server too (``polyindex serve --processes N``),
+        and ``requests_all`` summed over them."""
+        r = self._call("Stats", pb.StatsRequest(processes=processes))
+        out = {"uptime_s": r.uptime_s, "requests": dict(r.requests),
+               "requests_total": r.requests_total, "process": _process(r.process),
+               "collections": {c.name: {"documents": c.documents, "segments": c.segments,
+                                        "deleted_rows": c.deleted_rows, "wal_bytes": c.wal_bytes}
+                               for c in r.collections}}
+        if processes:
+            out.update(processes=[_process(p) for p in r.processes],
+                       requests_all=dict(r.requests_all), requests_all_total=r.requests_all_total)
+        return out
 
     def close(self) -> None:
         if self._native is not None:
@@ -178,6 +185,12 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _process(p) -> dict:
+    return {"pid": p.pid, "role": p.role, "worker": p.worker, "uptime_s": p.uptime_s,
+            "requests": dict(p.requests), "requests_total": p.requests_total,
+            "restarts": p.restarts, "error": p.error}
 
 
 def _fields_of(info) -> dict[str, str]:

@@ -56,6 +56,62 @@ def disk_error(e: OSError, what: str) -> Exception:
     return e
 
 
+def file_numbers(folder: Path) -> list[int]:
+    """The numbers of the log files in ``folder``, ascending."""
+    out = []
+    for p in folder.glob("wal-*.log"):
+        try:
+            out.append(int(p.stem.split("-")[1]))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def file_name(number: int) -> str:
+    return _name(number)
+
+
+def frame_at(data: bytes, pos: int, prev: int) -> tuple[int, int, bytes] | str:
+    """(end, seq, payload) of a valid frame at ``pos``, or why there is none."""
+    if len(data) - pos < 2:
+        return "truncated record header"
+    magic = int.from_bytes(data[pos:pos + 2], "little")
+    if magic == MAGIC:
+        if len(data) - pos < HEADER.size:
+            return "truncated record header"
+        _, length, seq, digest = HEADER.unpack_from(data, pos)
+        start, end = pos + HEADER.size, pos + HEADER.size + length
+        if length > MAX_RECORD or end > len(data):
+            return "truncated record"
+        if _checksum(seq, data[start:end]) != digest:
+            return "checksum mismatch"
+        return end, seq, data[start:end]
+    if magic == OLD_MAGIC:
+        import zlib
+        if len(data) - pos < OLD_HEADER.size:
+            return "truncated record header"
+        _, length, crc = OLD_HEADER.unpack_from(data, pos)
+        start, end = pos + OLD_HEADER.size, pos + OLD_HEADER.size + length
+        if end > len(data):
+            return "truncated record"
+        if zlib.crc32(data[start:end]) != crc:
+            return "checksum mismatch"
+        return end, prev + 1, data[start:end]  # format 1 numbered by position
+    return "bad record marker"
+
+
+def valid_after(data: bytes, pos: int) -> int | None:
+    """Offset of a valid frame after ``pos`` (a sign of corruption, not a torn tail)."""
+    for magic in (MAGIC, OLD_MAGIC):
+        marker = magic.to_bytes(2, "little")
+        q = data.find(marker, pos + 1)
+        while q != -1:
+            if not isinstance(frame_at(data, q, 0), str):
+                return q
+            q = data.find(marker, q + 1)
+    return None
+
+
 class WriteAheadLog:
     def __init__(self, folder: Path, after: int = 0):
         """Open (and check) the log; ``after``: the manifest's ``wal_through``."""
@@ -77,13 +133,7 @@ class WriteAheadLog:
             fsutil.fsync_dir(folder, "wal.create")
 
     def numbers(self) -> list[int]:
-        out = []
-        for p in self.folder.glob("wal-*.log"):
-            try:
-                out.append(int(p.stem.split("-")[1]))
-            except ValueError:
-                continue
-        return sorted(out)
+        return file_numbers(self.folder)
 
     # -- reading -----------------------------------------------------------------------------
     def replay(self) -> Iterator[tuple[int, dict]]:
@@ -91,53 +141,14 @@ class WriteAheadLog:
         records, self._records = self._records, []
         yield from records
 
-    def _frame_at(self, data: bytes, pos: int, prev: int) -> tuple[int, int, bytes] | str:
-        """(end, seq, payload) of a valid frame at ``pos``, or why there is none."""
-        if len(data) - pos < 2:
-            return "truncated record header"
-        magic = int.from_bytes(data[pos:pos + 2], "little")
-        if magic == MAGIC:
-            if len(data) - pos < HEADER.size:
-                return "truncated record header"
-            _, length, seq, digest = HEADER.unpack_from(data, pos)
-            start, end = pos + HEADER.size, pos + HEADER.size + length
-            if length > MAX_RECORD or end > len(data):
-                return "truncated record"
-            if _checksum(seq, data[start:end]) != digest:
-                return "checksum mismatch"
-            return end, seq, data[start:end]
-        if magic == OLD_MAGIC:
-            import zlib
-            if len(data) - pos < OLD_HEADER.size:
-                return "truncated record header"
-            _, length, crc = OLD_HEADER.unpack_from(data, pos)
-            start, end = pos + OLD_HEADER.size, pos + OLD_HEADER.size + length
-            if end > len(data):
-                return "truncated record"
-            if zlib.crc32(data[start:end]) != crc:
-                return "checksum mismatch"
-            return end, prev + 1, data[start:end]  # format 1 numbered by position
-        return "bad record marker"
-
-    def _valid_after(self, data: bytes, pos: int) -> int | None:
-        """Offset of a valid frame after ``pos`` (a sign of corruption, not a torn tail)."""
-        for magic in (MAGIC, OLD_MAGIC):
-            marker = magic.to_bytes(2, "little")
-            q = data.find(marker, pos + 1)
-            while q != -1:
-                if not isinstance(self._frame_at(data, q, 0), str):
-                    return q
-                q = data.find(marker, q + 1)
-        return None
-
     def _scan(self, number: int, newest: bool) -> None:
         path = self.folder / _name(number)
         data = path.read_bytes()
         pos, last = 0, 0
         while pos < len(data):
-            got = self._frame_at(data, pos, self.last_seq)
+            got = frame_at(data, pos, self.last_seq)
             if isinstance(got, str):
-                later = self._valid_after(data, pos)
+                later = valid_after(data, pos)
                 if not newest or later is not None:
                     where = (f"; a valid record follows at byte {later}" if later is not None
                              else " (not the newest log file)")

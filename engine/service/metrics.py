@@ -7,6 +7,7 @@ scrape time, so they are never stale and cost nothing between scrapes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter as _Tally
@@ -51,9 +52,14 @@ class CollectionCollector:
 
 
 class Metrics:
-    def __init__(self, engine):
+    def __init__(self, engine, member=None):
         self.registry = CollectorRegistry()
         self.started = time.time()
+        # Which process this is (``serve --processes N`` labels each worker's series with it)
+        role = member.role if member is not None else ("readonly" if engine.readonly else "writer")
+        Gauge("polyindex_process", "This server process (always 1): its pid, role and worker",
+              ["pid", "role", "worker"], registry=self.registry).labels(
+                  str(os.getpid()), role, str(member.worker if member is not None else 0)).set(1)
         self.requests = Counter("polyindex_requests", "RPCs by method and status code",
                                 ["rpc", "code"], registry=self.registry)
         self.latency = Histogram("polyindex_request_seconds", "RPC latency by method and profile",
@@ -66,7 +72,10 @@ class Metrics:
         self._lock = threading.Lock()
         self._http = None
 
-    def observe(self, rpc: str, code: str, seconds: float, profile: str = "") -> None:
+    def observe(self, rpc: str, code: str, seconds: float, profile: str = "",
+                tally: bool = True) -> None:
+        """Record a call; ``tally=False``: not in ``counts()`` (Stats' requests), which count
+        the calls of clients (a group's internal calls are counted where they arrived)."""
         # labels() validates and looks up the child on every call: keep the children
         key = (rpc, code, profile)
         children = self._children.get(key)
@@ -75,8 +84,9 @@ class Metrics:
                 key, (self.requests.labels(rpc, code), self.latency.labels(rpc, profile)))
         children[0].inc()
         children[1].observe(seconds)
-        with self._lock:
-            self._tally[rpc] += 1
+        if tally:
+            with self._lock:
+                self._tally[rpc] += 1
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -157,14 +157,18 @@ class NativeFront:
 
     def __init__(self, servicer, service_name: str, health_name: str, bind: str, *,
                  token: str | None, on_reject, tls: tuple[bytes, bytes] | None,
-                 workers: int, max_message_bytes: int):
+                 workers: int, max_message_bytes: int, reuseport: bool = False,
+                 private_bind: str | None = None):
         if _grpc_front is None:
             raise RuntimeError(f"the native gRPC front end is not available: {MISSING}")
         table = routes(servicer, service_name)
         table.extend(reflection_routes((service_name, health_name)))
         self._dispatch = Dispatcher(table, token, on_reject)
+        # The group's two arguments only when used: an extension built before them (a stale
+        # `make native`) still serves a lone server
+        group = (int(reuseport), private_bind or "") if reuseport or private_bind else ()
         self._server = _grpc_front.start(self._dispatch, [(r.path, r.kind) for r in table], bind,
-                                         max_message_bytes, workers, tls, [service_name])
+                                         max_message_bytes, workers, tls, [service_name], *group)
         self.port = self._server.port()
         atexit.register(self.stop, 0.0)  # C++ threads must not call into a finalizing Python
 

@@ -37,6 +37,7 @@ class Server:
         self.front, self.engine, self.metrics = front, engine, metrics
         self.host, self.port, self.tls, self.metrics_port = host, front.port, tls, metrics_port
         self.frontend = front.name
+        self.member = None  # set by serve() for a worker of `serve --processes N`
         self._stopped = threading.Event()
 
     @property
@@ -52,6 +53,8 @@ class Server:
             self.engine.close()  # flushes buffered (WAL) writes
         finally:
             self.metrics.stop_http()
+            if self.member is not None:
+                self.member.close()
             self._stopped.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -64,11 +67,14 @@ class GrpcioFront:
 
     name = "python"
 
-    def __init__(self, servicer, bind: str, *, token, on_reject, tls, workers, max_message_bytes):
+    def __init__(self, servicer, bind: str, *, token, on_reject, tls, workers, max_message_bytes,
+                 reuseport: bool = False, private_bind: str | None = None):
         interceptors = [TokenAuth(token, on_reject=on_reject)] if token else []
+        # A busy port must fail, not be shared silently; the processes of one server share
+        # theirs on purpose (``service.supervisor`` checked that no other program holds it).
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.so_reuseport", 0)]  # a busy port must fail, not be shared silently
+                   ("grpc.so_reuseport", int(reuseport))]
         server = grpc.server(ThreadPoolExecutor(max_workers=workers,
                                                 thread_name_prefix="polyindex-rpc"),
                              interceptors=interceptors, options=options)
@@ -88,6 +94,8 @@ class GrpcioFront:
                 self.port = server.add_secure_port(bind, grpc.ssl_server_credentials([tls]))
             else:
                 self.port = server.add_insecure_port(bind)
+            if private_bind and not server.add_insecure_port(private_bind):
+                raise RuntimeError("bind failed")
         except RuntimeError as e:  # grpc raises RuntimeError when it cannot bind
             raise Internal(f"cannot listen on {bind}: {e}") from None
         if not self.port:
@@ -122,11 +130,14 @@ def _read(value) -> bytes:
 def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None,
           tls_cert=None, tls_key=None, workers: int = 8, metrics_port: int | None = None,
           max_message_bytes: int = MAX_MESSAGE_BYTES, limits: Limits = Limits(),
-          engine=None, frontend: str = "auto", readonly: bool = False) -> Server:
+          engine=None, frontend: str = "auto", readonly: bool = False, member=None) -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
     ``frontend``: "native" (gRPC C++, built by pip or ``make native``), "python" (grpcio) or "auto"
-    (native when built). Both serve the same servicer, auth, errors and metrics."""
+    (native when built). Both serve the same servicer, auth, errors and metrics. ``member``:
+    this process is one worker of ``serve --processes N`` (``service.group.Member``): it
+    shares the port (SO_REUSEPORT), listens on its private socket too, and is the writer
+    (worker 0) or a read-only follower forwarding writes to it."""
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
     if workers < 1:
@@ -138,22 +149,28 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     front_cls = GrpcioFront if frontend == "python" or not native_front.available() else NativeFront
     tls = None if tls_cert is None else (_read(tls_key), _read(tls_cert))
     own_engine = engine is None
+    if member is not None:
+        readonly = member.role != "writer"  # followers follow the writer's commits and WAL
     if own_engine:
         from polyindex.engine import Engine
         engine = Engine(data_dir, online=not readonly, readonly=readonly)
-    metrics = Metrics(engine)
+    metrics = Metrics(engine, member)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        front = front_cls(PolyindexService(engine, metrics, limits), bind, token=token,
+        front = front_cls(PolyindexService(engine, metrics, limits, member), bind, token=token,
                           on_reject=lambda m: metrics.observe(m.rsplit("/", 1)[-1],
                                                               "UNAUTHENTICATED", 0.0),
-                          tls=tls, workers=workers, max_message_bytes=max_message_bytes)
+                          tls=tls, workers=workers, max_message_bytes=max_message_bytes,
+                          reuseport=member is not None,
+                          private_bind=member.private_bind if member is not None else None)
         bound_metrics = metrics.start_http(metrics_port) if metrics_port is not None else None
     except BaseException:
         if own_engine:
             engine.close()  # nothing will serve it: release its lock, flush its WAL
         raise
-    return Server(front, engine, metrics, host, tls is not None, bound_metrics)
+    srv = Server(front, engine, metrics, host, tls is not None, bound_metrics)
+    srv.member = member
+    return srv
 
 
 def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = None, **kw) -> None:

@@ -7,6 +7,7 @@ pool; the engine's own per-collection locks guard writes, nothing here serialize
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,10 +15,11 @@ import grpc
 import numpy as np
 
 from polyindex.config import DEFAULT_INDEXES
-from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
+from polyindex.errors import InputError, InvalidArgument, PolyindexError, ResourceExhausted
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.service.group import is_internal, process_stats
 from polyindex.service.redact import Redactor
 from polyindex.types import MAX_K
 from polyindex.wire import grpc_errors
@@ -42,6 +44,10 @@ class Limits:
     max_row_errors: int = 1000  # reported per Upsert; `failed` counts them all
 
 
+# The calls a group's processes make to each other (queries never are: no metadata scan)
+_MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "CreateCollection", "DropCollection", "Stats"})
+
+
 def _rpc(method):
     """Wrap a servicer method: deadline, error mapping, metrics. ``tags`` carries labels."""
     name = method.__name__
@@ -55,8 +61,11 @@ def _rpc(method):
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
             err = self.redact.error(grpc_errors.as_polyindex_error(e, name))
         code = "OK" if err is None else grpc_errors.status_code(err).name
+        # A call one process of a group makes to another (a forwarded write, a sibling's
+        # Stats) is counted where the client's call arrived, not twice in the group's sums
+        internal = self.member is not None and name in _MAY_BE_INTERNAL and is_internal(context)
         self.metrics.observe(name, code, time.perf_counter() - start,
-                             tags["profile"] if err is None else "")
+                             tags["profile"] if err is None else "", tally=not internal)
         if err is not None:
             grpc_errors.abort(context, err)
         return response
@@ -70,9 +79,24 @@ def check_deadline(context: grpc.ServicerContext, what: str) -> None:
 
 
 class PolyindexService(pb_grpc.PolyindexServicer):
-    def __init__(self, engine, metrics, limits: Limits = Limits()):
+    def __init__(self, engine, metrics, limits: Limits = Limits(), member=None):
+        """``member``: this process's place in a ``serve --processes N`` group
+        (``service.group.Member``); a follower forwards every write to the group's writer."""
         self.engine, self.metrics, self.limits = engine, metrics, limits
         self.redact = Redactor(engine.path)  # remote clients never see the server's paths
+        self.member = member
+        self.forwards = member is not None and member.forwards
+
+    def _forward(self, method: str, request, context, collection: str | None = None):
+        """A follower's write: the writer answers; then this process catches up with the
+        writer's WAL so that the client's next call here reads its write."""
+        response = self.member.forward(method, request, context)
+        if collection:
+            try:
+                self.engine.collection(collection).catch_up()
+            except PolyindexError:  # dropped meanwhile: the write's answer stands
+                pass
+        return response
 
     # -- queries -----------------------------------------------------------------------------
     @_rpc
@@ -166,6 +190,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     # -- writes ------------------------------------------------------------------------------
     @_rpc
     def Upsert(self, request_iterator, context, tags):
+        if self.forwards:
+            return self._forward_upsert(request_iterator, context)
         name, coll, records, size, expected = None, None, [], 0, None
         spec, bad_tokens = None, {}
         for msg in request_iterator:
@@ -223,8 +249,25 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         resp.upserted = coll.add(docs) if docs else 0
         return resp
 
+    def _forward_upsert(self, request_iterator, context):
+        """The stream is read whole first (as the writer holds it whole: all or nothing), so
+        a stream that breaks here is answered here, not half-forwarded."""
+        messages, size, name = [], 0, None
+        for msg in request_iterator:
+            size += msg.ByteSize()
+            if size > self.limits.max_upsert_bytes:
+                raise ResourceExhausted(f"Upsert stream over {self.limits.max_upsert_bytes} bytes; "
+                                        "split it into several calls")
+            name = name or msg.collection
+            messages.append(msg)
+        if not context.is_active():
+            raise Cancelled("Upsert was cancelled by the client; nothing was written")
+        return self._forward("Upsert", iter(messages), context, name)
+
     @_rpc
     def Delete(self, req, context, tags):
+        if self.forwards:
+            return self._forward("Delete", req, context, req.collection)
         return pb.DeleteResponse(deleted=self.engine.collection(req.collection).delete(list(req.ids)))
 
     # -- reads -------------------------------------------------------------------------------
@@ -243,6 +286,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     # -- admin -------------------------------------------------------------------------------
     @_rpc
     def CreateCollection(self, req, context, tags):
+        if self.forwards:
+            return self._forward("CreateCollection", req, context)
         kw = {"fields": dict(req.fields), "exist_ok": req.exist_ok}
         for key in ("segment_size", "model", "dtype"):
             if req.HasField(key):
@@ -256,6 +301,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
 
     @_rpc
     def DropCollection(self, req, context, tags):
+        if self.forwards:
+            return self._forward("DropCollection", req, context)
         self.engine.drop_collection(req.name)
         return pb.DropCollectionResponse()
 
@@ -281,4 +328,21 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         counts = self.metrics.counts()
         resp.requests.update(counts)
         resp.requests_total = sum(counts.values())
+        m = self.member
+        process_stats(resp.process, pid=os.getpid(), worker=m.worker if m else 0,
+                      role=m.role if m else ("readonly" if self.engine.readonly else "writer"),
+                      started=self.metrics.started, requests=counts,
+                      restarts=m.restarts if m else 0)
+        if req.processes:
+            resp.processes.append(resp.process)
+            for worker, answer in (m.peers(context) if m else []):
+                if isinstance(answer, str):
+                    resp.processes.add(worker=worker, error=answer)
+                else:
+                    resp.processes.append(answer.process)
+            resp.processes.sort(key=lambda p: p.worker)
+            for p in resp.processes:
+                for rpc, n in p.requests.items():
+                    resp.requests_all[rpc] += n
+                resp.requests_all_total += p.requests_total
         return resp

@@ -326,15 +326,18 @@ PyMethodDef kServerMethods[] = {
 
 PyTypeObject ServerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// start(dispatch, methods, address, max_message_bytes, workers, tls, health_names) -> Server
+// start(dispatch, methods, address, max_message_bytes, workers, tls, health_names,
+//       reuseport, private_address) -> Server
 // methods: [(path, kind)], the index into it is what dispatch receives; tls: None or
-// (key_pem, cert_pem); health_names: services reported SERVING besides "".
+// (key_pem, cert_pem); health_names: services reported SERVING besides ""; reuseport: share
+// `address` with the other processes of `polyindex serve --processes N` (SO_REUSEPORT);
+// private_address: "" or a second, plaintext listener (a unix socket of the process group).
 PyObject* Start(PyObject*, PyObject* args) {
   PyObject *dispatch, *methods, *tls, *health_names;
-  const char* address;
-  int max_message, workers;
-  if (!PyArg_ParseTuple(args, "OOsiiOO", &dispatch, &methods, &address, &max_message, &workers,
-                        &tls, &health_names))
+  const char *address, *private_address = "";
+  int max_message, workers, reuseport = 0;
+  if (!PyArg_ParseTuple(args, "OOsiiOO|is", &dispatch, &methods, &address, &max_message,
+                        &workers, &tls, &health_names, &reuseport, &private_address))
     return nullptr;
   if (!PyCallable_Check(dispatch)) {
     PyErr_SetString(PyExc_TypeError, "dispatch must be callable");
@@ -397,8 +400,13 @@ PyObject* Start(PyObject*, PyObject* args) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a busy port must fail, not be shared
+  // A busy port must fail, not be shared silently; several processes of one server share
+  // theirs on purpose (the parent checked that no other program holds it).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuseport ? 1 : 0);
   builder.AddListeningPort(address, creds, &front->port);
+  int private_port = 0;
+  if (private_address[0] != '\0')
+    builder.AddListeningPort(private_address, grpc::InsecureServerCredentials(), &private_port);
   for (auto& svc : front->services) builder.RegisterService(svc.get());
   Py_BEGIN_ALLOW_THREADS
   front->server = builder.BuildAndStart();
@@ -406,6 +414,11 @@ PyObject* Start(PyObject*, PyObject* args) {
   if (!front->server || front->port == 0) {
     if (front->server) front->server->Shutdown();
     PyErr_Format(PyExc_OSError, "cannot listen on %s", address);
+    return nullptr;
+  }
+  if (private_address[0] != '\0' && private_port == 0) {
+    front->server->Shutdown();
+    PyErr_Format(PyExc_OSError, "cannot listen on %s", private_address);
     return nullptr;
   }
   auto* health = front->server->GetHealthCheckService();

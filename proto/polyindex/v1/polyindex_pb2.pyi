@@ -266,10 +266,39 @@ class ListCollectionsResponse(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = ("collection",)
+    __slots__ = ("collection", "processes")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     collection: str
-    def __init__(self, collection: _Optional[str] = ...) -> None: ...
+    processes: bool
+    def __init__(self, collection: _Optional[str] = ..., processes: _Optional[bool] = ...) -> None: ...
+
+class ProcessStats(_message.Message):
+    __slots__ = ("pid", "role", "worker", "uptime_s", "requests", "requests_total", "restarts", "error")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    role: str
+    worker: int
+    uptime_s: float
+    requests: _containers.ScalarMap[str, int]
+    requests_total: int
+    restarts: int
+    error: str
+    def __init__(self, pid: _Optional[int] = ..., role: _Optional[str] = ..., worker: _Optional[int] = ..., uptime_s: _Optional[float] = ..., requests: _Optional[_Mapping[str, int]] = ..., requests_total: _Optional[int] = ..., restarts: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class CollectionStats(_message.Message):
     __slots__ = ("name", "documents", "segments", "deleted_rows", "wal_bytes")
@@ -286,8 +315,15 @@ class CollectionStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., documents: _Optional[int] = ..., segments: _Optional[int] = ..., deleted_rows: _Optional[int] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("collections", "uptime_s", "requests", "requests_total")
+    __slots__ = ("collections", "uptime_s", "requests", "requests_total", "process", "processes", "requests_all", "requests_all_total")
     class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class RequestsAllEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -298,8 +334,16 @@ class StatsResponse(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ALL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ALL_TOTAL_FIELD_NUMBER: _ClassVar[int]
     collections: _containers.RepeatedCompositeFieldContainer[CollectionStats]
     uptime_s: float
     requests: _containers.ScalarMap[str, int]
     requests_total: int
-    def __init__(self, collections: _Optional[_Iterable[_Union[CollectionStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., requests: _Optional[_Mapping[str, int]] = ..., requests_total: _Optional[int] = ...) -> None: ...
+    process: ProcessStats
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStats]
+    requests_all: _containers.ScalarMap[str, int]
+    requests_all_total: int
+    def __init__(self, collections: _Optional[_Iterable[_Union[CollectionStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., requests: _Optional[_Mapping[str, int]] = ..., requests_total: _Optional[int] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessStats, _Mapping]]] = ..., requests_all: _Optional[_Mapping[str, int]] = ..., requests_all_total: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,268 @@
+"""The composed view of online writes: sealed segments with buffered writes over them.
+
+Shared by the writer (``online.writes.OnlineWrites``: its WAL-acknowledged buffer) and by a
+read-only follower (``online.follow.WalFollower``: the writer's WAL records it tails). Each
+write batch becomes a small *buffer segment* built by the same kinds' ``build`` as a sealed
+one (so scores are computed the same way), and the rows it replaces or deletes in older
+segments are hidden by per-segment masks (new arrays: published snapshots keep theirs).
+
+WAL records carry the model embeddings of upserted documents (``emb``) so that a follower
+and a replay build the very vectors the writer acknowledged (a text's bf16 embedding depends
+slightly on its batch) without running the model again; older records without them are
+encoded.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from polyindex.index.protocol import DocTokens
+from polyindex.storage import build_worker, idindex
+from polyindex.storage.manifest import SegmentEntry
+from polyindex.storage.snapshot import OpenedSegment, Snapshot
+from polyindex.storage.writer import build_segment
+from polyindex.types import Document, document_text
+
+MAX_BUFFER_SEGMENTS = 8  # more small buffer segments than this are merged into one
+log = logging.getLogger("polyindex.online")
+
+
+class Buffer:
+    """Writes since the last seal: latest version of each id, deleted ids, their segments."""
+
+    def __init__(self):
+        self.docs: dict[str, Document] = {}
+        self.vectors: dict[str, np.ndarray] = {}
+        self.deleted: set[str] = set()
+        self.segments: list[OpenedSegment] = []
+        self.live: list[np.ndarray] = []
+        self.where: dict[str, tuple[int, int]] = {}
+        self.started: float | None = None
+        self.through = 0  # WAL sequence number of the last write in this buffer
+
+    def empty(self) -> bool:
+        return not self.docs and not self.deleted
+
+    def hidden_ids(self) -> list[str]:
+        """Ids whose older rows this buffer hides (upserted or deleted here)."""
+        return list(self.docs.keys() | self.deleted)
+
+    def add_segment(self, seg: OpenedSegment, docs: Sequence[Document], vectors) -> None:
+        s = len(self.segments)
+        self.segments.append(seg)
+        self.live.append(np.ones(len(docs), dtype=bool))
+        for row, d in enumerate(docs):
+            self._forget(d.id)
+            self.where[d.id] = (s, row)
+            self.docs[d.id] = d
+            if vectors is not None:
+                self.vectors[d.id] = vectors[row]
+            self.deleted.discard(d.id)
+        self.started = self.started or time.monotonic()
+
+    def delete(self, ids: Sequence[str]) -> None:
+        for i in ids:
+            self._forget(i)
+            self.docs.pop(i, None)
+            self.vectors.pop(i, None)
+            self.deleted.add(i)
+        self.started = self.started or time.monotonic()
+
+    def _forget(self, doc_id: str) -> None:
+        old = self.where.pop(doc_id, None)
+        if old is not None:
+            self.live[old[0]] = self.live[old[0]].copy()  # snapshots keep the old mask
+            self.live[old[0]][old[1]] = False
+
+
+class BufferedView:
+    """``base`` (a sealed snapshot), an optional ``frozen`` buffer being sealed and the
+    ``active`` buffer, composed into ``view``; buffer segments are built under ``scratch``."""
+
+    def __init__(self, coll, scratch: Path):
+        self.coll = coll
+        # model embeddings are encoded here; user vectors travel on the documents
+        self.needs_vectors = coll.encodes_text() and any(k.needs_embeddings
+                                                         for k in coll.kinds.values())
+        self.spec = coll.vector_spec()
+        self.scratch = scratch
+        shutil.rmtree(self.scratch, ignore_errors=True)  # buffer segments are rebuilt from the WAL
+        self.scratch.mkdir(parents=True)
+        self._names = itertools.count()
+        self.lock = threading.RLock()       # serializes writes and snapshot swaps
+        self.active, self.frozen = Buffer(), None
+        self.base: Snapshot = coll.sealed_snapshot()
+        self.overlay: list[np.ndarray | None] = []
+        self.combined: list[np.ndarray | None] = []
+        self._rehide_all()
+        self.view: Snapshot = self.base
+
+    def _encode(self, docs: Sequence[Document]):
+        if not self.needs_vectors or not docs:
+            return None
+        return self.coll.encoder.encode([document_text(d.title, d.text) for d in docs])
+
+    def apply_records(self, records) -> None:
+        """Apply WAL records (in order) to the active buffer as one delete and one upsert:
+        their net effect, the embeddings they carry reused (the others encoded)."""
+        docs, stored, deleted = net_changes(records)
+        if deleted:
+            self._apply_delete(sorted(deleted))
+        if docs:
+            batch = list(docs.values())
+            self._apply_upsert(batch, self._vectors_for(batch, stored))
+
+    def _vectors_for(self, docs: Sequence[Document], stored: dict[str, np.ndarray]):
+        if not self.needs_vectors:
+            return None
+        missing = [d for d in docs if d.id not in stored]
+        if missing:
+            stored = {**stored, **dict(zip([d.id for d in missing], self._encode(missing)))}
+        return np.stack([stored[d.id] for d in docs]).astype(np.float32, copy=False)
+
+    def _apply_upsert(self, docs, vectors) -> None:
+        self._add_built(self._build(docs, vectors), docs, vectors)
+
+    def _add_built(self, seg: OpenedSegment, docs, vectors) -> None:
+        self.active.add_segment(seg, docs, vectors)
+        self._hide([d.id for d in docs])
+        if len(self.active.segments) > MAX_BUFFER_SEGMENTS:
+            try:
+                self._merge_active()
+            except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
+                log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
+        self._publish()
+
+    def _apply_delete(self, ids) -> None:
+        self.active.delete(ids)
+        self._hide(list(ids))
+        self._publish()
+
+    def _build(self, docs, vectors, remote: bool = False) -> OpenedSegment:
+        folder = self.scratch / f"buf-{next(self._names):08d}"
+        infos = (remote_build if remote else build_segment)(
+            folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
+            vectors=self.spec.stack(docs) if self.spec else None)
+        return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
+
+    def _merge_active(self) -> None:
+        """Many small buffer segments cost per-query overhead: rebuild them as one."""
+        old = self.active
+        docs = list(old.docs.values())
+        merged = Buffer()
+        merged.deleted, merged.started, merged.through = set(old.deleted), old.started, old.through
+        if docs:
+            vectors = np.stack([old.vectors[d.id] for d in docs]) if self.needs_vectors else None
+            merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors)
+            merged.deleted = set(old.deleted)
+        self.active = merged
+        _remove(old.segments)
+
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def _hide(self, ids: list[str], which: range | None = None) -> None:
+        """Hide the rows of sealed (and frozen-buffer) segments that these ids replace. Costs
+        the batch: its hashes, two binary searches a segment, and a new live mask only for
+        the segments that hold one of the ids (published snapshots keep the old masks)."""
+        under, base_live = self._under(), self._under_live()
+        hashes = idindex.hash_ids(ids)
+        for i in range(len(under)) if which is None else which:
+            _, rows = under[i].docs.lookup(ids, hashes)
+            if not len(rows):
+                continue
+            if self.overlay[i] is None:
+                self.overlay[i] = np.zeros(under[i].docs.n_rows, dtype=bool)
+            self.overlay[i][rows] = True
+            mask = base_live[i]
+            self.combined[i] = ~self.overlay[i] if mask is None else mask & ~self.overlay[i]
+
+    def _under(self) -> list[OpenedSegment]:
+        return self.base.segments + (self.frozen.segments if self.frozen else [])
+
+    def _under_live(self) -> list[np.ndarray | None]:
+        return self.base.live + (self.frozen.live if self.frozen else [])
+
+    def _rehide_all(self) -> None:
+        under = self._under()
+        self.overlay = [None] * len(under)  # rows hidden by buffered writes, per segment
+        self.combined = list(self._under_live())  # live masks with those rows hidden
+        hidden = self.active.hidden_ids()
+        n_base = len(self.base.segments)
+        if self.frozen is not None:
+            self._hide(self.frozen.hidden_ids() + hidden, range(n_base))
+            if hidden:
+                self._hide(hidden, range(n_base, len(under)))
+        elif hidden:
+            self._hide(hidden)
+
+    def _publish(self) -> None:
+        segments = self._under() + self.active.segments
+        self.view = Snapshot(self.base.manifest, self.coll.kinds, segments,
+                             self.combined + list(self.active.live))
+
+
+def net_changes(records: Iterable[tuple[int, dict]]):
+    """The net effect of WAL records, in order: (latest document of each upserted id, its
+    stored embedding where the record carried one, ids deleted and not upserted since)."""
+    docs: dict[str, Document] = {}
+    stored: dict[str, np.ndarray] = {}
+    deleted: set[str] = set()
+    for _seq, rec in records:
+        if rec["op"] == "upsert":
+            emb = decode_array(rec["emb"]) if "emb" in rec else None
+            for row, (i, t, x, m, *v) in enumerate(rec["docs"]):
+                docs.pop(i, None)
+                stored.pop(i, None)
+                # [id, title, text, metadata] + [vectors] + [token matrix] (online.writes)
+                docs[i] = Document(i, t, x, m, {f: np.asarray(a, np.float32)
+                                                for f, a in v[0].items()} if v and v[0]
+                                   else None,
+                                   np.asarray(v[1], np.float32) if len(v) > 1 else None)
+                if emb is not None:
+                    stored[i] = emb[row]
+                deleted.discard(i)
+        else:
+            for i in rec["ids"]:
+                docs.pop(i, None)
+                stored.pop(i, None)
+                deleted.add(i)
+    return docs, stored, deleted
+
+
+def encode_array(a: np.ndarray) -> dict:
+    """A float32 matrix as JSON: exact, about 5.3 bytes per value (base64)."""
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "f4": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def decode_array(d: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(d["f4"]), dtype="<f4").reshape(d["shape"])
+
+
+def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None) -> dict:
+    """``build_segment`` in the build process (off this process's GIL: queries beside a seal
+    keep their latency), or here when build processes are off."""
+    if not build_worker.enabled():
+        return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
+    # As columns: pickling 5,000 Document objects (with their vectors) took ~40 ms of GIL,
+    # the columns ~1 ms; the stacked vectors travel once.
+    columns = ([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
+               [d.metadata for d in docs])
+    if tokens is None and docs and docs[0].tokens is not None:  # multivector:source=user
+        tokens = [DocTokens(d.tokens) for d in docs]
+    return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
+                            columns, fields, kinds, embeddings, tokens, vectors)
+
+
+def _remove(segments: list[OpenedSegment]) -> None:
+    # Memory-mapped files stay readable for queries still holding them (POSIX unlink).
+    for s in segments:
+        shutil.rmtree(s.docs.folder, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""The process group of ``polyindex serve --processes N`` as one worker sees it.
+
+Worker 0 is the writer (it holds the data directory's lock, the WAL, seals and merges); the
+others are read-only followers. Every worker listens on the shared port and on a private unix
+socket in the group's runtime folder (``worker-<i>.sock``, mode 0700 folder): a follower
+forwards each write to the writer's socket and answers with the writer's reply (status,
+message and error class included), then catches up with the writer's WAL so that the client's
+next read on this connection sees its write. ``Stats(processes=true)`` asks every sibling for
+its own numbers over the same sockets.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.wire.convert import MAX_MESSAGE_BYTES
+from polyindex.wire.grpc_errors import from_rpc_error
+
+FORWARD_WAIT_S = 30.0  # a write waits this long at most for the writer (e.g. while it restarts)
+PEER_TIMEOUT_S = 2.0   # a sibling that does not answer Stats within this is reported, not waited for
+_PASSED = ("authorization",)  # metadata a forwarded call carries on (the writer checks it too)
+INTERNAL_KEY = "polyindex-internal"  # on calls between the processes of a group: the sender's pid
+
+
+def is_internal(context) -> bool:
+    return any(k == INTERNAL_KEY for k, _ in context.invocation_metadata())
+
+
+def socket_path(runtime: Path, worker: int) -> Path:
+    return runtime / f"worker-{worker}.sock"
+
+
+@dataclass
+class Member:
+    """This worker's place in the group; ``None`` for a lone server."""
+
+    worker: int
+    processes: int
+    runtime: Path
+    restarts: int = 0
+    readonly: bool = False  # `serve --readonly --processes N`: no writer, writes refused
+    _channels: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def role(self) -> str:
+        return "readonly" if self.readonly else "writer" if self.worker == 0 else "follower"
+
+    @property
+    def forwards(self) -> bool:
+        return self.role == "follower"
+
+    @property
+    def private_bind(self) -> str:
+        return f"unix:{socket_path(self.runtime, self.worker)}"
+
+    def stub(self, worker: int) -> pb_grpc.PolyindexStub:
+        with self._lock:
+            ch = self._channels.get(worker)
+            if ch is None:
+                ch = self._channels[worker] = grpc.insecure_channel(
+                    f"unix:{socket_path(self.runtime, worker)}",
+                    options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+            return pb_grpc.PolyindexStub(ch)
+
+    def forward(self, method: str, request, context):
+        """Call ``method`` on the writer with the client's credentials and what is left of
+        its deadline; its failure is raised as the exception it stands for."""
+        left = context.time_remaining()
+        timeout = FORWARD_WAIT_S if left is None else max(0.0, min(left, FORWARD_WAIT_S))
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k in _PASSED]
+        metadata.append((INTERNAL_KEY, str(os.getpid())))
+        try:
+            return getattr(self.stub(0), method)(request, timeout=timeout, metadata=metadata,
+                                                 wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def peers(self, context) -> list[tuple[int, pb.StatsResponse | str]]:
+        """(worker, its Stats or why it did not answer) for every other worker, asked at once."""
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k in _PASSED]
+        metadata.append((INTERNAL_KEY, str(os.getpid())))
+        calls = []
+        for w in range(self.processes):
+            if w != self.worker:
+                calls.append((w, self.stub(w).Stats.future(
+                    pb.StatsRequest(), timeout=PEER_TIMEOUT_S, metadata=metadata)))
+        out = []
+        for w, fut in calls:
+            try:
+                out.append((w, fut.result()))
+            except grpc.RpcError as e:
+                out.append((w, f"{e.code().name}: {e.details()}"))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+
+def process_stats(response: pb.ProcessStats, *, pid: int, role: str, worker: int,
+                  started: float, requests: dict[str, int], restarts: int) -> None:
+    response.pid, response.role, response.worker = pid, role, worker
+    response.uptime_s = time.time() - started
+    response.requests.update(requests)
+    response.requests_total = sum(requests.values())
+    response.restarts = restarts

@@ -1,0 +1,263 @@
+"""``polyindex serve --processes 2``: real processes, real gRPC on loopback (issue 19).
+
+Fresh connections are spread over the processes by the kernel (SO_REUSEPORT); each test
+connection asks Stats which process it reached (one channel is one connection), so a write
+can be sent through the follower and through the writer on purpose. Visibility is checked on
+every process with a generous deadline (the bound is documented, 50 ms; no timing asserts).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from polyindex.client.remote import Client
+from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.wire.grpc_errors import Unavailable
+
+DEADLINE_S = 20.0  # process starts and restarts on a busy 2-core machine; never a timing goal
+
+
+def start(data, *extra, env=None):
+    proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
+                             str(data), "--port", "0", "--processes", "2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    m = re.search(r"serving on (\S+)", line)
+    if not m:
+        proc.kill()
+        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, m.group(1)
+
+
+def stop(proc) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too (not yet reaped by a parent that is gone)
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def eventually(check, what: str, deadline_s: float = DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            if check():
+                return
+        except (grpc.RpcError, Unavailable):
+            pass  # a process restarting: connections in its accept queue are reset
+        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
+        time.sleep(0.02)
+
+
+class Conn:
+    """One channel (one connection, to one process) and the process it reached."""
+
+    def __init__(self, address: str):
+        # its own connection: grpcio channels of one process otherwise share one per target
+        self.channel = grpc.insecure_channel(address, [("grpc.use_local_subchannel_pool", 1)])
+        self.stub = pb_grpc.PolyindexStub(self.channel)
+        p = self.stub.Stats(pb.StatsRequest(), timeout=10, wait_for_ready=True).process
+        self.pid, self.role = p.pid, p.role
+
+    def has(self, doc_id: str) -> bool:
+        return self.stub.Get(pb.GetRequest(collection="c", ids=[doc_id]), timeout=10).found[0]
+
+    def upsert(self, doc_id: str, text: str) -> int:
+        msg = pb.UpsertRequest(collection="c", documents=[pb.Document(id=doc_id, text=text)])
+        return self.stub.Upsert(iter([msg]), timeout=30).upserted
+
+
+def connect_to(address: str, role: str, tries: int = 200, must: bool = True) -> Conn | None:
+    for _ in range(tries):
+        c = Conn(address)
+        if c.role == role:
+            return c
+        c.channel.close()
+    if must:
+        raise AssertionError(f"{tries} fresh connections never reached the {role}")
+    return None
+
+
+def pid_of(address: str, role: str) -> int | None:
+    c = connect_to(address, role, tries=20, must=False)
+    if c is None:
+        return None
+    c.channel.close()
+    return c.pid
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory, frontend):
+    data = tmp_path_factory.mktemp("group")
+    proc, address = start(data, "--metrics-port", "0", "--frontend", frontend)
+    with Client(address) as c:
+        c.create_collection("c", ["lexical"]).add(
+            [{"id": f"d{i}", "text": f"alpha river {i}"} for i in range(20)])
+    yield proc, address
+    if proc.poll() is None:
+        stop(proc)
+
+
+def test_queries_over_fresh_connections_reach_both_processes(group):
+    _, address = group
+    served = set()
+    for _ in range(60):
+        with Client(address, transport="python") as c:  # a fresh connection each time
+            hits = c.collection("c").query("alpha river", profile="lexical", k=5)
+            assert len(hits) == 5
+    with Client(address) as c:
+        stats = c.stats(processes=True)
+    roles = sorted(p["role"] for p in stats["processes"])
+    assert roles == ["follower", "writer"], stats["processes"]
+    served = {p["pid"] for p in stats["processes"] if p["requests"].get("Query", 0) > 0}
+    assert len(served) == 2, f"only {served} answered queries: {stats['processes']}"
+    assert stats["requests_all"]["Query"] >= 60
+
+
+def test_info_shows_the_processes(group, cli):
+    _, address = group
+    r = cli("info", "--server", address, "--json")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)
+    assert sorted(p["role"] for p in stats["processes"]) == ["follower", "writer"]
+    assert all(p["pid"] and not p["error"] for p in stats["processes"])
+    shown = cli("info", "--server", address)
+    assert shown.returncode == 0 and "follower" in shown.stdout and "writer" in shown.stdout
+
+
+def test_a_write_through_either_process_is_visible_through_every_process(group):
+    _, address = group
+    writer, follower = connect_to(address, "writer"), connect_to(address, "follower")
+    assert writer.pid != follower.pid
+    assert follower.upsert("via-follower", "alpha forwarded") == 1  # the writer answered
+    assert follower.has("via-follower")  # read your write: the follower caught up at once
+    assert writer.upsert("via-writer", "alpha direct") == 1
+    for conn in (writer, follower):
+        for doc_id in ("via-follower", "via-writer"):
+            eventually(lambda: conn.has(doc_id), f"{doc_id} on the {conn.role}")
+    # a follower's write errors are the writer's, class and all
+    with pytest.raises(grpc.RpcError) as e:
+        follower.stub.Delete(pb.DeleteRequest(collection="nope", ids=["x"]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert dict(e.value.trailing_metadata())["polyindex-error"] == "NotFound"
+    deleted = follower.stub.Delete(pb.DeleteRequest(collection="c", ids=["via-writer"]), timeout=10)
+    assert deleted.deleted == 1
+    eventually(lambda: not writer.has("via-writer"), "a forwarded delete on the writer")
+    for conn in (writer, follower):
+        conn.channel.close()
+
+
+def test_a_worker_that_dies_is_restarted(group):
+    proc, address = group
+    follower = connect_to(address, "follower")
+    old = follower.pid
+    follower.channel.close()
+    os.kill(old, signal.SIGKILL)
+
+    def restarted():
+        with Client(address) as c:
+            ps = c.stats(processes=True)["processes"]
+        return any(p["role"] == "follower" and p["pid"] not in (0, old) and p["restarts"] == 1
+                   for p in ps)
+    eventually(restarted, "a new follower")
+    writer = connect_to(address, "writer")
+    wpid = writer.pid
+    writer.channel.close()
+    os.kill(wpid, signal.SIGKILL)  # its lock goes with it; the new writer takes it again
+    eventually(lambda: pid_of(address, "writer") not in (None, wpid), "a new writer")
+    with Client(address) as c:
+        coll = c.collection("c")
+        assert coll.get(["via-follower"])[0] is not None  # acknowledged before the kill
+        assert coll.add([{"id": "after", "text": "alpha after"}]) == 1
+    assert proc.poll() is None
+
+
+def test_metrics_label_each_process_and_sum_the_group(group):
+    import urllib.request
+    proc, address = group
+    with Client(address) as c:  # (counters start again with a restarted worker)
+        c.collection("c").query("alpha", profile="lexical")
+    # the port was printed with the serving line; find it from the parent's listening sockets
+    port = _metrics_port(proc.pid)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert re.search(r'polyindex_process\{.*role="writer".*\} 1\.0', text)
+    assert re.search(r'polyindex_process\{.*role="follower".*\} 1\.0', text)
+    assert re.search(r'polyindex_group_requests_total\{code="OK",rpc="Query"\} \d+', text)
+    assert 'polyindex_group_worker_up{role="writer",worker="0"} 1.0' in text
+
+
+def _metrics_port(pid: int) -> int:
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")}
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:  # LISTEN
+                return int(parts[1].split(":")[1], 16)
+    raise AssertionError("the parent serves no metrics port")
+
+
+def test_sigterm_stops_every_process(tmp_path):
+    proc, address = start(tmp_path)
+    with Client(address) as c:
+        c.create_collection("c", ["lexical"]).add([{"id": "a", "text": "alpha"}])
+        pids = [p["pid"] for p in c.stats(processes=True)["processes"]]
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert stop(proc) == 0
+    assert not any(alive(p) for p in pids)
+    with __import__("polyindex").open(tmp_path, readonly=True) as eng:  # sealed at close
+        assert eng.collection("c").info()["segments"] == 1
+
+
+def test_sigkill_of_the_parent_leaves_no_worker_serving(tmp_path):
+    proc, address = start(tmp_path)
+    with Client(address) as c:
+        pids = [p["pid"] for p in c.stats(processes=True)["processes"]]
+    proc.kill()
+    proc.wait()
+    eventually(lambda: not any(alive(p) for p in pids), "workers gone after the parent")
+
+
+def test_a_port_held_by_another_program_fails_clearly(tmp_path):
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that shares
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
+                            str(tmp_path), "--port", str(port), "--processes", "2"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_a_directory_held_by_another_writer_fails_clearly(tmp_path):
+    import polyindex
+    with polyindex.open(tmp_path):  # this process holds the directory's lock
+        r = subprocess.run([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
+                            str(tmp_path), "--port", "0", "--processes", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "did not start" in r.stderr and "already open for writing" in r.stderr
