@@ -37,7 +37,6 @@ import argparse
 import itertools
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -55,10 +54,10 @@ from common import (  # noqa: E402
     console,
     ensure_collection,
     median,
-    polyindex_cmd,
     read_corpus,
     read_queries,
     save_results,
+    start_serving,
     table,
     verdict,
 )
@@ -69,15 +68,8 @@ CONCURRENCY = (1, 4, 16)
 def start_server(data: Path, frontend: str, workers: int = 32, cpus: str | None = None
                  ) -> tuple[subprocess.Popen, str]:
     extra = ["--cpus", cpus] if cpus is not None else []
-    proc = subprocess.Popen([*polyindex_cmd(), "serve", "--data", str(data), "--port", "0",
-                             "--workers", str(workers), "--frontend", frontend, *extra],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"serving on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, m.group(1)
+    return start_serving(["--data", data, "--port", 0, "--workers", workers,
+                          "--frontend", frontend, *extra])
 
 
 def stop_server(proc: subprocess.Popen):
@@ -225,7 +217,6 @@ def processes_main(args, folder: Path) -> None:
     import polyindex
     from grpc_processes import compare
 
-    from common import polyindex_cmd
     settings = [int(x) for x in args.processes.split(",")]
     ids, _, _ = read_corpus(folder)
     ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
@@ -238,7 +229,7 @@ def processes_main(args, folder: Path) -> None:
         for n in settings:  # each server writes its own directory (the writer's lock)
             copies[n] = tmp / f"p{n}"
             shutil.copytree(ENGINE_DATA / "npl", copies[n] / "npl")
-        res = compare(polyindex_cmd(), copies, settings, queries, vectors, args.seconds,
+        res = compare(copies, settings, queries, vectors, args.seconds,
                       args.rounds, console, table, args.server_workers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

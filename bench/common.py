@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -163,6 +164,18 @@ def polyindex_cmd() -> list[str]:
     # This interpreter's polyindex, always: a console script's shebang may name another
     # checkout's interpreter (a venv copied or shared between worktrees)
     return [sys.executable, "-m", "polyindex.cli.main"]
+
+
+def start_serving(args: Sequence[str]):
+    """``polyindex serve ARGS`` (with ``--port 0``) started: (process, the address it printed)."""
+    proc = subprocess.Popen([*polyindex_cmd(), "serve", *map(str, args)],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"serving on (\S+)", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, m.group(1)
 
 
 def run_cli(args: Sequence[str], *, json_out: bool = True, timeout: float | None = None):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import re
 import subprocess
 import time
 
 import numpy as np
+
+from common import start_serving
 
 CLIENTS = 16
 MAX_MESSAGE = 64 << 20
@@ -144,17 +145,9 @@ def accounted(run, server_pid: int, client_pids: list[int]) -> dict:
     return res
 
 
-def start_group(cmd: list[str], data, processes: int, workers: int | None = None):
-    extra = ["--workers", str(workers)] if workers else []  # else the server's default (8)
-    proc = subprocess.Popen([*cmd, "serve", "--data", str(data), "--port", "0", *extra,
-                             "--processes", str(processes)],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"serving on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, m.group(1)
+def start_group(data, processes: int, workers: int | None = None):
+    extra = ["--workers", workers] if workers else []  # else the server's default (8)
+    return start_serving(["--data", data, "--port", 0, *extra, "--processes", processes])
 
 
 def query_requests(queries, vectors, profile: str) -> list[bytes]:
@@ -164,11 +157,11 @@ def query_requests(queries, vectors, profile: str) -> list[bytes]:
                             ).SerializeToString() for q, v in zip(queries, vectors)]
 
 
-def compare(cmd, data_copies: dict, settings: list[int], queries, vectors, seconds: float,
+def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: float,
             rounds: int, console, table, workers: int | None = None) -> dict:
     """Start one server per setting, then rounds of (setting x profile) measurements."""
     requests = {p: query_requests(queries, vectors, p) for p in ("lexical", "dense")}
-    servers = {n: start_group(cmd, data_copies[n], n, workers) for n in settings}
+    servers = {n: start_group(data_copies[n], n, workers) for n in settings}
     clients = Clients()
     runs: dict = {n: {p: [] for p in requests} for n in settings}
     try:

@@ -87,3 +87,12 @@ def _quiet_env():
     # Subprocesses inherit this: no tokenizer fork warnings in the CLI's stderr.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     yield
+
+
+@pytest.fixture
+def eng(tmp_path):
+    """An embedded engine over a fresh data directory, closed after the test."""
+    import polyindex
+    e = polyindex.open(tmp_path / "data")
+    yield e
+    e.close()

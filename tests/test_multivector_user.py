@@ -55,12 +55,6 @@ def data():
     return corpus(600)
 
 
-@pytest.fixture
-def eng(tmp_path):
-    e = polyindex.open(tmp_path / "data")
-    yield e
-    e.close()
-
 
 def test_maxsim_recall_against_exact_numpy(eng, data):
     docs, queries = data

@@ -30,12 +30,6 @@ def brute(x, q, k, metric="ip"):
     return order, np.take_along_axis(s, order, 1)
 
 
-@pytest.fixture
-def eng(tmp_path):
-    e = polyindex.open(tmp_path / "data")
-    yield e
-    e.close()
-
 
 def _version(coll):
     return coll.sealed_snapshot().manifest.version

@@ -36,12 +36,6 @@ def brute_present(x, q, k):
     return rows[order]
 
 
-@pytest.fixture
-def eng(tmp_path):
-    e = polyindex.open(tmp_path / "data")
-    yield e
-    e.close()
-
 
 def _ids(hits):
     return [h.id for h in hits]
