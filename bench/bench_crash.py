@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).parent))
+from common import start_serving  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 console = Console()
@@ -40,15 +42,7 @@ console = Console()
 
 def start(data: Path, env: dict, log: Path) -> tuple[subprocess.Popen, str]:
     with open(log, "a") as err:  # the server's stderr (its log), kept as evidence on a loss
-        proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
-                                 str(data), "--port", "0"], stdout=subprocess.PIPE, text=True,
-                                env=env, stderr=err)
-    line = proc.stdout.readline()
-    m = re.search(r"serving on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, m.group(1)
+        return start_serving(["--data", data, "--port", 0], env=env, stderr=err)
 
 
 class Writer(threading.Thread):

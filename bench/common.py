@@ -166,10 +166,11 @@ def polyindex_cmd() -> list[str]:
     return [sys.executable, "-m", "polyindex.cli.main"]
 
 
-def start_serving(args: Sequence[str]):
-    """``polyindex serve ARGS`` (with ``--port 0``) started: (process, the address it printed)."""
+def start_serving(args: Sequence[str], **popen):
+    """``polyindex serve ARGS`` (with ``--port 0``) started: (process, the address it
+    printed); ``popen``: more ``subprocess.Popen`` arguments (env, stderr)."""
     proc = subprocess.Popen([*polyindex_cmd(), "serve", *map(str, args)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, **popen)
     line = proc.stdout.readline()
     m = re.search(r"serving on (\S+)", line)
     if not m:
