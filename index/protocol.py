@@ -101,6 +101,20 @@ class TokenEncoder(Protocol):
     def encode_queries(self, texts: Sequence[str]) -> list[DocTokens]: ...
 
 
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+
+
+def implements(obj: Any, proto: type) -> bool:
+    """``isinstance(obj, proto)`` for the runtime-checkable protocols below, remembered per
+    class: a Protocol isinstance walks every attribute (~10 us), and these checks are on every
+    query's path. (The protocols name methods, which a class has or lacks as a whole.)"""
+    key = (type(obj), proto)
+    got = _IMPLEMENTS.get(key)
+    if got is None:
+        got = _IMPLEMENTS[key] = isinstance(obj, proto)
+    return got
+
+
 # -- optional capabilities of a segment index, declared rather than probed ---------------
 
 @runtime_checkable

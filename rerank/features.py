@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index.protocol import StoredVectors
+from polyindex.index.protocol import StoredVectors, implements
 from polyindex.rerank import kernels, kind_scores, schema, window
 from polyindex.rerank.stats import field_stats, forward_index, lexical_of
 
@@ -121,7 +121,7 @@ def _take_scratch(lex) -> tuple[np.ndarray, np.ndarray]:
 
 def _stored(opened) -> StoredVectors:
     dense = opened.indexes["dense"]
-    if not isinstance(dense, StoredVectors):
+    if not implements(dense, StoredVectors):
         raise TypeError(f"the dense index {type(dense).__name__} does not give stored vectors")
     return dense
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from polyindex.index.masks import MaskCache
-from polyindex.index.protocol import TermStatistics
+from polyindex.index.protocol import TermStatistics, implements
 from polyindex.rerank import kernels
 
 CACHE_KEY = "rerank:fields"
@@ -46,7 +46,7 @@ def forward_index(opened) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def lexical_of(opened) -> TermStatistics:
     """The segment's lexical index, through the capability the rerank features rely on."""
     lex = opened.indexes["lexical"]
-    if not isinstance(lex, TermStatistics):
+    if not implements(lex, TermStatistics):
         raise TypeError(f"the lexical index {type(lex).__name__} does not expose term statistics")
     return lex
 

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.index.masks import freeze, is_nothing
-from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result
+from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
 from polyindex.rerank import fusion
@@ -35,7 +35,7 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     nq = len(queries)
     if not seg_indexes:
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
-    if isinstance(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
+    if implements(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []
     for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
@@ -158,7 +158,7 @@ def _index_explain(snapshot, profile, query: Query, hits: list[Hit], keys) -> No
     seg, rows = snapshot.locate(keys)
     for st in profile.retrieve:
         seg_indexes = [s.indexes[st.index] for s in snapshot.segments]
-        if not isinstance(seg_indexes[0], Explains):
+        if not implements(seg_indexes[0], Explains):
             continue
         prepared = snapshot.kinds[st.index].prepare([query], seg_indexes, snapshot.live,
                                                     st.params, snapshot.cache[st.index])

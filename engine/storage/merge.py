@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from polyindex.index.protocol import BuildBatch, Merges
+from polyindex.index.protocol import BuildBatch, Merges, implements
 from polyindex.storage import build_worker, failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
@@ -188,7 +188,7 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     for name, kind in kinds.items():
         if stop():
             raise Cancelled("the collection is closing")
-        if isinstance(kind, Merges):
+        if implements(kind, Merges):
             infos[name] = kind.merge([(seg.indexes[name], rows) for seg, rows in parts],
                                      batch, folder)
         else:

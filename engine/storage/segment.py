@@ -96,6 +96,7 @@ class Segment:
         self._emb: np.ndarray | None = None
         self._vec: dict[str, np.ndarray] = {}
         self._id_entries: tuple[np.ndarray, np.ndarray] | None = None
+        self._id_buffers = None  # (offsets, data) of the id column, or False: use take
 
     @property
     def checksummed(self) -> bool:
@@ -110,9 +111,24 @@ class Segment:
 
     def ids_at(self, rows: np.ndarray) -> list[str]:
         """The ids of ``rows``, read from the memory-mapped Arrow column: no per-segment
-        array of every id as Python strings (~65 bytes a document, resident for good)."""
+        array of every id as Python strings (~65 bytes a document, resident for good). A
+        single-chunk column is sliced through its offsets (a compute ``take`` cost ~18 us a
+        query, this ~2 us for ten hits)."""
+        if self._id_buffers is None:
+            col = self.table.column("id")
+            if col.num_chunks == 1 and pa.types.is_string(col.type) and col.null_count == 0:
+                arr = col.chunk(0)
+                offsets = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset:]
+                self._id_buffers = (offsets, memoryview(arr.buffers()[2]))
+            else:
+                self._id_buffers = False
+        if self._id_buffers is False:
+            rows = np.asarray(rows, dtype=np.int64)
+            return self.table.column("id").take(pa.array(rows, pa.int64())).to_pylist()
+        offsets, data = self._id_buffers
         rows = np.asarray(rows, dtype=np.int64)
-        return self.table.column("id").take(pa.array(rows, pa.int64())).to_pylist()
+        return [str(data[a:b], "utf-8")
+                for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
 
     def id_column(self) -> pa.ChunkedArray:
         return self.table.column("id")
