@@ -7,7 +7,8 @@ string): ``dim=N`` (else taken from the first vector), ``metric=ip|cosine|l2`` (
 cosine vectors are stored L2-normalized; l2 scores are ``-squared distance``, so higher is
 better everywhere), ``source=model|user`` (who fills the field), ``optional`` (a named field
 that documents may leave out; needs ``dim``: see ``dense_presence``). FAISS is ``auto`` (``Flat``
-below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above) or any
+below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above, and from
+``AUTO_HNSW_MIN_ROWS`` up in a collection past ``AUTO_HNSW_ROWS``) or any
 ``faiss.index_factory`` string (``HNSW32,Flat``, ``IVF1024,PQ48``). Example:
 ``dense@image:dim=512,metric=cosine,HNSW32,Flat``,
 ``dense@image:dim=512,metric=cosine,optional,HNSW32,Flat``.
@@ -49,6 +50,11 @@ QUERY_THREADS = int(os.environ.get("POLYINDEX_FAISS_THREADS", "1"))
 faiss.omp_set_num_threads(QUERY_THREADS)
 
 AUTO_HNSW_ROWS = 20_000
+# In a collection past AUTO_HNSW_ROWS, segments from this size up get HNSW too: a living
+# collection's seals and small merges were scanned exactly, 0.9 of a 1.9 ms hybrid query
+# (13 segments) against 0.4 ms for the same rows in two HNSW segments. Smaller collections
+# stay exact.
+AUTO_HNSW_MIN_ROWS = 2_000
 INDEX_FILE = "dense.faiss"  # the unnamed field's; a named field's is "dense.FIELD.faiss"
 TEMPLATE_FILE = "dense.template.faiss"
 SEARCH_PARAMS = {"nprobe": int, "efSearch": int, "exact_below": int}
@@ -353,10 +359,12 @@ class DenseKind(IndexKind):
     def _auto(self) -> bool:
         return not self.factory or self.factory == "auto"
 
-    def _factory_for(self, n_rows: int) -> str:
+    def _factory_for(self, n_rows: int, collection_rows: int = 0) -> str:
         if not self._auto():
             return self.factory
-        return "HNSW32,Flat" if n_rows >= AUTO_HNSW_ROWS else "Flat"
+        big = n_rows >= AUTO_HNSW_ROWS or (n_rows >= AUTO_HNSW_MIN_ROWS and
+                                            n_rows + collection_rows >= AUTO_HNSW_ROWS)
+        return "HNSW32,Flat" if big else "Flat"
 
     def keeps_vectors(self) -> bool:
         """Whether every segment's faiss index holds the vectors exactly (Flat, HNSW..,Flat,
@@ -407,7 +415,7 @@ class DenseKind(IndexKind):
         if missing.any() and not self.optional:
             raise InvalidArgument(f"{self.name}: a document has no vector for this field")
         x = dense_presence.placeholders_zeroed(x, missing)
-        factory = self._factory_for(len(x))
+        factory = self._factory_for(len(x), batch.collection_rows)
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:

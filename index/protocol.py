@@ -64,6 +64,9 @@ class BuildBatch:
     tokens: Sequence[DocTokens] | None = None  # per row, when a kind ``needs_tokens``
     # user-supplied vectors by field name ("dense" is the unnamed field, also ``embeddings``)
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
+    # live rows of the collection this segment joins, besides its own (0: not known); a
+    # kind may size its index by the collection rather than the segment (dense "auto")
+    collection_rows: int = 0
 
 
 @dataclass

@@ -247,11 +247,13 @@ def decode_array(d: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["f4"]), dtype="<f4").reshape(d["shape"])
 
 
-def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None) -> dict:
+def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None,
+                 collection_rows: int = 0) -> dict:
     """``build_segment`` in the build process (off this process's GIL: queries beside a seal
     keep their latency), or here when build processes are off."""
     if not build_worker.enabled():
-        return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
+        return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors,
+                             collection_rows)
     # As columns: pickling 5,000 Document objects (with their vectors) took ~40 ms of GIL,
     # the columns ~1 ms; the stacked vectors travel once.
     columns = ([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
@@ -259,7 +261,8 @@ def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=N
     if tokens is None and docs and docs[0].tokens is not None:  # multivector:source=user
         tokens = [DocTokens(d.tokens) for d in docs]
     return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
-                            columns, fields, kinds, embeddings, tokens, vectors)
+                            columns, fields, kinds, embeddings, tokens, vectors,
+                            collection_rows)
 
 
 def _remove(segments: list[OpenedSegment]) -> None:

@@ -108,6 +108,9 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
     n = sum(snap.segments[o].docs.n_rows if live is None else int(live.sum())
             for o, live in zip(ordinals, lives))
     rows_in = sum(snap.manifest.segments[o].n_rows for o in ordinals)
+    merged = set(ordinals)
+    others = sum(e.n_rows - e.n_deleted for i, e in enumerate(snap.manifest.segments)
+                 if i not in merged)  # the collection's rows besides these
     if n == 0:
         return BuiltMerge(sources, lives, None, rows_in=rows_in,
                           seconds=time.perf_counter() - t0)
@@ -124,13 +127,13 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
             try:
                 built.infos = build_worker.run(
                     "merge", "polyindex.storage.merge:write_merged_from", collection, entries,
-                    lives, kinds, spec_fields, encodes_text, folder, stop=stop)
+                    lives, kinds, spec_fields, encodes_text, folder, others, stop=stop)
             except build_worker.Stopped as e:
                 raise Cancelled("the collection is closing") from e
         else:
             built.infos = write_merged(folder, [(snap.segments[o], live)
                                                 for o, live in zip(ordinals, lives)],
-                                       kinds, spec_fields, encodes_text, stop)
+                                       kinds, spec_fields, encodes_text, others, stop)
         fsync_tree(folder, "merge.segment")
         built.files = {p.name: sum_file(p) for p in sorted(folder.iterdir())}
     except BaseException:
@@ -141,16 +144,18 @@ def build_merge(collection: Path, snap: Snapshot, ids: list[str], kinds: dict,
 
 
 def write_merged_from(collection: Path, entries: list[SegmentEntry], lives: list, kinds: dict,
-                      spec_fields: dict, encodes_text: bool, folder: Path) -> dict:
+                      spec_fields: dict, encodes_text: bool, folder: Path,
+                      collection_rows: int = 0) -> dict:
     """``write_merged`` in the build process: open the source segments (files checked as
     any reader checks them) and write the merged one into ``folder``."""
     sources = [(OpenedSegment(collection / "segments" / e.id, e, kinds), live)
                for e, live in zip(entries, lives)]
-    return write_merged(folder, sources, kinds, spec_fields, encodes_text)
+    return write_merged(folder, sources, kinds, spec_fields, encodes_text, collection_rows)
 
 
 def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
-                 encodes_text: bool, stop: Callable[[], bool] = lambda: False) -> dict:
+                 encodes_text: bool, collection_rows: int = 0,
+                 stop: Callable[[], bool] = lambda: False) -> dict:
     """The merged segment's files in ``folder`` from ``(opened segment, live mask or None)``
     pairs: documents, id index, vectors copied, every kind built or merged. Returns the
     kinds' build infos."""
@@ -183,7 +188,8 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     idindex.write(folder, *idindex.merged(
         [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
     batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
-                       table.column("text").to_pylist(), embeddings, None, vectors)
+                       table.column("text").to_pylist(), embeddings, None, vectors,
+                       collection_rows)
     infos = {}
     for name, kind in kinds.items():
         if stop():

@@ -36,13 +36,14 @@ from polyindex.types import Document, document_text
 
 def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
              tokens: Sequence[DocTokens] | None = None,
-             vectors: dict[str, np.ndarray] | None = None) -> BuildBatch:
+             vectors: dict[str, np.ndarray] | None = None,
+             collection_rows: int = 0) -> BuildBatch:
     if embeddings is None and vectors:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
     if tokens is None and docs and docs[0].tokens is not None:
         tokens = [DocTokens(d.tokens) for d in docs]  # the user's (multivector:source=user)
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
-                      embeddings, tokens, dict(vectors or {}))
+                      embeddings, tokens, dict(vectors or {}), collection_rows)
 
 
 def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
@@ -72,25 +73,29 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
 def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str],
                   kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                   tokens: Sequence[DocTokens] | None = None,
-                  vectors: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+                  vectors: dict[str, np.ndarray] | None = None,
+                  collection_rows: int = 0) -> dict[str, dict]:
     """Write a segment's files (documents and every kind's index) into a fresh ``folder``;
-    ``vectors`` are the user's vectors by field (the unnamed one is ``"dense"``)."""
+    ``vectors`` are the user's vectors by field (the unnamed one is ``"dense"``);
+    ``collection_rows``: the live rows it joins (``BuildBatch.collection_rows``)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     column, extra = stored_columns(kinds, embeddings, vectors)
     write_docs(folder, docs, fields, column, extra)
-    batch = batch_of(docs, embeddings, tokens, vectors)
+    batch = batch_of(docs, embeddings, tokens, vectors, collection_rows)
     return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
 def build_segment_columns(folder: Path, columns: tuple, fields: dict[str, str],
                           kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                           tokens: Sequence[DocTokens] | None = None,
-                          vectors: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+                          vectors: dict[str, np.ndarray] | None = None,
+                          collection_rows: int = 0) -> dict[str, dict]:
     """``build_segment`` from (ids, titles, texts, metadata) lists (the build process's
     form: cheap to pickle); the vectors come in ``embeddings`` / ``vectors``."""
     docs = [Document(i, t, x, m) for i, t, x, m in zip(*columns)]
-    return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors)
+    return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors,
+                         collection_rows)
 
 
 @contextmanager
@@ -215,8 +220,9 @@ class Writer:
         # The pid: a build process of a writer that died never writes into the next one's
         tmp = self.folder / "segments" / f".{seg_id}.{os.getpid()}.tmp"
         failpoints.hit("commit.segment.write", tmp)
+        live = sum(e.n_rows - e.n_deleted for e in m.segments)
         infos = (build or build_segment)(tmp, docs, fields, self.kinds, embeddings, tokens,
-                                         vectors)
+                                         vectors, collection_rows=live)
         fsync_tree(tmp, "commit.segment")
         # Summed after the fsync: one read of each file, from the page cache.
         files = {p.name: sum_file(p) for p in sorted(tmp.iterdir())}
