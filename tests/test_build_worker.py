@@ -39,6 +39,9 @@ def test_jobs_run_in_another_process_and_errors_keep_their_type():
         with pytest.raises(ValueError, match="not a polyindex function"):
             w.call("os:getpid")
         assert w.call("polyindex.storage.build_worker:pause", 0) == pid  # same child kept
+        with pytest.raises(Exception, match="pickle"):  # cut short mid-stream: child replaced
+            w.call("polyindex.storage.build_worker:pause", lambda: 0)
+        assert w.call("polyindex.storage.build_worker:pause", 0) != pid
     finally:
         w.close()
 

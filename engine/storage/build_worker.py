@@ -99,6 +99,7 @@ class BuildWorker:
     def call(self, target: str, *args, stop: Callable[[], bool] | None = None, **kwargs):
         with self._lock:
             proc = self._ensure()
+            reply = None
             try:
                 # Pickled straight into the pipe: written frame by frame, each write letting
                 # go of the GIL, where one pickle.dumps of a seal's documents held it ~40 ms.
@@ -111,12 +112,21 @@ class BuildWorker:
                         raise Stopped(f"build of {target} stopped")
                 reply = _read_frame(fd)
             except (BrokenPipeError, ConnectionResetError):
-                reply = None
+                pass  # the child is gone: WorkerDied below
+            except Stopped:
+                raise
+            except BaseException:
+                self._kill()  # e.g. an argument that does not pickle: the stream is cut short
+                raise
             if reply is None:
                 code = self._kill()
                 raise WorkerDied(f"the build process ({self.purpose}) exited with code {code} "
                                  f"during {target}")
-        status, value = pickle.loads(reply)
+        try:
+            status, value = pickle.loads(reply)
+        except Exception as e:  # noqa: BLE001 - e.g. an exception class that does not unpickle
+            raise RuntimeError(f"build process ({self.purpose}): unreadable reply to {target}: "
+                               f"{e}") from e
         if status == "ok":
             return value
         raise value
