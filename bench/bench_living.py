@@ -235,8 +235,11 @@ def build_fresh(args, upd: np.ndarray, final: list[int]) -> None:
 def compare(args, state: str, final: list[int], queries, during) -> dict:
     """The living collection against the fresh one, read-only, interleaved (ABBA)."""
     import polyindex
-    living = polyindex.open(args.work / "living", readonly=True).collection("c")
-    fresh = polyindex.open(args.work / "fresh", readonly=True).collection("c")
+    # Closed on the way out: a reader left open in this process pins the files it reads, and
+    # the compact() that follows could not remove the segments it merged away.
+    living_eng = polyindex.open(args.work / "living", readonly=True)
+    fresh_eng = polyindex.open(args.work / "fresh", readonly=True)
+    living, fresh = living_eng.collection("c"), fresh_eng.collection("c")
     assert living.count() == fresh.count() == len(final), (living.count(), fresh.count())
     for c in (living, fresh):  # warm: first queries open files and fill caches
         for p in PROFILES:
@@ -253,6 +256,8 @@ def compare(args, state: str, final: list[int], queries, during) -> dict:
            "fresh_segments": len(fresh.snapshot().segments),
            "living_deleted_rows": living.info()["deleted_rows"]}
     out["bytes_ratio"] = out["bytes_living"] / out["bytes_fresh"]
+    living_eng.close()
+    fresh_eng.close()
     rows = []
     for p in PROFILES:
         lp50, fp50 = statistics.median(lat[("living", p)]), statistics.median(lat[("fresh", p)])

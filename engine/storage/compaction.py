@@ -3,6 +3,7 @@
 left. The functions take the collection (``polyindex.collection.Collection``)."""
 from __future__ import annotations
 
+import gc as pygc
 import time
 from contextlib import nullcontext
 from typing import Sequence
@@ -78,6 +79,7 @@ def compact(coll, max_segments: int | None = None, on_merge=None) -> dict:
         merges.append(report)
         if on_merge is not None:
             on_merge(report)
+    pygc.collect()  # snapshots only a reference cycle still holds stop pinning their files
     with coll.writer():
         coll._swept = False  # a full sweep on the way out
     return {"collection": coll.name, "before": before, "after": storage_report(coll),
