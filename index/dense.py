@@ -411,7 +411,7 @@ class DenseKind(IndexKind):
         if self.dim is not None and x.shape[1] != self.dim:
             raise InvalidArgument(f"{self.name}: vectors have dimension {x.shape[1]}, "
                                   f"the field has {self.dim}")
-        missing = dense_presence.missing_rows(x) if self.optional else np.zeros(len(x), bool)
+        missing = dense_presence.missing_rows(x)
         if missing.any() and not self.optional:
             raise InvalidArgument(f"{self.name}: a document has no vector for this field")
         x = dense_presence.placeholders_zeroed(x, missing)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from polyindex.errors import InputError
-from polyindex.ingest.vectors import MAX_ABS, MAX_DIM
+from polyindex.ingest.vectors import MAX_DIM, check_values
 
 TOKENS_KEY = "tokens"
 MAX_TOKENS = 65_536  # tokens of one document (ColPali pages have ~1,030)
@@ -52,14 +52,7 @@ def as_tokens(value: Any) -> np.ndarray:
     if arr.shape[0] > MAX_TOKENS or arr.shape[1] > MAX_DIM:
         raise ValueError(f"token matrix of shape {arr.shape} is too large (at most "
                          f"{MAX_TOKENS} tokens of {MAX_DIM} dimensions)")
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        t, c = (int(i[0]) for i in np.nonzero(~np.isfinite(arr)))
-        raise ValueError(f"token {t} component {c} is {arr[t, c]} (NaN and infinity are refused)")
-    big = np.abs(arr) > MAX_ABS
-    if big.any():
-        t, c = (int(i[0]) for i in np.nonzero(big))
-        raise ValueError(f"token {t} component {c} is {float(arr[t, c]):g}, over the limit of "
-                         f"{MAX_ABS:g} in magnitude")
+    check_values(arr, lambda at: f"token {at[0]} component {at[1]}")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 

@@ -43,15 +43,21 @@ def as_vector(value: Any, field: str) -> np.ndarray:
                          f"dtype {arr.dtype})")
     if len(arr) > MAX_DIM:
         raise ValueError(f"vector has {len(arr)} dimensions (max {MAX_DIM})")
+    check_values(arr, lambda i: f"vector component {i[0]}")
+    return arr if arr.dtype == np.float32 else arr.astype(np.float32)
+
+
+def check_values(arr: np.ndarray, what) -> None:
+    """ValueError unless every value is finite and at most ``MAX_ABS`` in magnitude;
+    ``what(index)`` names the first bad position (an index tuple) in the message."""
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        i = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(f"vector component {i} is {arr[i]} (NaN and infinity are refused)")
+        at = tuple(int(i[0]) for i in np.nonzero(~np.isfinite(arr)))
+        raise ValueError(f"{what(at)} is {arr[at]} (NaN and infinity are refused)")
     big = np.abs(arr) > MAX_ABS
     if big.any():
-        i = int(np.flatnonzero(big)[0])
-        raise ValueError(f"vector component {i} is {float(arr[i]):g}, over the limit of "
-                         f"{MAX_ABS:g} in magnitude")
-    return arr if arr.dtype == np.float32 else arr.astype(np.float32)
+        at = tuple(int(i[0]) for i in np.nonzero(big))
+        raise ValueError(f"{what(at)} is {float(arr[at]):g}, over the limit of {MAX_ABS:g} "
+                         "in magnitude")
 
 
 def vectors_of_record(rec: dict[str, Any]) -> tuple[dict[str, np.ndarray] | None, str | None, str | None]:

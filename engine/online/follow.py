@@ -33,7 +33,7 @@ import weakref
 from pathlib import Path
 
 from polyindex.errors import Corrupt, NotFound
-from polyindex.online.view import Buffer, BufferedView
+from polyindex.online.view import Buffer, BufferedView, remove_segments
 from polyindex.online.wal import file_name, file_numbers, frame_at, valid_after
 from polyindex.storage.snapshot import Snapshot
 
@@ -175,7 +175,7 @@ class WalFollower(BufferedView):
                     self._rehide_all()
                     self._publish()
                     new = records
-                    _forget(old)
+                    remove_segments(old.segments)
                 else:
                     new = [r for r in new if r[0] > through]
                 if new:
@@ -194,8 +194,3 @@ class WalFollower(BufferedView):
             self.closed = True
             self._cleanup()
 
-
-def _forget(buffer: Buffer) -> None:
-    # Memory-mapped files stay readable for queries still holding them (POSIX unlink).
-    for s in buffer.segments:
-        shutil.rmtree(s.docs.folder, ignore_errors=True)

@@ -164,7 +164,7 @@ class BufferedView:
             merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors)
             merged.deleted = set(old.deleted)
         self.active = merged
-        _remove(old.segments)
+        remove_segments(old.segments)
 
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=N
                             collection_rows)
 
 
-def _remove(segments: list[OpenedSegment]) -> None:
+def remove_segments(segments: list[OpenedSegment]) -> None:
     # Memory-mapped files stay readable for queries still holding them (POSIX unlink).
     for s in segments:
         shutil.rmtree(s.docs.folder, ignore_errors=True)

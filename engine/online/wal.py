@@ -38,7 +38,7 @@ MAX_RECORD = 1 << 30
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _name(number: int) -> str:
+def file_name(number: int) -> str:
     return f"wal-{number:08d}.log"
 
 
@@ -65,10 +65,6 @@ def file_numbers(folder: Path) -> list[int]:
         except ValueError:
             continue
     return sorted(out)
-
-
-def file_name(number: int) -> str:
-    return _name(number)
 
 
 def frame_at(data: bytes, pos: int, prev: int) -> tuple[int, int, bytes] | str:
@@ -128,7 +124,7 @@ class WriteAheadLog:
             self._scan(n, newest=(n == numbers[-1]))
         self.number = numbers[-1] if numbers else 1
         self._last_in.setdefault(self.number, 0)
-        self._file = open(folder / _name(self.number), "ab")  # noqa: SIM115 - held open
+        self._file = open(folder / file_name(self.number), "ab")  # noqa: SIM115 - held open
         if not numbers:
             fsutil.fsync_dir(folder, "wal.create")
 
@@ -142,7 +138,7 @@ class WriteAheadLog:
         yield from records
 
     def _scan(self, number: int, newest: bool) -> None:
-        path = self.folder / _name(number)
+        path = self.folder / file_name(number)
         data = path.read_bytes()
         pos, last = 0, 0
         while pos < len(data):
@@ -229,7 +225,7 @@ class WriteAheadLog:
         """Continue in a new file; returns the last sequence number of the old ones."""
         with self._lock:
             number = self.number + 1
-            path = self.folder / _name(number)
+            path = self.folder / file_name(number)
             hit("wal.rotate.open", path)
             new = open(path, "ab")  # noqa: SIM115 - held open
             try:
@@ -249,7 +245,7 @@ class WriteAheadLog:
         with self._lock:
             done = [n for n, last in self._last_in.items() if last <= seq and n != self.number]
         for n in sorted(done):
-            fsutil.unlink(self.folder / _name(n), "wal.drop")
+            fsutil.unlink(self.folder / file_name(n), "wal.drop")
             with self._lock:
                 self._last_in.pop(n, None)
         if done:
@@ -259,7 +255,7 @@ class WriteAheadLog:
         total = 0
         for n in self.numbers():
             try:
-                total += (self.folder / _name(n)).stat().st_size
+                total += (self.folder / file_name(n)).stat().st_size
             except FileNotFoundError:
                 continue
         return total

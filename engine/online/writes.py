@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from polyindex.errors import NotFound, ResourceExhausted
-from polyindex.online.view import Buffer, BufferedView, _remove, encode_array, remote_build
+from polyindex.online.view import (Buffer, BufferedView, encode_array, remote_build,
+                                   remove_segments)
 from polyindex.online.wal import WriteAheadLog, disk_error
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Document
@@ -81,7 +82,7 @@ class OnlineWrites(BufferedView):
             try:
                 self.active.through = self.wal.append(record)
             except BaseException:
-                _remove([seg])
+                remove_segments([seg])
                 raise
             self._add_built(seg, docs, vectors)
         return len(docs)
@@ -170,7 +171,7 @@ class OnlineWrites(BufferedView):
                 self.wal.drop_through(frozen.through)
             except OSError as e:  # harmless: replay skips records at or below wal_through
                 log.warning("%s: could not delete sealed WAL files: %s", self.coll.name, e)
-            _remove(frozen.segments)
+            remove_segments(frozen.segments)
             self.on_sealed()
 
     def rebase(self) -> None:
