@@ -33,6 +33,12 @@ def is_internal(context) -> bool:
     return any(k == INTERNAL_KEY for k, _ in context.invocation_metadata())
 
 
+def _internal_metadata(context) -> list[tuple[str, str]]:
+    """A call to a sibling: the client's credentials, marked as this process's."""
+    return [(k, v) for k, v in context.invocation_metadata() if k in _PASSED] + \
+        [(INTERNAL_KEY, str(os.getpid()))]
+
+
 def socket_path(runtime: Path, worker: int) -> Path:
     return runtime / f"worker-{worker}.sock"
 
@@ -76,8 +82,7 @@ class Member:
         its deadline; its failure is raised as the exception it stands for."""
         left = context.time_remaining()
         timeout = FORWARD_WAIT_S if left is None else max(0.0, min(left, FORWARD_WAIT_S))
-        metadata = [(k, v) for k, v in context.invocation_metadata() if k in _PASSED]
-        metadata.append((INTERNAL_KEY, str(os.getpid())))
+        metadata = _internal_metadata(context)
         try:
             return getattr(self.stub(0), method)(request, timeout=timeout, metadata=metadata,
                                                  wait_for_ready=True)
@@ -86,8 +91,7 @@ class Member:
 
     def peers(self, context) -> list[tuple[int, pb.StatsResponse | str]]:
         """(worker, its Stats or why it did not answer) for every other worker, asked at once."""
-        metadata = [(k, v) for k, v in context.invocation_metadata() if k in _PASSED]
-        metadata.append((INTERNAL_KEY, str(os.getpid())))
+        metadata = _internal_metadata(context)
         calls = []
         for w in range(self.processes):
             if w != self.worker:
