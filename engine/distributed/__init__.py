@@ -1,0 +1,1 @@
+"""Ray: ingestion across encoder actors and sharded serving (optional extra `polyindex[ray]`)."""
