@@ -325,8 +325,12 @@ class Collection:
         src = source if isinstance(source, Source) else open_source(source)
         return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force)
 
-    def add(self, docs: Iterable[Any]) -> int:
-        """Upsert documents (dicts or Documents) as one new segment; all or nothing."""
+    def add(self, docs: Iterable[Any], *, embeddings: np.ndarray | None = None) -> int:
+        """Upsert documents (dicts or Documents) as one new segment; all or nothing.
+
+        ``embeddings``: the collection model's embeddings of the documents, (n, d) float32 in
+        their order (ids then must be unique), computed elsewhere (a sharded router encodes
+        a batch once, as one node would, and sends each shard its rows)."""
         unique: dict[str, Document] = {}
         spec = self.vector_spec()
         for i, d in enumerate(docs):
@@ -336,11 +340,16 @@ class Collection:
         if not unique:
             return 0
         batch = list(unique.values())
+        if embeddings is not None:
+            embeddings = _check_embeddings(embeddings, batch, i + 1)
+            if not self.encodes_text():
+                embeddings = None  # nothing here reads model embeddings
         online = self._online  # read once: a concurrent drop sets it to None
         if online is not None:
-            return online.upsert(batch)
+            return online.upsert(batch, embeddings)
         with self.writer() as w:
-            w.commit_segment(batch, self.config.fields, vectors=spec.stack(batch) if spec else None)
+            w.commit_segment(batch, self.config.fields, embeddings=embeddings,
+                             vectors=spec.stack(batch) if spec else None)
         self.refresh()
         return len(unique)
 
@@ -560,6 +569,17 @@ def _folder_id(folder: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _check_embeddings(embeddings, batch: list[Document], n_given: int) -> np.ndarray:
+    emb = np.asarray(embeddings, np.float32)
+    if len(batch) != n_given:
+        raise InvalidArgument("documents given with their embeddings must have unique ids")
+    if emb.ndim != 2 or len(emb) != len(batch):
+        raise InvalidArgument(f"embeddings must be ({len(batch)}, d), got {emb.shape}")
+    if not np.isfinite(emb).all():
+        raise InvalidArgument("embeddings have NaN or infinite values")
+    return emb
 
 
 def _check_ids(ids) -> list[str]:

@@ -81,9 +81,16 @@ class FieldStats:
     p_coll: list[np.ndarray]         # per segment (3, n_terms) float32, cf / total_len
     norms: list[np.ndarray]          # per segment (3, n_rows) float32, tf-idf norms (NaN = not yet)
     terms: dict = field(default_factory=dict)  # term -> ((3,) idf, (3,) p_coll), query terms
+    table: "TermTable | None" = None  # a shard's collection-wide table
 
     def term_stats(self, term: str, segments) -> tuple[np.ndarray, np.ndarray]:
         got = self.terms.get(term)
+        if got is None and self.table is not None:  # a shard: terms of other shards too
+            i = self.table.index_of(term)
+            df = self.table.df[:, i] if i is not None else np.zeros(3)
+            cf = self.table.cf[:, i] if i is not None else np.zeros(3)
+            idf, p = _term_numbers(self.n_docs, self.total_len, df[:, None], cf[:, None])
+            got = self.terms[term] = (idf[:, 0], p[:, 0])
         if got is None:
             got = (self._idf_of_df(np.zeros(3)), np.zeros(3, np.float32))  # in no live row
             for s, seg in enumerate(segments):
@@ -156,11 +163,13 @@ class TermTable:
     def avgdl(self) -> float:
         return float(self.total[2] / self.n_docs) if self.total[2] else 1.0
 
-    def doc_freqs(self, terms) -> list[int]:
+    def index_of(self, term: str) -> int | None:
         if self._index is None:  # once per table, not per query
             self._index = {t: i for i, t in enumerate(self.vocab.to_pylist())}
-        get = self._index.get
-        return [0 if (i := get(t)) is None else int(self.df[2, i]) for t in terms]
+        return self._index.get(term)
+
+    def doc_freqs(self, terms) -> list[int]:
+        return [0 if (i := self.index_of(t)) is None else int(self.df[2, i]) for t in terms]
 
     def __getstate__(self):  # travels between processes without its lookup dict
         return {**self.__dict__, "_index": None}
@@ -204,7 +213,9 @@ def _compute(snapshot) -> FieldStats:
             g = pc.index_in(_vocab(lexical_of(s)), value_set=glob.vocab).to_numpy(
                 zero_copy_only=False)  # every local term is in the sum
             per_seg.append((glob.df[:, g], glob.cf[:, g]))
-        return _finish(segs, n_docs, total, per_seg)
+        stats = _finish(segs, n_docs, total, per_seg)
+        stats.table = glob
+        return stats
     local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
     n_docs = int(sum(c[3] for c in local))
     total = np.sum([c[2] for c in local], axis=0) if local else np.zeros(3)
@@ -219,14 +230,22 @@ def _compute(snapshot) -> FieldStats:
     return _finish(segs, n_docs, total, per_seg)
 
 
+def _term_numbers(n_docs: int, total: np.ndarray, df: np.ndarray, cf: np.ndarray):
+    """(idf, collection probability) float32, (3, n) each, of terms' (3, n) df and cf."""
+    total = np.asarray(total, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+        p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
+    return idf, p.astype(np.float32)
+
+
 def _finish(segs, n_docs: int, total: np.ndarray, per_seg) -> FieldStats:
     avg = np.where(total > 0, total / max(n_docs, 1), 1.0)
     idf, p_coll, norms = [], [], []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for (df, cf), s in zip(per_seg, segs):
-            idf.append(np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32))
-            p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
-            p_coll.append(p.astype(np.float32))
-            norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
+    for (df, cf), s in zip(per_seg, segs):
+        i, p = _term_numbers(n_docs, total, df, cf)
+        idf.append(i)
+        p_coll.append(p)
+        norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
     return FieldStats(n_docs, np.asarray(total, np.float64), avg.astype(np.float64), idf,
                       p_coll, norms)

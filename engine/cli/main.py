@@ -437,13 +437,25 @@ def serve(data: Path = DataOpt,
           cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
           frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
           readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits and acknowledged writes followed."),
-          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core.")):
+          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core."),
+          shards: Optional[int] = typer.Option(None, "--shards", min=1, help="Serve DATA as a sharded directory on Ray (ids hashed to S shards, each its own data directory served by Ray actors); S is fixed when the directory is created. Needs the ray extra."),
+          replicas: int = typer.Option(1, "--replicas", min=1, help="With --shards: Ray actors per shard (one writer, the others read-only followers of its WAL)."),
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1).")):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
               readonly=readonly)
+    if shards is not None or (data / "shards.json").is_file():
+        if processes > 1 or readonly:
+            raise InvalidArgument("--shards serves through Ray actors: --processes and "
+                                  "--readonly do not apply (use --replicas)")
+        from polyindex.distributed.serving import ShardedEngine
+        from polyindex.service.server import run
+        run(data, engine=ShardedEngine(data, shards=shards, replicas=replicas,
+                                       address=ray_address), **kw)
+        return
     if processes > 1:
         from polyindex.service.supervisor import run_group
         run_group(data, processes, **kw)
