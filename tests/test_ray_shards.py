@@ -55,9 +55,9 @@ def served(local_ray, corpus, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rayshards")
     engine = ShardedEngine(tmp / "sharded", shards=2, replicas=2)
     srv = serve(tmp / "sharded", host="127.0.0.1", port=0, engine=engine)
-    ref = Engine(tmp / "one").create_collection("c", ["lexical", "dense"])
-    client = Client(srv.address)
-    coll = client.create_collection("c", ["lexical", "dense"])
+    ref = Engine(tmp / "one").create_collection("c", ["lexical", "dense"], dtype="float32")
+    client = Client(srv.address, timeout=600)  # the first write loads the model
+    coll = client.create_collection("c", ["lexical", "dense"], dtype="float32")
     for batch in (docs[:80], docs[80:]):
         coll.add(batch)
         ref.add(batch)

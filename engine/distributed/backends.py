@@ -18,6 +18,10 @@ from polyindex.wire.grpc_errors import Unavailable
 WRITE_RETRY_S = 30.0  # how long a write waits for Ray to restart a shard's writer
 
 
+class _Refused(Exception):
+    """A call an actor refused at submission (Ray no longer knows it)."""
+
+
 class LocalShards:
     """Shards as plain objects in this process (one replica each)."""
 
@@ -43,6 +47,7 @@ class RayShards:
         self.ray, self.handles = ray, handles
         self.n_shards, self.n_replicas = len(handles), len(handles[0])
         self._turn = itertools.count()
+        self._refused: dict = {}  # refs standing for calls an actor refused at submission
 
     def _dead(self):
         e = self.ray.exceptions
@@ -60,10 +65,12 @@ class RayShards:
                                         for i in range(self.n_replicas)]) for s in calls}
         pending = {s: self._send(s, order[s].pop(0), calls[s]) for s in calls}
         out, deadline = {}, time.monotonic() + WRITE_RETRY_S
-        dead = self._dead()
+        dead = (*self._dead(), _Refused)
         while pending:
             for s, ref in list(pending.items()):
                 try:
+                    if ref in self._refused:
+                        raise _Refused(self._refused.pop(ref))
                     out[s] = self.ray.get(ref)
                     del pending[s]
                 except dead as e:
@@ -90,10 +97,22 @@ class RayShards:
         refs = [self._send(s, r, c) for s, c in calls.items() for r in range(self.n_replicas)]
         for ref in refs:
             try:
-                self.ray.get(ref)
+                if self._refused.pop(ref, None) is None:
+                    self.ray.get(ref)
             except self._dead():
                 pass
 
     def _send(self, shard: int, replica: int, call: tuple):
         method, *args = call
-        return getattr(self.handles[shard][replica], "call").remote(method, *args)
+        try:
+            return self.handles[shard][replica].call.remote(method, *args)
+        except Exception as e:  # an actor Ray no longer knows is refused at submission
+            if "dead" not in str(e) and "Can't find actor" not in str(e):
+                raise
+            return self._failed(e)
+
+    def _failed(self, cause: Exception):
+        """An object ref whose get raises the 'actor died' error (one retry path for both)."""
+        ref = self.ray.put(None)
+        self._refused[ref] = cause
+        return ref

@@ -69,7 +69,7 @@ class ShardedEngine:
         self.n_shards = shard_count(self.path, shards)
         self._started_ray = not cluster.require_ray().is_initialized() if not address else False
         ray = cluster.start(address, num_cpus=num_cpus)
-        actor = ray.remote(ShardActor).options(max_restarts=MAX_RESTARTS, num_cpus=0)
+        actor = ray.remote(max_restarts=MAX_RESTARTS, num_cpus=0)(ShardActor)
         folders = [str(self.path / f"shard-{s:03d}") for s in range(self.n_shards)]
         # writers first: each creates its directory and replays its WAL before followers read
         writers = [actor.options(scheduling_strategy="SPREAD").remote(f, False, s, 0)
