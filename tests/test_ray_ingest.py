@@ -31,7 +31,7 @@ BAD_AT = 50  # position of the record with no id
 def ray_cluster():
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'polyindex[ray]')")
     from polyindex.distributed import cluster
-    ray = cluster.start(num_cpus=2, object_store_bytes=128 * 1024 * 1024)
+    ray = cluster.start(num_cpus=2, object_store_bytes=96 * 1024 * 1024)
     yield ray
     ray.shutdown()
 
@@ -134,7 +134,7 @@ def test_cli_ray_flags(ray_cluster, tmp_path):
 
     from polyindex.cli.main import app
     src = tmp_path / "docs.jsonl"
-    records = vector_corpus(src, n=40)
+    records = vector_corpus(src, n=60)
     args = ["index", str(src), "--data", str(tmp_path / "d"), "-c", "c", "--model", "none",
             "--index", "lexical", "--index", "dense", "--segment-size", "16", "--skip-invalid",
             "--ray", "--encoders", "2", "--no-progress", "--json"]
