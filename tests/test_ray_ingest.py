@@ -145,6 +145,8 @@ def test_cli_ray_flags(ray_cluster, tmp_path):
     bad = CliRunner().invoke(app, ["index", str(src), "--data", str(tmp_path / "e"), "-c", "c",
                                    "--encoders", "2"])
     assert bad.exit_code != 0 and "go with --ray" in str(bad.exception)
+    gpu = CliRunner().invoke(app, args[:-4] + ["--gpus-per-encoder", "1", "--no-progress"])
+    assert gpu.exit_code != 0 and "the Ray cluster has 0" in str(gpu.exception)
 
 
 def test_cli_ray_without_ray_says_how_to_install(tmp_path):

@@ -82,13 +82,27 @@ class _Commits:
         self.w.commit_segment([], fields, ingest=self.state(True))
 
 
+def _cpus_per_encoder(ray, encoders: int) -> int:
+    """Each actor's share of the CPUs (Ray sets its torch threads to it), no more than the
+    smallest node has, so every actor can be placed."""
+    nodes = [n["Resources"].get("CPU", 1) for n in ray.nodes() if n.get("Alive")] or [1]
+    return int(max(1, min(min(nodes), sum(nodes) // encoders)))
+
+
+def _check_gpus(ray, encoders: int, gpus: float) -> None:
+    have = ray.cluster_resources().get("GPU", 0)
+    if gpus and have < gpus * encoders:
+        # Ray Data would wait for them forever
+        raise InvalidArgument(f"--encoders {encoders} --gpus-per-encoder {gpus:g} needs "
+                              f"{gpus * encoders:g} GPUs; the Ray cluster has {have:g}")
+
+
 def _run(ray, folder, source, tasks: list[dict], encoders: int, gpus: float, progress: bool):
     """The descriptors of ``tasks``, as the actor pool finishes them."""
     import ray.data
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
-    # Each actor gets its share of the CPUs, and Ray sets its torch threads to that share
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // encoders)
+    cpus = _cpus_per_encoder(ray, encoders)
     # One block per range, so ranges spread over the actors instead of queueing on one
     ds = ray.data.from_items([{"task": pickle.dumps(t)} for t in tasks],
                              override_num_blocks=len(tasks))
@@ -113,6 +127,7 @@ def ray_index(collection, source, *, encoders: int = 1, gpus_per_encoder: float 
     if gpus_per_encoder < 0:
         raise InvalidArgument(f"--gpus-per-encoder must be >= 0, got {gpus_per_encoder}")
     ray = cluster.start(address)
+    _check_gpus(ray, encoders, gpus_per_encoder)
     report = IngestReport()
     fingerprint = source.fingerprint()
     with collection.writer() as w:
