@@ -265,6 +265,18 @@ class Collection:
             texts, salience=salience, on_batch=on_batch)
         return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
 
+    def document_encoder(self, device: str | None = None):
+        """The writer's ``encode(texts, on_batch)``, or None when writes run no model;
+        ``device``: where the model runs (a Ray encoder on a GPU), default the CPU."""
+        if not self.encodes_text():
+            return None
+        if device not in (None, "cpu"):
+            from polyindex.encode.text import get_encoder
+            self._encoder = get_encoder(self.config.model, self.config.dtype, device)
+        if any(k.needs_tokens for k in self.kinds.values()):
+            return self._encode_docs_tokens
+        return self._encode_docs
+
     # -- writes ----------------------------------------------------------------------------
     def vector_spec(self):
         """The vector fields the user fills (a fresh ``VectorSpec`` per write: dimensions not
@@ -285,11 +297,8 @@ class Collection:
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
         with self._write_lock, writer_lock(self.folder):
-            needs = self.encodes_text()
-            encode = self._encode_docs if needs else None
-            if needs and any(k.needs_tokens for k in self.kinds.values()):
-                encode = self._encode_docs_tokens
-            w = Writer(self.folder, self.kinds, encode, open_segment=self._opened_docs)
+            w = Writer(self.folder, self.kinds, self.document_encoder(),
+                       open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             yield w

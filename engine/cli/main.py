@@ -65,6 +65,10 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
+          ray: bool = typer.Option(False, "--ray", help="Encode and build segments on Ray (the extra polyindex[ray]): a local, loopback-only Ray unless --ray-address."),
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDR", help="Join the Ray cluster at ADDR (with --ray); the source and DATA must be on storage every node sees."),
+          encoders: int = typer.Option(1, "--encoders", help="Encoder actors (with --ray), each loading the model once."),
+          gpus_per_encoder: float = typer.Option(0, "--gpus-per-encoder", help="GPUs per encoder actor (with --ray); 0: encode on CPUs."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
           progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr.")):
     """Bulk-index documents into a collection; resumable.
@@ -72,6 +76,14 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     The collection is created on first use (with --index and --field); a rerun resumes
     after the last committed segment."""
     from polyindex.ingest.sources import open_source
+    if ray_address is not None or encoders != 1 or gpus_per_encoder:
+        if not ray:
+            raise InvalidArgument("--ray-address, --encoders and --gpus-per-encoder go with --ray")
+    if ray:
+        if server is not None:
+            raise InvalidArgument("--ray writes DATA itself; it does not go with --server")
+        from polyindex.distributed.cluster import require_ray
+        require_ray()  # before anything is created: without Ray, the line that says how to get it
     source = open_source(src, ids=ids)
     if server is not None:
         from polyindex.cli.remote_index import index_via_server
@@ -100,7 +112,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         coll = eng.create_collection(collection, index or ["lexical", "dense"],
                                      segment_size=segment_size, fields=fields, **kw)
     try:
-        report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
+        if ray:
+            from polyindex.distributed.ingest import ray_index
+            report = ray_index(coll, source, encoders=encoders, gpus_per_encoder=gpus_per_encoder,
+                               address=ray_address, skip_invalid=skip_invalid, force=force,
+                               progress=progress)
+        else:
+            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
         if created and not coll.sealed_snapshot().manifest.segments:
