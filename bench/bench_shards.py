@@ -82,9 +82,16 @@ def _p50_ms(target, queries, qvecs, profile) -> tuple[float, list]:
 
 
 def _equal(a, b) -> bool:
-    return all([h.id for h in x] == [h.id for h in y] and
-               np.allclose([h.score for h in x], [h.score for h in y], rtol=1e-5)
-               for x, y in zip(a, b))
+    """Same scores, and the same ids in the same order except within the run of exactly
+    equal scores cut by k (which of its members are kept follows rows, as documented)."""
+    for x, y in zip(a, b):
+        if len(x) != len(y) or not np.allclose([h.score for h in x], [h.score for h in y],
+                                               rtol=1e-5):
+            return False
+        last = x[-1].score if x else None
+        if any(h.id != g.id for h, g in zip(x, y) if h.score != last):
+            return False
+    return True
 
 
 def latency(args) -> list[dict]:
