@@ -155,7 +155,7 @@ def test_router_keys_split_by_shard():
                     reason="../shared/data has no nfcorpus or npl (the shared IR collections)")
 @pytest.mark.parametrize("name", ["nfcorpus", "npl"])
 def test_shared_collections_sharded_equal_one_node(tmp_path, name):
-    docs, queries = _load(SHARED / name, 600, 20)
+    docs, queries = _load(SHARED / name, 100_000, 20)  # the whole collection
     rng = np.random.default_rng(11)
     emb, qvecs = _unit(rng, len(docs)), list(_unit(rng, len(queries)))
     for n_shards in (2, 4):
