@@ -111,12 +111,15 @@ class ShardedEngine:
 
     def close(self) -> None:
         ray = self.backend.ray
-        for hs in self.handles:
-            for h in hs[1:] + hs[:1]:  # followers, then the writer (it seals)
+        # every follower at once, then every writer at once (a writer seals its buffer)
+        for group in ([h for hs in self.handles for h in hs[1:]], [hs[0] for hs in self.handles]):
+            refs = [h.call.remote("close") for h in group]
+            for ref in refs:
                 try:
-                    ray.get(h.call.remote("close"), timeout=60)
+                    ray.get(ref, timeout=60)
                 except Exception:  # a dead replica has nothing to close
                     pass
+            for h in group:
                 ray.kill(h)
         if self._started_ray and os.environ.get("POLYINDEX_KEEP_RAY") != "1":
             ray.shutdown()
