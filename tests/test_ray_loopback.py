@@ -132,6 +132,21 @@ def test_ray_holds_only_loopback_sockets(local_ray):
     assert off_machine(found) == []
 
 
+def test_sharded_serving_holds_only_loopback_sockets(local_ray, tmp_path):
+    """The shard actors of ``serve --shards`` (a writer and a follower per shard) too."""
+    from polyindex.distributed.serving import ShardedEngine
+    engine = ShardedEngine(tmp_path / "d", shards=2, replicas=2)
+    try:
+        actors = {p for ps in engine.pids() for p in ps}
+        procs = descendants(os.getpid())
+        assert actors <= set(procs) and len(actors) == 4
+        found = process_sockets(procs)
+        assert any(pid in actors for pid, _, _ in found)  # the actors do hold sockets
+        assert off_machine(found) == []
+    finally:
+        engine.close()
+
+
 def test_the_check_sees_a_socket_on_every_address():
     """The check is not blind: a socket of this process bound to 0.0.0.0 is reported."""
     with socket.socket() as s:
