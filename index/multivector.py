@@ -46,6 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
+from polyindex.cuda.device import torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
 from polyindex.index.multivector_files import (
@@ -272,8 +273,9 @@ class MultivectorKind(IndexKind):
 
     @property
     def kernels(self):
-        if self._kernels is None or self._kernels[0] != self.device:
-            self._kernels = (self.device, backend(self.device))
+        key = (self.device, torch_kernels(self.device))  # the env switch may change in tests
+        if self._kernels is None or self._kernels[0] != key:
+            self._kernels = (key, backend(self.device))
         return self._kernels[1]
 
     @property

@@ -33,12 +33,15 @@ PROFILES_HELP = ("Rank profile: a kind the collection has (lexical, dense, multi
                  "Default: hybrid when the collection has lexical and dense, else its first kind.")
 
 
-def _engine(data: Path, readonly: bool = False, create: bool = True):
+DeviceOpt = typer.Option("cpu", "--device", help="cpu or cuda: where encoding and scoring run (cuda: an NVIDIA GPU, torch kernels of polyindex.cuda, faiss-gpu when installed).")
+
+
+def _engine(data: Path, readonly: bool = False, create: bool = True, device: str = "cpu"):
     """A writing engine (holds the data directory's lock) or, for commands that only read,
     a read-only one: those work beside a running server and never create the directory
     (a missing one is NotFound)."""
     from polyindex.engine import Engine
-    return Engine(data, readonly=readonly, create=create)
+    return Engine(data, readonly=readonly, create=create, device=device)
 
 
 def _version(value: bool) -> None:
@@ -66,11 +69,14 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-          progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr.")):
+          progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr."),
+          device: str = DeviceOpt):
     """Bulk-index documents into a collection; resumable.
 
     The collection is created on first use (with --index and --field); a rerun resumes
     after the last committed segment."""
+    from polyindex.cuda.device import check_device
+    check_device(device)  # before reading anything: a missing GPU is the first error
     from polyindex.ingest.sources import open_source
     source = open_source(src, ids=ids)
     if server is not None:
@@ -87,7 +93,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                       f"acknowledged batch(es), {report.skipped_invalid} invalid skipped); "
                       f"collection {collection!r} now has {count:,} documents")
         return
-    eng = _engine(data)
+    eng = _engine(data, device=device)
     created = collection not in eng.list_collections()
     if not created:
         coll = eng.collection(collection)
@@ -437,19 +443,24 @@ def serve(data: Path = DataOpt,
           cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
           frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
           readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits and acknowledged writes followed."),
-          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core.")):
+          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core."),
+          device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
+    from polyindex.cuda.device import check_device
+    check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
               readonly=readonly)
     if processes > 1:
+        if device != "cpu":  # every process would hold its own copy of the indexes on the GPU
+            raise InvalidArgument("--device cuda serves from one process: drop --processes")
         from polyindex.service.supervisor import run_group
         run_group(data, processes, **kw)
         return
     from polyindex.service.server import run
-    run(data, **kw)
+    run(data, device=device, **kw)
 
 
 def main() -> None:
