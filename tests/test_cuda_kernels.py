@@ -4,8 +4,6 @@ the shipped demo collection (through the engine, ``POLYINDEX_KERNELS=torch`` aga
 default CPU kernels: the code path a cuda placement runs)."""
 from __future__ import annotations
 
-import json
-
 import faiss
 import numpy as np
 import pytest
@@ -188,12 +186,30 @@ def test_placement_errors_and_switch(monkeypatch):
             check_device("cuda")
     monkeypatch.delenv(KERNELS_ENV, raising=False)
     assert not torch_kernels("cpu") and torch_kernels("cuda")
+    monkeypatch.setenv(KERNELS_ENV, "numba")
+    assert not torch_kernels("cpu")
     monkeypatch.setenv(KERNELS_ENV, "torch")
     assert torch_kernels("cpu")
 
 
+def test_cli_device_cuda_without_gpu_is_a_clear_error(tmp_path):
+    import torch
+
+    from conftest import run_cli
+    if torch.cuda.is_available() or faiss.get_num_gpus():
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "c.jsonl").write_text('{"id": "1", "text": "a"}\n')
+    for args in (("index", str(tmp_path / "c.jsonl"), "--data", str(tmp_path / "d"), "-c", "x",
+                  "--device", "cuda"),
+                 ("serve", "--data", str(tmp_path / "d"), "--port", "0", "--device", "cuda")):
+        proc = run_cli(*args, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "device 'cuda' was asked for" in proc.stderr
+    assert not (tmp_path / "d").exists()  # nothing was created
+
+
 # -- the shipped demo collection, through the engine ------------------------------------------
-DEMO_DOCS = 300
+DEMO_DOCS = 150
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +224,7 @@ def demo(tmp_path_factory):
             out.write(line)
     eng = polyindex.open(tmp / "data")
     coll = eng.create_collection("cran", ["dense", "sparse", "multivector:KMeans256"],
-                                 segment_size=120)  # three segments
+                                 segment_size=60)  # three segments
     coll.index(src)
     queries = [t for _, t in read_queries(DEMO_DATA / "queries.jsonl")][:12]
     yield coll, queries, src
@@ -230,7 +246,39 @@ def test_demo_collection_torch_path_equals_cpu(demo, profile, monkeypatch):
 
 def test_demo_embeddings_dense_twin(demo):
     """Flat and IVF in torch against faiss on the demo collection's real embeddings."""
-    coll, queries, src = demo
-    x = coll.encoder.encode([json.loads(line)["text"] for line in open(src)])
+    coll, queries, _ = demo
+    x = np.concatenate([s.docs.embeddings() for s in coll.sealed_snapshot().segments])
+    assert x.shape == (DEMO_DOCS, 384)
     q = coll.encoder.encode(queries)
     _check_dense(x, q, "ip", nlist=8)
+
+
+def test_bulk_encoding_overlapped_with_building(tmp_path, monkeypatch):
+    """The cuda placement's bulk pipeline (encode segment i+1 while segment i is built),
+    forced on a CPU: the same segments, ingest positions and search results as in order."""
+    import polyindex
+    from polyindex.cli.demo import DEMO_DATA
+    src = tmp_path / "corpus.jsonl"
+    with open(DEMO_DATA / "corpus.jsonl") as f, open(src, "w") as out:
+        for _, line in zip(range(24), f):
+            out.write(line)
+    eng = polyindex.open(tmp_path / "data")
+    try:
+        colls = []
+        for name, flag in (("seq", "0"), ("overlap", "1")):
+            monkeypatch.setenv("POLYINDEX_OVERLAP_ENCODE", flag)
+            c = eng.create_collection(name, ["dense", "multivector:KMeans64"], segment_size=8)
+            report = c.index(src)
+            assert (report.indexed, report.segments) == (24, 3)
+            colls.append(c)
+        seq, over = colls
+        m1, m2 = seq.sealed_snapshot().manifest, over.sealed_snapshot().manifest
+        assert [s.n_rows for s in m1.segments] == [s.n_rows for s in m2.segments] == [8, 8, 8]
+        assert m1.ingest["position"] == m2.ingest["position"] == 24 and m2.ingest["done"]
+        for profile in ("dense", "multivector"):
+            a = seq.query("flow over a wing", k=10, profile=profile)
+            b = over.query("flow over a wing", k=10, profile=profile)
+            assert [h.id for h in a] == [h.id for h in b]
+            close([h.score for h in a], [h.score for h in b])
+    finally:
+        eng.close()
