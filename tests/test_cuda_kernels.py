@@ -209,7 +209,22 @@ def test_cli_device_cuda_without_gpu_is_a_clear_error(tmp_path):
 
 
 # -- the shipped demo collection, through the engine ------------------------------------------
-DEMO_DOCS = 150
+DEMO_DOCS = 90
+DEMO_WORDS = 40  # the first words of each document: bfloat16 encoding on a CPU is slow
+MV = "multivector:KMeans64,residual=PQ16"  # OPQ's training would cost a minute here
+
+
+def demo_subset(path, n):
+    """The first ``n`` documents of the shipped Cranfield demo, cut to ``DEMO_WORDS`` words."""
+    import json
+
+    from polyindex.cli.demo import DEMO_DATA
+    with open(DEMO_DATA / "corpus.jsonl") as f, open(path, "w") as out:
+        for _, line in zip(range(n), f):
+            d = json.loads(line)
+            d["text"] = " ".join(d["text"].split()[:DEMO_WORDS])
+            out.write(json.dumps(d) + "\n")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -218,13 +233,10 @@ def demo(tmp_path_factory):
     from polyindex.cli.demo import DEMO_DATA
     from polyindex.ingest.sources import read_queries
     tmp = tmp_path_factory.mktemp("demo")
-    src = tmp / "corpus.jsonl"
-    with open(DEMO_DATA / "corpus.jsonl") as f, open(src, "w") as out:
-        for _, line in zip(range(DEMO_DOCS), f):
-            out.write(line)
+    src = demo_subset(tmp / "corpus.jsonl", DEMO_DOCS)
     eng = polyindex.open(tmp / "data")
-    coll = eng.create_collection("cran", ["dense", "sparse", "multivector:KMeans256"],
-                                 segment_size=60)  # three segments
+    coll = eng.create_collection("cran", ["dense", "sparse", MV],
+                                 segment_size=30)  # three segments
     coll.index(src)
     queries = [t for _, t in read_queries(DEMO_DATA / "queries.jsonl")][:12]
     yield coll, queries, src
@@ -238,7 +250,7 @@ def test_demo_collection_torch_path_equals_cpu(demo, profile, monkeypatch):
     ref = coll.query_batch(queries, k=20, profile=profile)
     monkeypatch.setenv(KERNELS_ENV, "torch")
     got = coll.query_batch(queries, k=20, profile=profile)
-    assert sum(len(h) for h in ref) == 20 * len(queries)
+    assert all(len(h) > 0 for h in ref) and sum(len(h) for h in ref) > 10 * len(queries)
     for a, b in zip(got, ref):
         assert [h.id for h in a] == [h.id for h in b]
         close([h.score for h in a], [h.score for h in b])
@@ -257,17 +269,13 @@ def test_bulk_encoding_overlapped_with_building(tmp_path, monkeypatch):
     """The cuda placement's bulk pipeline (encode segment i+1 while segment i is built),
     forced on a CPU: the same segments, ingest positions and search results as in order."""
     import polyindex
-    from polyindex.cli.demo import DEMO_DATA
-    src = tmp_path / "corpus.jsonl"
-    with open(DEMO_DATA / "corpus.jsonl") as f, open(src, "w") as out:
-        for _, line in zip(range(24), f):
-            out.write(line)
+    src = demo_subset(tmp_path / "corpus.jsonl", 24)
     eng = polyindex.open(tmp_path / "data")
     try:
         colls = []
         for name, flag in (("seq", "0"), ("overlap", "1")):
             monkeypatch.setenv("POLYINDEX_OVERLAP_ENCODE", flag)
-            c = eng.create_collection(name, ["dense", "multivector:KMeans64"], segment_size=8)
+            c = eng.create_collection(name, ["dense", MV], segment_size=8)
             report = c.index(src)
             assert (report.indexed, report.segments) == (24, 3)
             colls.append(c)
