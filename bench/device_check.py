@@ -128,7 +128,7 @@ def mv_queries(rng, data, nq, t=32, nprobe=4):
 def mv_cpu_search(data, q, k, ndocs, half):
     """The CPU path: ``MultivectorSegment.search``'s steps over the numba kernels."""
     from polyindex.index import multivector_kernels as mk
-    from polyindex.index.multivector import _top
+    from polyindex.index.multivector_kernels import top as _top
     lut, pq, probes = q
     off = data["off"]
     n = len(off) - 1

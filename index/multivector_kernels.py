@@ -143,6 +143,20 @@ def gather_candidates(ivf_offsets, ivf_docs, probes, allow, use_allow, mark, out
     return n
 
 
+def top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best k (score desc, then row asc) of parallel arrays; ties at the k-th score keep the
+    lowest rows (so the cut does not depend on the candidates' order)."""
+    if len(scores) > k:
+        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        above = np.flatnonzero(scores > kth)
+        ties = np.flatnonzero(scores == kth)
+        ties = ties[np.argsort(rows[ties], kind="stable")[:k - len(above)]]
+        sel = np.concatenate([above, ties])
+        scores, rows = scores[sel], rows[sel]
+    order = np.lexsort((rows, -scores))
+    return scores[order], rows[order]
+
+
 class CpuKernels:
     name = "cpu"
     first_pass_lut = staticmethod(first_pass_lut)

@@ -15,7 +15,7 @@ from polyindex.cuda.device import KERNELS_ENV, check_device, torch_kernels
 from polyindex.errors import InvalidArgument
 from polyindex.index import multivector_kernels as mk
 from polyindex.index import postings, sparse_kernels
-from polyindex.index.multivector import _top
+from polyindex.index.multivector_kernels import top as _top
 from polyindex.index.sparse_kernels import half_lut
 
 HALF = half_lut()
