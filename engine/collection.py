@@ -265,6 +265,18 @@ class Collection:
             texts, salience=salience, on_batch=on_batch)
         return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
 
+    def document_encoder(self, device: str | None = None):
+        """The writer's ``encode(texts, on_batch)``, or None when writes run no model;
+        ``device``: where the model runs (a Ray encoder on a GPU), default the CPU."""
+        if not self.encodes_text():
+            return None
+        if device not in (None, "cpu"):
+            from polyindex.encode.text import get_encoder
+            self._encoder = get_encoder(self.config.model, self.config.dtype, device)
+        if any(k.needs_tokens for k in self.kinds.values()):
+            return self._encode_docs_tokens
+        return self._encode_docs
+
     # -- writes ----------------------------------------------------------------------------
     def vector_spec(self):
         """The vector fields the user fills (a fresh ``VectorSpec`` per write: dimensions not
@@ -285,11 +297,8 @@ class Collection:
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
         with self._write_lock, writer_lock(self.folder):
-            needs = self.encodes_text()
-            encode = self._encode_docs if needs else None
-            if needs and any(k.needs_tokens for k in self.kinds.values()):
-                encode = self._encode_docs_tokens
-            w = Writer(self.folder, self.kinds, encode, open_segment=self._opened_docs)
+            w = Writer(self.folder, self.kinds, self.document_encoder(),
+                       open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             yield w
@@ -325,8 +334,12 @@ class Collection:
         src = source if isinstance(source, Source) else open_source(source)
         return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force)
 
-    def add(self, docs: Iterable[Any]) -> int:
-        """Upsert documents (dicts or Documents) as one new segment; all or nothing."""
+    def add(self, docs: Iterable[Any], *, embeddings: np.ndarray | None = None) -> int:
+        """Upsert documents (dicts or Documents) as one new segment; all or nothing.
+
+        ``embeddings``: the collection model's embeddings of the documents, (n, d) float32 in
+        their order (ids then must be unique), computed elsewhere (a sharded router encodes
+        a batch once, as one node would, and sends each shard its rows)."""
         unique: dict[str, Document] = {}
         spec = self.vector_spec()
         for i, d in enumerate(docs):
@@ -336,11 +349,16 @@ class Collection:
         if not unique:
             return 0
         batch = list(unique.values())
+        if embeddings is not None:
+            embeddings = _check_embeddings(embeddings, batch, i + 1)
+            if not self.encodes_text():
+                embeddings = None  # nothing here reads model embeddings
         online = self._online  # read once: a concurrent drop sets it to None
         if online is not None:
-            return online.upsert(batch)
+            return online.upsert(batch, embeddings)
         with self.writer() as w:
-            w.commit_segment(batch, self.config.fields, vectors=spec.stack(batch) if spec else None)
+            w.commit_segment(batch, self.config.fields, embeddings=embeddings,
+                             vectors=spec.stack(batch) if spec else None)
         self.refresh()
         return len(unique)
 
@@ -560,6 +578,17 @@ def _folder_id(folder: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _check_embeddings(embeddings, batch: list[Document], n_given: int) -> np.ndarray:
+    emb = np.asarray(embeddings, np.float32)
+    if len(batch) != n_given:
+        raise InvalidArgument("documents given with their embeddings must have unique ids")
+    if emb.ndim != 2 or len(emb) != len(batch):
+        raise InvalidArgument(f"embeddings must be ({len(batch)}, d), got {emb.shape}")
+    if not np.isfinite(emb).all():
+        raise InvalidArgument("embeddings have NaN or infinite values")
+    return emb
 
 
 def _check_ids(ids) -> list[str]:

@@ -40,3 +40,10 @@ class Hit:
     text: str | None = None
     explain: dict[str, Any] | None = field(default=None, repr=False)
     metadata: dict[str, Any] | None = None  # with_metadata only: the stored metadata
+
+
+class HitLists(list):
+    """Per query, its hits (a list of lists of ``Hit``); ``unavailable_shards``: the shards of a
+    sharded collection left out of a partial answer (``allow_partial``), empty otherwise."""
+
+    unavailable_shards: tuple[int, ...] = ()

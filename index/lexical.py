@@ -54,6 +54,10 @@ POSTINGS_FILE = "lexical.postings.arrow"
 DOCLEN_FILE = "lexical.doclen.arrow"
 FORWARD_FILE = "lexical.forward.arrow"
 FORMAT = 1
+# Snapshot cache entry of a shard of a larger collection: an object with ``n_docs``, ``avgdl``
+# and ``doc_freqs(terms)`` over the whole collection (polyindex.rerank.stats.TermTable), so a
+# shard scores with the statistics one node holding every document would use.
+GLOBAL = "lexical:global"
 
 _VOCAB_SCHEMA = {"term": pa.string(), "offset": pa.int64(), "df": pa.int32()}
 _POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": pa.int32()}
@@ -392,6 +396,9 @@ class LexicalKind(IndexKind):
     def _collection_stats(self, segments: Sequence[LexicalSegment],
                           live: Sequence[np.ndarray | None], cache: dict) -> tuple[int, float]:
         stats = cache.get("lexical:stats")
+        if stats is None and GLOBAL in cache:  # a shard: the whole collection's numbers
+            g = cache[GLOBAL]
+            stats = cache["lexical:stats"] = (g.n_docs, g.avgdl)
         if stats is None:
             n_docs = total = 0
             for seg, mask in zip(segments, live):
@@ -456,7 +463,9 @@ class LexicalKind(IndexKind):
         dfs: dict[str, int] = cache.setdefault("lexical:df", {})
         missing = list({t for m in term_maps for t in m if t not in dfs})
         if missing:
-            dfs.update(zip(missing, self._doc_freqs(missing, segments, live)))
+            g = cache.get(GLOBAL)
+            dfs.update(zip(missing, self._doc_freqs(missing, segments, live) if g is None
+                           else g.doc_freqs(missing)))
         return dfs
 
     @staticmethod

@@ -27,20 +27,32 @@ def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
             stage_lists: Sequence[list], stage_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(features (n, len(names(snapshot))) float32, query row offsets (nq + 1,) int64) of a
     batch's candidates."""
-    counts = np.fromiter((len(k) for k, _ in candidates), np.int64, count=len(candidates))
+    X, qptr = compute_local(snapshot, queries, [k for k, _ in candidates])
+    if not len(X):
+        return X, qptr
+    keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates])
+    if "dense" in snapshot.kinds:
+        dense_features(stored_vectors(snapshot, keys), queries, qptr, X)
+    fusion_features(keys, stage_lists, stage_names, qptr, X)
+    return X, qptr
+
+
+def compute_local(snapshot, queries: Sequence, candidate_keys: Sequence[np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The columns a candidate's own segment answers (lexical, the kinds' scores, the named
+    vector fields); the dense and fusion columns, which depend on the whole window, are left
+    NaN (``compute`` fills them; a sharded router fills them from every shard's rows)."""
+    counts = np.fromiter((len(k) for k in candidate_keys), np.int64, count=len(candidate_keys))
     qptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     extra = schema.vector_features(snapshot.kinds)
     X = np.full((int(qptr[-1]), F + len(extra)), np.nan, np.float32)
     if not len(X):
         return X, qptr
-    keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates])
-    q_of = np.repeat(np.arange(len(candidates)), counts)
+    keys = np.concatenate([np.asarray(k, np.int64) for k in candidate_keys])
+    q_of = np.repeat(np.arange(len(candidate_keys)), counts)
     seg, rows = snapshot.locate(keys)
     if "lexical" in snapshot.kinds:
         _lexical(snapshot, queries, q_of, seg, rows, X)
-    if "dense" in snapshot.kinds:
-        _dense(snapshot, queries, qptr, seg, rows, X)
-    _fusion(keys, stage_lists, stage_names, qptr, X)
     for kind, name in schema.KIND_SCORES.items():
         if kind in snapshot.kinds:
             X[:, _COL[name]] = kind_scores.score(snapshot, kind, queries, q_of, seg, rows)
@@ -126,19 +138,24 @@ def _stored(opened) -> StoredVectors:
     return dense
 
 
-def _dense(snapshot, queries, qptr, seg, rows, X) -> None:
+def stored_vectors(snapshot, keys: np.ndarray) -> np.ndarray:
+    """(len(keys), d) float32: the stored dense embeddings of snapshot keys."""
+    seg, rows = snapshot.locate(keys)
+    if len(snapshot.segments) == 1:
+        return np.ascontiguousarray(_stored(snapshot.segments[0]).vectors(rows), np.float32)
+    vecs = None
+    for s in np.unique(seg).tolist():
+        sel = np.flatnonzero(seg == s)
+        v = _stored(snapshot.segments[s]).vectors(rows[sel])
+        if vecs is None:
+            vecs = np.empty((len(rows), v.shape[1]), np.float32)
+        vecs[sel] = v
+    return vecs
+
+
+def dense_features(vecs: np.ndarray, queries, qptr, X) -> None:
     """Cosine of each candidate with the query and with its query's pseudo-relevant centroid
     (the mean embedding of the first ``schema.PRF_DOCS`` candidates in fused order)."""
-    if len(snapshot.segments) == 1:
-        vecs = _stored(snapshot.segments[0]).vectors(rows)
-    else:
-        vecs = None
-        for s in np.unique(seg).tolist():
-            sel = np.flatnonzero(seg == s)
-            v = _stored(snapshot.segments[s]).vectors(rows[sel])
-            if vecs is None:
-                vecs = np.empty((len(rows), v.shape[1]), np.float32)
-            vecs[sel] = v
     has_vec = np.array([getattr(q, "vector", None) is not None for q in queries])
     qv = np.zeros((len(queries), vecs.shape[1]), np.float32)
     for i, q in enumerate(queries):
@@ -150,7 +167,8 @@ def _dense(snapshot, queries, qptr, seg, rows, X) -> None:
 
 # ------------------------------------------------------------------------------- fusion
 
-def _fusion(keys, stage_lists, stage_names, qptr, X) -> None:
+def fusion_features(keys, stage_lists, stage_names, qptr, X) -> None:
+    """Each retrieve stage's rank and score of the candidates, their RRF and fused rank."""
     rrf = np.zeros(len(keys))
     for s, name in enumerate(stage_names):
         scores = np.stack([lists[s][0] for lists in stage_lists]).astype(np.float32, copy=False)

@@ -47,16 +47,27 @@ def rescore(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
     """The rerank stage ``{"index": KIND, ...}``: per query, (keys best first, the kind's
     scores, details or None). Candidates the kind cannot score follow the scored ones in fused
     order, scored just below them; a query the kind cannot score at all keeps its fused list."""
+    return order_by(candidates, raw_scores(snapshot, queries, [k for k, _ in candidates], spec),
+                    spec, explain)
+
+
+def raw_scores(snapshot, queries: Sequence, keys: Sequence[np.ndarray], spec: dict) -> np.ndarray:
+    """The kind's score of every candidate (per query, its keys), NaN where it has none."""
     from polyindex.index.protocol import parse_options
     params = spec.get("params", "")
     params = parse_options(params, where="rerank.params") if isinstance(params, str) \
         else dict(params)
-    counts = [len(k) for k, _ in candidates]
-    keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates]) if counts \
+    counts = [len(k) for k in keys]
+    flat = np.concatenate([np.asarray(k, np.int64) for k in keys]) if counts \
         else np.zeros(0, np.int64)
-    q_of = np.repeat(np.arange(len(candidates)), counts)
-    seg, rows = snapshot.locate(keys) if len(keys) else (keys, keys)
-    s = score(snapshot, spec["index"], queries, q_of, seg, rows, params)
+    q_of = np.repeat(np.arange(len(keys)), counts)
+    seg, rows = snapshot.locate(flat) if len(flat) else (flat, flat)
+    return score(snapshot, spec["index"], queries, q_of, seg, rows, params)
+
+
+def order_by(candidates, s: np.ndarray, spec: dict, explain: bool) -> list:
+    """``rescore``'s answer from the kind's scores ``s`` of every candidate (NaN: none)."""
+    counts = [len(k) for k, _ in candidates]
     out, lo = [], 0
     for (kk, fused), n in zip(candidates, counts):
         sc = s[lo:lo + n]

@@ -24,6 +24,11 @@ def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explai
     names = features.names(snapshot)
     ranker.check_names(names)
     X, qptr = features.compute(snapshot, queries, candidates, stage_lists, stage_names)
+    return order(ranker, X, qptr, candidates, names, explain)
+
+
+def order(ranker, X, qptr, candidates, names, explain):
+    """Each query's candidates ordered by the ranker's scores of their feature rows."""
     scores = ranker.predict(X, qptr) if len(X) else np.zeros(0)
     cnames, contrib = ranker.contributions(X, qptr) if explain and len(X) else ([], None)
     out = []

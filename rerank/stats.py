@@ -25,6 +25,7 @@ from polyindex.index.protocol import TermStatistics, implements
 from polyindex.rerank import kernels
 
 CACHE_KEY = "rerank:fields"
+GLOBAL = "lexical:global"  # the lexical index's entry for a shard's collection-wide table
 _FORWARD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> arrays
 _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical seg -> unmasked counts
 # lexical seg -> counts per live mask: after a write only the segments whose mask changed
@@ -80,9 +81,16 @@ class FieldStats:
     p_coll: list[np.ndarray]         # per segment (3, n_terms) float32, cf / total_len
     norms: list[np.ndarray]          # per segment (3, n_rows) float32, tf-idf norms (NaN = not yet)
     terms: dict = field(default_factory=dict)  # term -> ((3,) idf, (3,) p_coll), query terms
+    table: "TermTable | None" = None  # a shard's collection-wide table
 
     def term_stats(self, term: str, segments) -> tuple[np.ndarray, np.ndarray]:
         got = self.terms.get(term)
+        if got is None and self.table is not None:  # a shard: terms of other shards too
+            i = self.table.index_of(term)
+            df = self.table.df[:, i] if i is not None else np.zeros(3)
+            cf = self.table.cf[:, i] if i is not None else np.zeros(3)
+            idf, p = _term_numbers(self.n_docs, self.total_len, df[:, None], cf[:, None])
+            got = self.terms[term] = (idf[:, 0], p[:, 0])
         if got is None:
             got = (self._idf_of_df(np.zeros(3)), np.zeros(3, np.float32))  # in no live row
             for s, seg in enumerate(segments):
@@ -136,30 +144,108 @@ def _vocab(lex) -> pa.Array:
     return arr() if arr is not None else pa.array(lex.terms(), pa.string())
 
 
+@dataclass
+class TermTable:
+    """A collection's term statistics as one table: what a shard of a larger collection needs
+    to score as one node would (``polyindex.distributed``). Per vocabulary term and field
+    (rows title, body, all): document and collection frequency over live rows; the number
+    of live rows and the field lengths summed. The lexical index reads its BM25 numbers from
+    the ``all`` row (``doc_freqs``, ``n_docs``, ``avgdl``: the cache entry ``lexical.GLOBAL``)."""
+
+    vocab: pa.Array                  # string, one entry per term
+    df: np.ndarray                   # (3, V) float64
+    cf: np.ndarray                   # (3, V) float64
+    n_docs: int
+    total: np.ndarray                # (3,) float64
+    _index: dict | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def avgdl(self) -> float:
+        return float(self.total[2] / self.n_docs) if self.total[2] else 1.0
+
+    def index_of(self, term: str) -> int | None:
+        if self._index is None:  # once per table, not per query
+            self._index = {t: i for i, t in enumerate(self.vocab.to_pylist())}
+        return self._index.get(term)
+
+    def doc_freqs(self, terms) -> list[int]:
+        return [0 if (i := self.index_of(t)) is None else int(self.df[2, i]) for t in terms]
+
+    def __getstate__(self):  # travels between processes without its lookup dict
+        return {**self.__dict__, "_index": None}
+
+    @classmethod
+    def merge(cls, tables: "list[TermTable]") -> "TermTable":
+        """The sum of several shards' tables (terms matched by string)."""
+        uniq = pc.unique(pa.chunked_array([t.vocab for t in tables], pa.string()))
+        uniq = uniq.combine_chunks() if isinstance(uniq, pa.ChunkedArray) else uniq
+        df = np.zeros((3, len(uniq)), np.float64)
+        cf = np.zeros((3, len(uniq)), np.float64)
+        for t in tables:
+            g = pc.index_in(t.vocab, value_set=uniq).to_numpy(zero_copy_only=False)
+            for f in range(3):
+                df[f] += np.bincount(g, weights=t.df[f], minlength=len(uniq))
+                cf[f] += np.bincount(g, weights=t.cf[f], minlength=len(uniq))
+        return cls(uniq, df, cf, sum(t.n_docs for t in tables),
+                   np.sum([t.total for t in tables], axis=0))
+
+
+def local_table(snapshot) -> TermTable:
+    """This snapshot's own term statistics (for the collection-wide sum across shards)."""
+    segs = snapshot.segments
+    if not segs:
+        return TermTable(pa.array([], pa.string()), np.zeros((3, 0)), np.zeros((3, 0)), 0,
+                         np.zeros(3))
+    local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
+    parts = [TermTable(_vocab(lexical_of(s)), np.asarray(c[0], np.float64),
+                       np.asarray(c[1], np.float64), int(c[3]), np.asarray(c[2], np.float64))
+             for s, c in zip(segs, local)]
+    return parts[0] if len(parts) == 1 else TermTable.merge(parts)
+
+
 def _compute(snapshot) -> FieldStats:
     segs = snapshot.segments
+    glob = snapshot.cache.get("lexical", {}).get(GLOBAL)
+    if glob is not None:  # a shard: per segment, the whole collection's counts of its terms
+        n_docs, total = glob.n_docs, glob.total
+        per_seg = []
+        for s in segs:
+            g = pc.index_in(_vocab(lexical_of(s)), value_set=glob.vocab).to_numpy(
+                zero_copy_only=False)  # every local term is in the sum
+            per_seg.append((glob.df[:, g], glob.cf[:, g]))
+        stats = _finish(segs, n_docs, total, per_seg)
+        stats.table = glob
+        return stats
     local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
     n_docs = int(sum(c[3] for c in local))
     total = np.sum([c[2] for c in local], axis=0) if local else np.zeros(3)
     if len(local) == 1:
         per_seg = [(local[0][0], local[0][1])]
     else:  # sum each term's counts over segments by term string (segment term ids differ)
-        vocabs = [_vocab(lexical_of(s)) for s in segs]
-        uniq = pc.unique(pa.chunked_array(vocabs, pa.string()))
-        gids = [pc.index_in(v, value_set=uniq).to_numpy(zero_copy_only=False) for v in vocabs]
-        df = np.zeros((3, len(uniq)), np.float64)
-        cf = np.zeros((3, len(uniq)), np.float64)
-        for g, (ldf, lcf, _, _) in zip(gids, local):
-            for f in range(3):
-                df[f] += np.bincount(g, weights=ldf[f], minlength=len(uniq))
-                cf[f] += np.bincount(g, weights=lcf[f], minlength=len(uniq))
-        per_seg = [(df[:, g], cf[:, g]) for g in gids]
+        table = TermTable.merge([TermTable(_vocab(lexical_of(s)), c[0], c[1], 0, c[2])
+                                 for s, c in zip(segs, local)])
+        per_seg = [(table.df[:, g], table.cf[:, g]) for g in
+                   (pc.index_in(_vocab(lexical_of(s)), value_set=table.vocab).to_numpy(
+                       zero_copy_only=False) for s in segs)]
+    return _finish(segs, n_docs, total, per_seg)
+
+
+def _term_numbers(n_docs: int, total: np.ndarray, df: np.ndarray, cf: np.ndarray):
+    """(idf, collection probability) float32, (3, n) each, of terms' (3, n) df and cf."""
+    total = np.asarray(total, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+        p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
+    return idf, p.astype(np.float32)
+
+
+def _finish(segs, n_docs: int, total: np.ndarray, per_seg) -> FieldStats:
     avg = np.where(total > 0, total / max(n_docs, 1), 1.0)
     idf, p_coll, norms = [], [], []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for (df, cf), s in zip(per_seg, segs):
-            idf.append(np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32))
-            p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
-            p_coll.append(p.astype(np.float32))
-            norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
-    return FieldStats(n_docs, total.astype(np.float64), avg.astype(np.float64), idf, p_coll, norms)
+    for (df, cf), s in zip(per_seg, segs):
+        i, p = _term_numbers(n_docs, total, df, cf)
+        idf.append(i)
+        p_coll.append(p)
+        norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
+    return FieldStats(n_docs, np.asarray(total, np.float64), avg.astype(np.float64), idf,
+                      p_coll, norms)

@@ -68,6 +68,10 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
+          ray: bool = typer.Option(False, "--ray", help="Encode and build segments on Ray (the extra polyindex[ray]): a local, loopback-only Ray unless --ray-address."),
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDR", help="Join the Ray cluster at ADDR (with --ray); the source and DATA must be on storage every node sees."),
+          encoders: int = typer.Option(1, "--encoders", help="Encoder actors (with --ray), each loading the model once."),
+          gpus_per_encoder: float = typer.Option(0, "--gpus-per-encoder", help="GPUs per encoder actor (with --ray); 0: encode on CPUs."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
           progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr."),
           device: str = DeviceOpt):
@@ -77,7 +81,18 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     after the last committed segment."""
     from polyindex.cuda.device import check_device
     check_device(device)  # before reading anything: a missing GPU is the first error
+    if device != "cpu" and (ray or server is not None):
+        raise InvalidArgument("--device cuda encodes in this process: not with --server, and "
+                              "with --ray give the encoders GPUs (--gpus-per-encoder)")
     from polyindex.ingest.sources import open_source
+    if ray_address is not None or encoders != 1 or gpus_per_encoder:
+        if not ray:
+            raise InvalidArgument("--ray-address, --encoders and --gpus-per-encoder go with --ray")
+    if ray:
+        if server is not None:
+            raise InvalidArgument("--ray writes DATA itself; it does not go with --server")
+        from polyindex.distributed.cluster import require_ray
+        require_ray()  # before anything is created: without Ray, the line that says how to get it
     source = open_source(src, ids=ids)
     if server is not None:
         from polyindex.cli.remote_index import index_via_server
@@ -106,7 +121,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         coll = eng.create_collection(collection, index or ["lexical", "dense"],
                                      segment_size=segment_size, fields=fields, **kw)
     try:
-        report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
+        if ray:
+            from polyindex.distributed.ingest import ray_index
+            report = ray_index(coll, source, encoders=encoders, gpus_per_encoder=gpus_per_encoder,
+                               address=ray_address, skip_invalid=skip_invalid, force=force,
+                               progress=progress)
+        else:
+            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
         if created and not coll.sealed_snapshot().manifest.segments:
@@ -444,6 +465,9 @@ def serve(data: Path = DataOpt,
           frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
           readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits and acknowledged writes followed."),
           processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core."),
+          shards: Optional[int] = typer.Option(None, "--shards", min=1, help="Serve DATA as a sharded directory on Ray (ids hashed to S shards, each its own data directory served by Ray actors); S is fixed when the directory is created. Needs the ray extra."),
+          replicas: int = typer.Option(1, "--replicas", min=1, help="With --shards: Ray actors per shard (one writer, the others read-only followers of its WAL)."),
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
@@ -453,6 +477,17 @@ def serve(data: Path = DataOpt,
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
               readonly=readonly)
+    if shards is not None or (data / "shards.json").is_file():
+        if device != "cpu":  # the shard actors open their engines on the CPU
+            raise InvalidArgument("--device cuda does not go with --shards")
+        if processes > 1 or readonly:
+            raise InvalidArgument("--shards serves through Ray actors: --processes and "
+                                  "--readonly do not apply (use --replicas)")
+        from polyindex.distributed.serving import ShardedEngine
+        from polyindex.service.server import run
+        run(data, engine=ShardedEngine(data, shards=shards, replicas=replicas,
+                                       address=ray_address), **kw)
+        return
     if processes > 1:
         if device != "cpu":  # every process would hold its own copy of the indexes on the GPU
             raise InvalidArgument("--device cuda serves from one process: drop --processes")

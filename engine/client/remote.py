@@ -31,7 +31,7 @@ from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
-from polyindex.types import MAX_K, Document, Hit
+from polyindex.types import MAX_K, Document, Hit, HitLists
 from polyindex.wire.convert import (
     MAX_MESSAGE_BYTES,
     doc_from_proto,
@@ -246,7 +246,9 @@ class RemoteCollection:
                     using: str | None = None, tokens=None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
-                    timeout: float | None = None) -> list[list[Hit]]:
+                    timeout: float | None = None, allow_partial: bool = False) -> HitLists:
+        """``allow_partial``: a sharded collection answers from the shards that are up and
+        names the others in the result's ``unavailable_shards`` (else: UNAVAILABLE)."""
         n = len(texts) if texts is not None else len(vectors) if vectors is not None else \
             len(tokens) if tokens is not None else 0
         if texts is not None and vectors is not None and len(vectors) != n:
@@ -257,9 +259,11 @@ class RemoteCollection:
             raise InvalidArgument("a query needs text or a vector (or tokens)")
         if n == 0:
             raise InvalidArgument("no queries given")
-        out: list[list[Hit]] = []
+        out = HitLists()
+        down: set[int] = set()
         for start in range(0, n, QUERY_BATCH):
             req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
+            req.allow_partial = bool(allow_partial)
             for i in range(start, min(n, start + QUERY_BATCH)):
                 item = req.batch.add()
                 if texts is not None and texts[i] is not None:
@@ -270,6 +274,8 @@ class RemoteCollection:
                     _put_tokens(item, tokens[i], i)
             resp = self.client._call("Query", req, timeout=timeout)
             out.extend([hit_from_proto(h, self.fields) for h in hl.hits] for hl in resp.batch)
+            down.update(resp.unavailable_shards)
+        out.unavailable_shards = tuple(sorted(down))
         return out
 
     def _request(self, k, profile, filter, explain, with_text, with_metadata,

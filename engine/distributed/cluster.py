@@ -42,6 +42,12 @@ def start(address: str | None = None, *, num_cpus: int | None = None,
     if not address:
         loopback_environment()  # before the import: ray reads it into its constants then
     ray = require_ray()
+    if not address:
+        # A ray imported before this (a test's importorskip, the user's script) read the
+        # variable unset: its node address was eth0's and its servers listened on every
+        # interface (tests/test_ray_loopback.py saw it). Its children read the environment.
+        from ray._private import ray_constants
+        ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         return ray
     if address:

@@ -60,7 +60,7 @@ class OnlineWrites(BufferedView):
         self._thread.start()
 
     # -- writes ----------------------------------------------------------------------------
-    def upsert(self, docs: list[Document]) -> int:
+    def upsert(self, docs: list[Document], embeddings: np.ndarray | None = None) -> int:
         # [id, title, text, metadata] + [vectors] when the document has vectors or tokens,
         # + [token matrix] when it has tokens (multivector:source=user)
         record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] +
@@ -68,7 +68,9 @@ class OnlineWrites(BufferedView):
                                             if d.vectors or d.tokens is not None else []) +
                                            ([d.tokens.tolist()] if d.tokens is not None else [])
                                            for d in docs]}
-        vectors = self._encode(docs)  # before the WAL: an encoder failure acknowledges nothing
+        # before the WAL: an encoder failure acknowledges nothing
+        vectors = embeddings if embeddings is not None and self.needs_vectors else \
+            self._encode(docs)
         if vectors is not None:  # followers and a replay reuse them (see online.view)
             record["emb"] = encode_array(vectors)
         with self.lock:

@@ -29,6 +29,42 @@ def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
 def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
              params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
     """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
+    scores, keys = _retrieve(snapshot, queries, index, k, params, allow)
+    return scores, order_ties(scores, keys, snapshot.ids_of)
+
+
+def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of) -> np.ndarray:
+    """``keys`` with each run of equal scores put in id order (a copy when any moved): which
+    row of a document comes first (its segment, its shard) then never decides the order, nor
+    the ranks and fused lists computed from it. ``ids_of(keys) -> ids``, asked only for keys
+    that tie. (Which of a tie run straddling the k-th place are kept still follows rows.)"""
+    if scores.shape[1] < 2:
+        return keys
+    valid = keys >= 0
+    eq = (scores[:, 1:] == scores[:, :-1]) & valid[:, 1:] & valid[:, :-1]
+    if not eq.any():
+        return keys
+    keys = keys.copy()
+    tied = np.zeros(keys.shape, bool)
+    tied[:, 1:] |= eq
+    tied[:, :-1] |= eq
+    ids = iter(ids_of(keys[tied]))
+    for q in np.flatnonzero(tied.any(axis=1)).tolist():
+        at = np.flatnonzero(tied[q])
+        run_ids = [next(ids) for _ in range(len(at))]
+        start = 0
+        for i in range(1, len(at) + 1):  # runs: consecutive positions with equal scores
+            if i < len(at) and at[i] == at[i - 1] + 1 and scores[q, at[i]] == scores[q, at[i - 1]]:
+                continue
+            pos = at[start:i]
+            order = sorted(range(len(pos)), key=lambda j: run_ids[start + j])
+            keys[q, pos] = keys[q, pos[order]]
+            start = i
+    return keys
+
+
+def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
+              params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
     kind = snapshot.kinds[index]
     seg_indexes = [s.indexes[index] for s in snapshot.segments]
     prepared = kind.prepare(queries, seg_indexes, snapshot.live, params, snapshot.cache[index])

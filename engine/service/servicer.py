@@ -118,7 +118,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                    filter=flt,
                                    explain=req.explain,
                                    with_text=req.with_text or req.with_metadata,
-                                   using=req.using if req.HasField("using") else None)
+                                   using=req.using if req.HasField("using") else None,
+                                   **({"allow_partial": True} if req.allow_partial else {}))
         payload = {"text": req.with_text, "metadata": req.with_metadata}
         tags["profile"] = profile if isinstance(profile, str) else (
             "inline" if profile is not None else "default")
@@ -128,6 +129,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                 add_hits(resp.batch.add().hits, hits, **payload)
         else:
             add_hits(resp.hits, results[0], **payload)
+        resp.unavailable_shards.extend(getattr(results, "unavailable_shards", ()))
         resp.took_ms = (time.perf_counter() - start) * 1000
         return resp
 

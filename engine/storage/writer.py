@@ -215,7 +215,9 @@ class Writer:
             # encode returns embeddings, or (embeddings, tokens) when a kind needs tokens
             out = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
             embeddings, tokens = out if isinstance(out, tuple) else (out, None)
-        self._train_if_needed(m, batch_of(docs, embeddings, tokens, vectors))
+        for name, files in train_kinds(self.folder, self.kinds,
+                                       batch_of(docs, embeddings, tokens, vectors)).items():
+            self._add_artifact(m, name, files)
         seg_id = f"seg-{m.next_segment:06d}"
         # The pid: a build process of a writer that died never writes into the next one's
         tmp = self.folder / "segments" / f".{seg_id}.{os.getpid()}.tmp"
@@ -223,6 +225,27 @@ class Writer:
         live = sum(e.n_rows - e.n_deleted for e in m.segments)
         infos = (build or build_segment)(tmp, docs, fields, self.kinds, embeddings, tokens,
                                          vectors, collection_rows=live)
+        return self._install(m, tmp, [d.id for d in docs], infos)
+
+    def commit_built(self, tmp: Path, n_rows: int, infos: dict[str, dict],
+                     ingest: dict | None = None,
+                     artifacts: dict[str, list[str]] | None = None) -> SegmentEntry:
+        """Commit a segment folder built elsewhere (a Ray worker: ``build_segment`` into a
+        ``.seg-*`` folder of ``segments/``, so a crash before this leaves what the next
+        writer removes), with the artifacts its builder trained (already under
+        ``artifacts/<name>/``) and the source position; its ids are read from its files."""
+        m = self.manifest.copy()
+        if ingest is not None:
+            m.ingest = ingest
+        for name, files in (artifacts or {}).items():
+            self._add_artifact(m, name, list(files))
+        ids = Segment(tmp, tmp.name, n_rows).ids.tolist()  # Corrupt unless n_rows rows
+        return self._install(m, tmp, ids, infos)
+
+    def _install(self, m: Manifest, tmp: Path, ids: list[str], infos: dict) -> SegmentEntry:
+        """fsync the built folder, sum its files, rename it into place, tombstone the rows
+        its ids replace and commit ``m`` with it."""
+        seg_id = f"seg-{m.next_segment:06d}"
         fsync_tree(tmp, "commit.segment")
         # Summed after the fsync: one read of each file, from the page cache.
         files = {p.name: sum_file(p) for p in sorted(tmp.iterdir())}
@@ -231,8 +254,8 @@ class Writer:
         fsync_dir(self.folder / "segments", "commit.segment")
         for name, expect in files.items():
             remember(final / name, expect)
-        self._tombstone_ids(m, [d.id for d in docs])
-        entry = SegmentEntry(seg_id, len(docs), infos, files=files)
+        self._tombstone_ids(m, ids)
+        entry = SegmentEntry(seg_id, len(ids), infos, files=files)
         m.segments.append(entry)
         m.next_segment += 1
         self.manifest = commit_manifest(self.folder, m)
@@ -270,10 +293,15 @@ class Writer:
         m.artifacts[name] = files
         m.artifact_sums[name] = sums
 
-    def _train_if_needed(self, m: Manifest, batch: BuildBatch) -> None:
-        for kind in self.kinds.values():
-            if kind.needs_training():
-                kind.train(batch)
-                art = self.folder / "artifacts" / kind.artifact_name
-                art.mkdir(parents=True, exist_ok=True)
-                self._add_artifact(m, kind.artifact_name, kind.save_artifacts(art))
+
+def train_kinds(folder: Path, kinds: dict[str, IndexKind], batch: BuildBatch) -> dict[str, list[str]]:
+    """Train every kind that needs it on ``batch`` (the first segment's documents) and save
+    its artifacts under ``folder/artifacts/<name>/``; returns {name: files} to commit."""
+    out = {}
+    for kind in kinds.values():
+        if kind.needs_training():
+            kind.train(batch)
+            art = folder / "artifacts" / kind.artifact_name
+            art.mkdir(parents=True, exist_ok=True)
+            out[kind.artifact_name] = kind.save_artifacts(art)
+    return out

@@ -64,7 +64,7 @@ class QueryItem(_message.Message):
     def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using", "tokens")
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using", "tokens", "allow_partial")
     class VectorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class QueryRequest(_message.Message):
     VECTORS_FIELD_NUMBER: _ClassVar[int]
     USING_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_PARTIAL_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
@@ -100,7 +101,8 @@ class QueryRequest(_message.Message):
     vectors: _containers.MessageMap[str, Vector]
     using: str
     tokens: TokenMatrix
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
+    allow_partial: bool
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ..., allow_partial: _Optional[bool] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("id", "score", "rank", "title", "text", "explain", "metadata")
@@ -127,14 +129,16 @@ class HitList(_message.Message):
     def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ...) -> None: ...
 
 class QueryResponse(_message.Message):
-    __slots__ = ("hits", "batch", "took_ms")
+    __slots__ = ("hits", "batch", "took_ms", "unavailable_shards")
     HITS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[Hit]
     batch: _containers.RepeatedCompositeFieldContainer[HitList]
     took_ms: float
-    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., batch: _Optional[_Iterable[_Union[HitList, _Mapping]]] = ..., took_ms: _Optional[float] = ...) -> None: ...
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., batch: _Optional[_Iterable[_Union[HitList, _Mapping]]] = ..., took_ms: _Optional[float] = ..., unavailable_shards: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
     __slots__ = ("collection", "documents", "expected_total")

@@ -1,0 +1,374 @@
+"""The router of a sharded collection: writes to the shard that owns each id, queries fanned
+out to every shard and merged into the one-node answer.
+
+A query runs the profile's phases once, globally, with each shard doing its segment-local
+part:
+
+1. the query text is encoded here, once (shards never run the model at query time);
+2. every shard retrieves each stage's top k of its rows, scored with the collection-wide
+   term statistics (``rerank.stats.TermTable``: the sum of every shard's, refreshed when a
+   shard's content moved past the part it contributed; see ``shard``);
+3. per stage the shards' lists are merged by (score, key): each shard's top k holds every
+   row of the global top k it owns, so the merge is the one-node top k;
+4. fusion and the window cut run here on those global lists;
+5. a LightGBM rerank asks each shard for its candidates' segment-local features (lexical,
+   kinds' scores) and stored embeddings, fills the window's dense and fusion features here,
+   and scores the window once; a kind's rerank (``{"index": ...}``) asks for raw scores.
+
+Keys here are ``shard << SHIFT | local key``: equal scores resolve to the lower shard, then
+the lower local key (one node resolves them by its own row order, so only exact ties may be
+ordered differently). ``backend`` gives the shards (``serving.RayShards``, or in-process
+``LocalShards``); a shard none of whose replicas answers fails the query with UNAVAILABLE,
+unless the call allows partial results, which then name the shards left out.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+import xxhash
+
+from polyindex.errors import InvalidArgument
+from polyindex.query.pipeline import order_ties
+from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
+from polyindex.query.requests import default_vector_profile, make_queries
+from polyindex.rerank import fusion
+from polyindex.types import MAX_K, Hit, HitLists
+from polyindex.wire.grpc_errors import Unavailable
+
+SHIFT = 40  # local keys (rows of a shard's snapshot) stay below 2**40
+STALE_RETRIES = 1  # after a refresh, an answer still racing a write is taken as it is
+
+
+def shard_of(doc_id: str, n_shards: int) -> int:
+    """The shard that owns an id: a stable 64-bit hash (xxh64) of its UTF-8 bytes."""
+    return xxhash.xxh64_intdigest(doc_id.encode()) % n_shards
+
+
+class ShardedCollection:
+    def __init__(self, name: str, backend):
+        self.name, self.backend = name, backend
+        self.n_shards = backend.n_shards
+        self._lock = threading.Lock()
+        self._version = 0  # of the collection-wide statistics the shards hold
+        self._described: dict | None = None
+        self._encoder = None
+        self._rankers: dict[str, object] = {}
+
+    # -- what the collection is ------------------------------------------------------------
+    def describe(self) -> dict:
+        if self._described is None:
+            self._described = self.backend.one("describe", self.name)
+        return self._described
+
+    @property
+    def kinds(self) -> dict:
+        """Name -> the collection's index kind objects (shard 0's, pickled)."""
+        return self.describe()["kinds"]
+
+    @property
+    def config(self):
+        return _Config(self.describe())
+
+    def profiles(self) -> dict:
+        return {**builtin_profiles(list(self.kinds)), **self.describe()["config_profiles"]}
+
+    def vector_spec(self):
+        from polyindex.ingest.vectors import VectorSpec
+        return VectorSpec.of(self.kinds, self.describe()["model"])
+
+    # -- writes ----------------------------------------------------------------------------
+    def add(self, docs, *, embeddings=None) -> int:
+        """Upsert: the batch is encoded here once (as one node encodes it) and each shard is
+        sent its documents with their embeddings; shards commit independently."""
+        from polyindex.collection import _doc_from
+        spec = self.vector_spec()
+        unique: dict = {}
+        for i, d in enumerate(docs):
+            doc = _doc_from(d, i, spec)
+            unique.pop(doc.id, None)
+            unique[doc.id] = doc
+        batch = list(unique.values())
+        if not batch:
+            return 0
+        if embeddings is None and self.describe()["encodes_text"]:
+            from polyindex.types import document_text
+            embeddings = self.encoder.encode([document_text(d.title, d.text) for d in batch])
+        parts: dict[int, list[int]] = {}
+        for i, d in enumerate(batch):
+            parts.setdefault(shard_of(d.id, self.n_shards), []).append(i)
+        calls = {s: ("add", self.name, [batch[i] for i in rows],
+                     None if embeddings is None else np.asarray(embeddings)[rows])
+                 for s, rows in parts.items()}
+        return sum(self.backend.each(calls, write=True).values())
+
+    def delete(self, ids: Sequence[str]) -> int:
+        parts: dict[int, list[str]] = {}
+        for i in ids:
+            parts.setdefault(shard_of(i, self.n_shards), []).append(i)
+        calls = {s: ("delete", self.name, part) for s, part in parts.items()}
+        return sum(self.backend.each(calls, write=True).values())
+
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list:
+        ids = list(ids)
+        parts: dict[int, list[int]] = {}
+        for n, i in enumerate(ids):
+            parts.setdefault(shard_of(i, self.n_shards), []).append(n)
+        got = self.backend.each({s: ("get", self.name, [ids[n] for n in rows], with_vectors)
+                                 for s, rows in parts.items()})
+        out: list = [None] * len(ids)
+        for s, rows in parts.items():
+            for n, doc in zip(rows, got[s]):
+                out[n] = doc
+        return out
+
+    def count(self) -> int:
+        return sum(i["documents"] for i in self._infos())
+
+    def _infos(self) -> list[dict]:
+        got = self.backend.each({s: ("info", self.name) for s in range(self.n_shards)})
+        return [got[s] for s in range(self.n_shards)]
+
+    def info(self) -> dict:
+        infos = self._infos()
+        out = {"name": self.name, "shards": self.n_shards, "replicas": self.backend.n_replicas}
+        for key in ("documents", "segments", "deleted_rows", "bytes", "wal_bytes"):
+            out[key] = sum(int(i.get(key) or 0) for i in infos)
+        out["indexes"] = infos[0].get("indexes")
+        out["per_shard"] = infos
+        return out
+
+    def seal(self) -> None:
+        self.backend.each({s: ("seal", self.name) for s in range(self.n_shards)}, write=True)
+
+    def catch_up(self) -> None:
+        """Shards' replicas follow their writer themselves."""
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            d = self.describe()
+            if d["model"] is None:
+                raise InvalidArgument(f"collection {self.name!r} has no model (model=None): "
+                                      "give vectors, not text, to the vector indexes")
+            from polyindex.encode.text import get_encoder
+            self._encoder = get_encoder(d["model"], d["dtype"])
+        return self._encoder
+
+    def query(self, text=None, *, vector=None, **kw) -> list[Hit]:
+        return self.query_batch(None if text is None else [text],
+                                vectors=None if vector is None else [vector], **kw)[0]
+
+    def query_batch(self, texts=None, *, vectors=None, using=None, tokens=None, k: int = 10,
+                    profile=None, filter: dict | None = None, explain: bool = False,
+                    with_text: bool = False, with_metadata: bool | None = None,
+                    allow_partial: bool = False) -> HitLists:
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+            raise InvalidArgument(f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        if explain:
+            raise InvalidArgument("explain is not available on a sharded collection yet "
+                                  "(query one shard's directory for an explained answer)")
+        queries = make_queries(texts, vectors, using, tokens)
+        if profile is None:
+            profile = default_vector_profile(queries, using, self.kinds)
+        prof = self._profile(profile)
+        if any(self.kinds[st.index].needs_embeddings for st in prof.retrieve) or \
+                (prof.rerank and "model" in prof.rerank and "dense" in self.kinds):
+            missing = [i for i, q in enumerate(queries) if q.vector is None and q.text]
+            if missing:
+                vecs = self.encoder.encode([queries[i].text for i in missing],
+                                           chunk=len(missing))
+                for i, v in zip(missing, vecs):
+                    queries[i].vector = v
+        single = len(prof.retrieve) == 1 and prof.rerank is None
+        ks = [k if single else st.k for st in prof.retrieve]
+        answers, down = self._retrieve(queries, profile, ks, filter, allow_partial)
+        stage_lists, ids = self._merge(answers, ks, len(queries))
+        keep = max(k, prof.rerank["window"]) if prof.rerank else k
+        fused = [_fuse(prof, [(s[qi], kk[qi]) for s, kk in stage_lists], keep)
+                 for qi in range(len(queries))]
+        if prof.rerank is not None:
+            window = prof.rerank["window"]
+            cands = [(kk[:window], sc[:window]) for kk, sc in fused]
+            fused = self._rerank(queries, prof, cands, stage_lists, down)
+        out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc in fused)
+        if with_text or with_metadata:
+            self._payload(out, with_text, with_text if with_metadata is None else with_metadata)
+        out.unavailable_shards = tuple(down)
+        return out
+
+    def _profile(self, profile) -> Profile:
+        """As ``Collection._profile`` (the shards resolve the same name the same way)."""
+        if profile is not None and not isinstance(profile, (str, dict)):
+            raise InvalidArgument(f"profile must be a name or a dict, got {type(profile).__name__}")
+        return resolve_profile(profile, list(self.kinds), self.describe()["config_profiles"])
+
+    def _retrieve(self, queries, spec, ks, filter_expr, allow_partial):
+        """Every shard's stage lists, with statistics current for the content they saw."""
+        for attempt in range(STALE_RETRIES + 2):
+            version = self._version
+            calls = {s: ("retrieve", self.name, queries, spec, ks, filter_expr, version)
+                     for s in range(self.n_shards)}
+            got = self.backend.each(calls, allow_partial=allow_partial)
+            down = sorted(s for s in range(self.n_shards) if got.get(s) is None)
+            answers = {s: a for s, a in got.items() if a is not None}
+            complete = all("stages" in a for a in answers.values())
+            stale = any(a["stale"] for a in answers.values())
+            if complete and (not stale or attempt >= STALE_RETRIES):
+                return answers, down
+            self.refresh_statistics(version, allow_partial)
+        raise Unavailable(f"collection {self.name!r}: a shard has no collection-wide "
+                          "statistics after refreshing them twice")
+
+    def refresh_statistics(self, seen: int | None = None, allow_partial: bool = False) -> None:
+        """Gather every shard's term table, sum them and hand the sum to every replica."""
+        from polyindex.rerank.stats import TermTable
+        with self._lock:
+            if seen is not None and self._version != seen:  # another query refreshed it
+                return
+            parts = self.backend.each({s: ("table", self.name) for s in range(self.n_shards)},
+                                      allow_partial=allow_partial)
+            parts = {s: p for s, p in parts.items() if p is not None}
+            total = TermTable.merge([p[1] for p in parts.values()])
+            self.backend.broadcast({s: ("install", self.name, self._version + 1, total, p[0])
+                                    for s, p in parts.items()})
+            self._version += 1
+
+    @staticmethod
+    def _merge(answers: dict, ks: list[int], nq: int):
+        """Per stage, the global (scores, keys) of each query's top k; key -> id."""
+        ids: dict[int, str] = {}
+        out = []
+        for st, k in enumerate(ks):
+            parts_s, parts_k = [], []
+            for s, a in answers.items():
+                scores, keys = a["stages"][st]
+                base = np.int64(s) << SHIFT
+                parts_s.append(scores)
+                parts_k.append(np.where(keys >= 0, keys + base, -1))
+                for key, doc_id in a["ids"][st].items():
+                    ids[int(base) + key] = doc_id
+            if not parts_s:
+                out.append((np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1)))
+                continue
+            scores = np.concatenate(parts_s, axis=1)
+            keys = np.concatenate(parts_k, axis=1)
+            scores = np.where(keys >= 0, scores, -np.inf)
+            big = np.where(keys >= 0, keys, np.iinfo(np.int64).max)
+            top = np.lexsort((big, -scores), axis=1)[:, :k]
+            scores = np.take_along_axis(scores, top, 1)
+            keys = np.take_along_axis(keys, top, 1)
+            keys = order_ties(scores, keys, lambda kk: [ids[int(x)] for x in kk.tolist()])
+            out.append((scores, keys))
+        return out, ids
+
+    def _rerank(self, queries, prof, cands, stage_lists, down):
+        spec = prof.rerank
+        by_shard = _split(cands, self.n_shards)
+        if "index" in spec:  # one kind's own score: exact per candidate, merged here
+            from polyindex.rerank.kind_scores import order_by
+            got = self.backend.each({s: ("kind_scores", self.name, queries, loc, spec)
+                                     for s, (loc, _) in by_shard.items()})
+            scores = _gather(cands, by_shard, {s: g for s, g in got.items()}, np.float32)
+            return [(kk, sc) for kk, sc, _ in order_by(cands, scores, spec, False)]
+        from polyindex.rerank import features, stage
+        ranker = self._ranker(spec["model"])
+        names = self.describe()["feature_names"]
+        ranker.check_names(names)
+        dense = "dense" in self.kinds
+        got = self.backend.each({s: ("features", self.name, queries, loc, self._version, dense)
+                                 for s, (loc, _) in by_shard.items()})
+        X = _gather(cands, by_shard, {s: g["X"] for s, g in got.items()}, np.float32)
+        qptr = np.concatenate([[0], np.cumsum([len(kk) for kk, _ in cands])]).astype(np.int64)
+        if len(X):
+            keys = np.concatenate([np.asarray(kk, np.int64) for kk, _ in cands])
+            if dense:
+                vecs = _gather(cands, by_shard, {s: g["vectors"] for s, g in got.items()},
+                               np.float32)
+                features.dense_features(vecs, queries, qptr, X)
+            per_query = [[(s[qi], kk[qi]) for s, kk in stage_lists] for qi in range(len(queries))]
+            features.fusion_features(keys, per_query, [st.index for st in prof.retrieve], qptr, X)
+        return [(kk, sc) for kk, sc, _ in stage.order(ranker, X, qptr, cands, names, False)]
+
+    def _ranker(self, model: str):
+        ranker = self._rankers.get(model)
+        if ranker is None:
+            import lightgbm as lgb
+            from polyindex.rerank.ltr import Ranker
+            text, meta = self.backend.one("ranker", self.name, model)
+            ranker = self._rankers[model] = Ranker(lgb.Booster(model_str=text), meta,
+                                                  f"ranker {model!r}")
+        return ranker
+
+    @staticmethod
+    def _hits(keys, scores, ids) -> list[Hit]:
+        return [Hit(ids[int(key)], float(sc), r)
+                for r, (key, sc) in enumerate(zip(keys.tolist(), scores.tolist()), 1)]
+
+    def _payload(self, results, with_text: bool, with_metadata: bool) -> None:
+        hits = [h for hs in results for h in hs]
+        docs = self.get([h.id for h in hits])
+        for h, doc in zip(hits, docs):
+            if doc is None:  # deleted since the query read it
+                continue
+            if with_text:
+                h.title, h.text = doc.title, doc.text
+            if with_metadata:
+                h.metadata = doc.metadata
+
+
+class _Config:
+    """The parts of a collection's config the service reads (``config.fields``)."""
+
+    def __init__(self, described: dict):
+        self.fields = described["fields"]
+        self.model = described["model"]
+        self.dtype = described["dtype"]
+
+
+def _fuse(profile: Profile, lists, keep: int):
+    """One query's per-stage lists fused, best first, at most ``keep`` (as the pipeline)."""
+    if len(lists) == 1:
+        scores, keys = lists[0]
+        n = int(np.count_nonzero(keys >= 0))
+        return keys[:n][:keep], scores[:n][:keep]
+    w = profile.fuse.get("weights", {})
+    weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
+    if profile.fuse["method"] == "rrf":
+        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights)
+    else:
+        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights)
+    return keys[:keep], scores[:keep]
+
+
+def _split(cands, n_shards: int) -> dict[int, tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Per shard: per query, the local keys of its candidates and their positions."""
+    out: dict[int, tuple[list, list]] = {}
+    for qi, (kk, _) in enumerate(cands):
+        kk = np.asarray(kk, np.int64)
+        shard = kk >> SHIFT
+        for s in range(n_shards):
+            if s not in out:
+                out[s] = ([], [])
+            pos = np.flatnonzero(shard == s)
+            out[s][0].append(kk[pos] - (np.int64(s) << SHIFT))
+            out[s][1].append(pos)
+    return {s: v for s, v in out.items() if any(len(p) for p in v[1])}
+
+
+def _gather(cands, by_shard, rows_of: dict, dtype) -> np.ndarray:
+    """Shards' rows (per shard, its candidates' rows query by query) in window order."""
+    counts = [len(kk) for kk, _ in cands]
+    qptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    first = next((r for r in rows_of.values() if r is not None and len(r)), None)
+    width = () if first is None or first.ndim == 1 else (first.shape[1],)
+    out = np.full((int(qptr[-1]), *width), np.nan, dtype)
+    for s, (_, positions) in by_shard.items():
+        rows = rows_of[s]
+        at = 0
+        for qi, pos in enumerate(positions):
+            out[qptr[qi] + pos] = rows[at:at + len(pos)]
+            at += len(pos)
+    return out

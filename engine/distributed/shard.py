@@ -1,0 +1,172 @@
+"""One shard of a sharded collection: an ordinary data directory served by one process.
+
+A ``Shard`` holds an :class:`~polyindex.engine.Engine` over its directory (the writer, or a
+read-only replica following the writer's WAL) and answers the router's calls. It never ranks
+across shards: it retrieves each stage's top k from its own rows with the collection-wide
+term statistics the router gathered from every shard (``rerank.stats.TermTable``, installed
+in the snapshot's cache under ``lexical.GLOBAL``), computes the segment-local rerank
+features of its candidates, and stores what it is sent. The Ray actor (``serving``) is this
+class under ``ray.remote``; tests also use it in-process.
+
+Statistics and writes: a shard's content is named by its WAL sequence number (every write
+of an online collection is one WAL record; seals and merges move rows without changing
+them). ``retrieve`` says ``stale`` when its content is no longer the one its part of the
+router's table was taken from, and the router refreshes the table and asks again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from polyindex.index.lexical import GLOBAL
+from polyindex.types import Document
+
+
+class Shard:
+    def __init__(self, path: str | Path, *, readonly: bool = False, shard: int = 0,
+                 replica: int = 0):
+        from polyindex.engine import Engine
+        self.path, self.shard, self.replica = Path(path), shard, replica
+        self.engine = Engine(path, online=not readonly, readonly=readonly)
+        # collection -> (table version, TermTable, WAL seq of this shard's part of it)
+        self._global: dict[str, tuple[int, object, int]] = {}
+        self._local: dict[str, tuple[int, object]] = {}  # collection -> (WAL seq, own table)
+
+    # -- content and statistics ----------------------------------------------------------
+    def _current(self, name: str):
+        """(collection, snapshot, WAL sequence number the snapshot includes)."""
+        coll = self.engine.collection(name)
+        snap = coll.snapshot()
+        return coll, snap, _wal_seq(coll)
+
+    def table(self, name: str) -> tuple[int, object]:
+        """(WAL seq, this shard's own term statistics) for the router's collection-wide sum."""
+        from polyindex.rerank.stats import local_table
+        _, snap, seq = self._current(name)
+        got = self._local.get(name)
+        if got is None or got[0] != seq:
+            got = self._local[name] = (seq, local_table(snap))
+        return got
+
+    def install(self, name: str, version: int, table, seq: int) -> None:
+        """The collection-wide table (version ``version``) built from this shard's part at
+        ``seq``."""
+        self._global[name] = (version, table, seq)
+
+    def _with_global(self, name: str, version: int):
+        """(collection, snapshot with the global table in its cache, stale?)."""
+        coll, snap, seq = self._current(name)
+        got = self._global.get(name)
+        if got is None:
+            return coll, snap, True
+        installed, table, at = got
+        lex = snap.cache.get("lexical")
+        if lex is not None and lex.get(GLOBAL) is not table:
+            snap.cache["lexical"] = {GLOBAL: table}  # nothing computed from local numbers stays
+        return coll, snap, installed != version or at != seq
+
+    # -- queries ---------------------------------------------------------------------------
+    def retrieve(self, name: str, queries, profile, ks: list[int], filter_expr,
+                 version: int) -> dict:
+        """Each retrieve stage's top ``ks[i]`` of this shard: per stage (scores, local keys)
+        and the ids of those keys; ``stale``: the statistics used are not this content's."""
+        from polyindex.query.filters import compile_filter
+        from polyindex.query.pipeline import allow_masks, retrieve
+        coll, snap, stale = self._with_global(name, version)
+        if stale and name not in self._global:
+            return {"stale": True}
+        prof = coll._profile(profile)
+        expr = None if filter_expr is None else compile_filter(filter_expr, coll.config.fields)
+        allow = allow_masks(snap, expr)
+        stages, ids = [], []
+        for st, k in zip(prof.retrieve, ks):
+            scores, keys = retrieve(snap, queries, st.index, k, st.params, allow)
+            stages.append((scores, keys))
+            valid = keys[keys >= 0]
+            ids.append(dict(zip(valid.tolist(), snap.ids_of(valid))) if len(valid) else {})
+        return {"stale": stale, "stages": stages, "ids": ids, "snapshot": id(snap)}
+
+    def features(self, name: str, queries, keys: list[np.ndarray], version: int,
+                 dense: bool) -> dict:
+        """Segment-local rerank features of candidates (per query, this shard's local keys),
+        and their stored embeddings when ``dense``, for the router's window."""
+        from polyindex.rerank import features
+        _, snap, stale = self._with_global(name, version)
+        X, _ = features.compute_local(snap, queries, keys)
+        flat = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        vecs = features.stored_vectors(snap, flat) if dense and len(flat) else None
+        return {"stale": stale, "X": X, "vectors": vecs}
+
+    def kind_scores(self, name: str, queries, keys: list[np.ndarray], spec: dict) -> np.ndarray:
+        """A kind's own score of candidates (per query, local keys; a profile's
+        ``rerank: {"index": ...}``), NaN where it has none."""
+        from polyindex.rerank.kind_scores import raw_scores
+        _, snap, _ = self._current(name)
+        return raw_scores(snap, queries, keys, spec)
+
+    def describe(self, name: str) -> dict:
+        """What the router needs to know of the collection (the same on every shard)."""
+        from polyindex.rerank import features
+        coll = self.engine.collection(name)
+        kinds = coll.kinds
+        return {"model": coll.config.model, "dtype": coll.config.dtype,
+                "fields": dict(coll.config.fields),
+                "config_profiles": dict(coll.config.profiles), "kinds": dict(kinds),
+                "feature_names": list(features.names(coll.snapshot())),
+                "encodes_text": coll.encodes_text()}
+
+    def ranker(self, name: str, model: str) -> tuple[str, dict]:
+        """The ranker a profile names, as (LightGBM model text, metadata)."""
+        from polyindex.rerank import registry
+        r = registry.resolve(self.engine.collection(name).snapshot(), model)
+        return r.booster.model_to_string(), r.meta
+
+    # -- reads and writes ------------------------------------------------------------------
+    def add(self, name: str, docs: list[Document], embeddings) -> int:
+        return self.engine.collection(name).add(docs, embeddings=embeddings)
+
+    def delete(self, name: str, ids: list[str]) -> int:
+        return self.engine.collection(name).delete(ids)
+
+    def get(self, name: str, ids: list[str], with_vectors: bool = False) -> list:
+        return self.engine.collection(name).get(ids, with_vectors=with_vectors)
+
+    def payload(self, name: str, ids: list[str]) -> list:
+        """Stored documents of hits (title, text, metadata), by id."""
+        return self.engine.collection(name).get(ids)
+
+    def info(self, name: str) -> dict:
+        return self.engine.collection(name).info()
+
+    def create(self, name: str, indexes, kw: dict) -> None:
+        self.engine.create_collection(name, indexes, **kw)
+
+    def drop(self, name: str) -> None:
+        self.engine.drop_collection(name)
+        self._global.pop(name, None)
+        self._local.pop(name, None)
+
+    def names(self) -> list[str]:
+        return self.engine.list_collections()
+
+    def seal(self, name: str) -> None:
+        self.engine.collection(name).seal()
+
+    def ping(self) -> tuple[int, int, int]:
+        import os
+        return self.shard, self.replica, os.getpid()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _wal_seq(coll) -> int:
+    """The WAL sequence number of the last write a collection's current view includes."""
+    online = coll._online
+    if online is not None:
+        return int(online.wal.last_seq)
+    follower = coll._follower
+    if follower is not None:
+        return int(follower.pending()["wal_seq"])
+    return int(coll.sealed_snapshot().manifest.wal_through)
