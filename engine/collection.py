@@ -88,7 +88,7 @@ class Collection:
             except InvalidArgument as e:  # it was valid when the collection was created
                 raise Corrupt(f"{folder / MANIFEST}: stored index {factory!r}: {e}") from e
             kind.attach(device=device, token_encoder=partial(
-                _token_encoder, self.config.model, self.config.dtype))
+                _token_encoder, self.config.model, self.config.dtype, device))
             kind.load_artifacts(folder / "artifacts" / kind.artifact_name)
             self.kinds[kind.name] = kind
         for name, kind in self.kinds.items():  # dimensions taken from the first vectors
@@ -251,7 +251,7 @@ class Collection:
                                   "vectors, not text, to the vector indexes")
         if self._encoder is None:
             from polyindex.encode.text import get_encoder
-            self._encoder = get_encoder(self.config.model, self.config.dtype)
+            self._encoder = get_encoder(self.config.model, self.config.dtype, self.device)
         return self._encoder
 
     def _encode_docs(self, texts, on_batch=None):
@@ -560,11 +560,11 @@ class Collection:
             merger.stop()  # an unfinished merge is abandoned: nothing of it committed
 
 
-def _token_encoder(model: str, dtype: str):
+def _token_encoder(model: str, dtype: str, device: str = "cpu"):
     """The collection model's token encoder, for kinds that encode (multivector); a plain
     function, so the kinds hold no reference back to their collection."""
     from polyindex.encode.tokens import get_token_encoder
-    return get_token_encoder(model, dtype)
+    return get_token_encoder(model, dtype, device)
 
 
 def _has_wal(folder: Path) -> bool:

@@ -29,7 +29,7 @@ from typing import Sequence
 import faiss
 import numpy as np
 
-from polyindex.cuda.device import to_device
+from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import InvalidArgument
 from polyindex.index import dense_filtered, dense_presence, prf
 from polyindex.index.protocol import (
@@ -174,8 +174,12 @@ def read_index(path: Path):
 
 class DenseSegment(SegmentIndex):  # and StoredVectors
     def __init__(self, index, folder: Path, docs=None, column: str = "embedding",
-                 metric: str = "ip", present: np.ndarray | None = None):
+                 metric: str = "ip", present: np.ndarray | None = None, device: str = "cpu",
+                 on_gpu: bool = False):
         self.index = index
+        self.device = device
+        self.on_gpu = on_gpu  # a faiss-gpu index (float16 storage)
+        self._torch = None  # polyindex.cuda.dense tensors, made on first torch search
         # an optional field's rows that have a vector (None: every row has one)
         self.presence = None if present is None else dense_presence.Presence(present)
         self.folder = folder
@@ -264,11 +268,33 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         params = _faiss_params(params)
         if self.presence is not None:  # rows without a vector are never candidates
             allow = self.presence.fold(allow)
+        # torch kernels: a cuda placement without faiss-gpu (or POLYINDEX_KERNELS=torch), and
+        # what faiss-gpu cannot do (k or nprobe over its limit of 2048)
+        if (torch_kernels(self.device) and not self.on_gpu) or (self.on_gpu and (
+                k > FAISS_GPU_MAX_K or int(params.get("nprobe", 0)) > FAISS_GPU_MAX_K)):
+            return self.torch_search(vectors, k, params, allow)
         if allow is None:
             kwargs = {key: SEARCH_PARAMS[key](v) for key, v in params.items()
                       if key != "exact_below"}
             return self.faiss_search(vectors, k, kwargs)
         return dense_filtered.search(self, vectors, k, params, allow)
+
+    def torch_search(self, vectors, k, params, allow):
+        """``polyindex.cuda.dense``: IVF indexes as IVF (their centroids and lists, ``nprobe``
+        from the params or the index), every other index exactly (flat)."""
+        from polyindex.cuda import dense as torch_dense
+        if self._torch is None:
+            t = torch_dense.DenseTensors(self._vectors(np.arange(self.n_rows)), self.metric,
+                                         kernel_device(self.device))
+            if self._ivf:
+                t.with_ivf(*torch_dense.ivf_parts(self.index))
+            self._torch = t
+        if self._ivf:
+            nprobe = int(params.get("nprobe", faiss.extract_index_ivf(self.index).nprobe))
+            s, r = torch_dense.ivf_search(self._torch, vectors, k, nprobe, allow)
+        else:
+            s, r = torch_dense.flat_search(self._torch, vectors, k, allow)
+        return s.cpu().numpy(), r.cpu().numpy()
 
     def score(self, prepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64)
@@ -440,14 +466,16 @@ class DenseKind(IndexKind):
         return info
 
     def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:
-        index = to_device(read_index(folder / self.index_file), self.device)
+        cpu_index = read_index(folder / self.index_file)
+        index = to_device(cpu_index, self.device)
         if self.dim is None:
             self.dim = info.get("dim")
         present = None
         if info.get("missing"):
             present = dense_presence.read(folder, self.index_file, index.ntotal,
                                           int(info["missing"]))
-        return DenseSegment(index, folder, docs, self.column, self.metric, present)
+        return DenseSegment(index, folder, docs, self.column, self.metric, present, self.device,
+                            on_gpu=index is not cpu_index)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         rocchio = None

@@ -46,6 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
+from polyindex.cuda.device import torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
 from polyindex.index.multivector_files import (
@@ -62,6 +63,7 @@ from polyindex.index.multivector_files import (
 from polyindex.index.multivector_factory import DEFAULTS
 from polyindex.index.multivector_factory import parse as _parse
 from polyindex.index.multivector_kernels import backend
+from polyindex.index.multivector_kernels import top as _top
 from polyindex.index.protocol import (
     BuildBatch,
     DocTokens,
@@ -98,20 +100,6 @@ class MVPrepared:
     ndocs: int
     exhaustive: bool
     stats: dict = field(default_factory=lambda: {"candidates": 0, "final": 0})
-
-
-def _top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best k (score desc, then row asc) of parallel arrays; ties at the k-th score keep the
-    lowest rows (so the cut does not depend on the candidates' order)."""
-    if len(scores) > k:
-        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
-        above = np.flatnonzero(scores > kth)
-        ties = np.flatnonzero(scores == kth)
-        ties = ties[np.argsort(rows[ties], kind="stable")[:k - len(above)]]
-        sel = np.concatenate([above, ties])
-        scores, rows = scores[sel], rows[sel]
-    order = np.lexsort((rows, -scores))
-    return scores[order], rows[order]
 
 
 class MultivectorSegment(SegmentIndex):
@@ -272,8 +260,9 @@ class MultivectorKind(IndexKind):
 
     @property
     def kernels(self):
-        if self._kernels is None or self._kernels[0] != self.device:
-            self._kernels = (self.device, backend(self.device))
+        key = (self.device, torch_kernels(self.device))  # the env switch may change in tests
+        if self._kernels is None or self._kernels[0] != key:
+            self._kernels = (key, backend(self.device))
         return self._kernels[1]
 
     @property

@@ -13,10 +13,12 @@ tables, transposed so the values for one code are contiguous over query tokens:
 
 Every kernel is MaxSim: per document, the sum over query tokens of the best token's score;
 a document without tokens scores 0. Kernels run in parallel over blocks of candidates.
-``backend(device)`` is the seam: the CPU kernels here, or a ``polyindex.cuda.multivector``
-module with the same functions when one exists (none yet: CUDA placements use these).
+``backend(device)`` is the seam: the CPU kernels here, or ``polyindex.cuda.multivector.Kernels``
+(torch, the same functions; on a cuda placement, or on a CPU with ``POLYINDEX_KERNELS=torch``).
 """
 from __future__ import annotations
+
+import functools
 
 import numba
 import numpy as np
@@ -141,6 +143,20 @@ def gather_candidates(ivf_offsets, ivf_docs, probes, allow, use_allow, mark, out
     return n
 
 
+def top(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best k (score desc, then row asc) of parallel arrays; ties at the k-th score keep the
+    lowest rows (so the cut does not depend on the candidates' order)."""
+    if len(scores) > k:
+        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        above = np.flatnonzero(scores > kth)
+        ties = np.flatnonzero(scores == kth)
+        ties = ties[np.argsort(rows[ties], kind="stable")[:k - len(above)]]
+        sel = np.concatenate([above, ties])
+        scores, rows = scores[sel], rows[sel]
+    order = np.lexsort((rows, -scores))
+    return scores[order], rows[order]
+
+
 class CpuKernels:
     name = "cpu"
     first_pass_lut = staticmethod(first_pass_lut)
@@ -150,12 +166,17 @@ class CpuKernels:
 
 
 def backend(device: str = "cpu"):
-    """The kernels for a placement: ``polyindex.cuda.multivector`` when asked for and present
-    (the seam for GPU kernels with the same signatures), the CPU kernels otherwise."""
-    if device == "cuda":
-        try:
-            from polyindex.cuda import multivector as gpu  # noqa: F401  (not written yet)
-            return gpu.Kernels
-        except ImportError:
-            pass
-    return CpuKernels
+    """The kernels for a placement: the torch kernels of ``polyindex.cuda.multivector`` on a
+    cuda placement (or any placement with ``POLYINDEX_KERNELS=torch``: the GPU's code path on
+    a CPU), else the numba kernels here. One torch backend per device and process."""
+    from polyindex.cuda.device import kernel_device, torch_kernels
+    if not torch_kernels(device):
+        return CpuKernels
+    return _torch_backend(kernel_device(device))
+
+
+@functools.cache
+def _torch_backend(device: str):
+    from polyindex.cuda.multivector import Kernels
+    from polyindex.index.sparse_kernels import half_lut
+    return Kernels(device, half_lut())

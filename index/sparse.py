@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from polyindex.cuda.device import kernel_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings, sparse_kernels
 from polyindex.index.protocol import (
@@ -76,8 +77,10 @@ class SparsePrepared:
 
 class SparseSegment(SegmentIndex):
     def __init__(self, folder: Path, n_rows: int, offsets, maxw, docs, vals, binary: bool,
-                 keep=(), stored=None):
+                 keep=(), stored=None, device: str = "cpu"):
         self.folder, self.n_rows = folder, n_rows
+        self.device = device
+        self._torch = None  # the posting lists on the torch kernels' device, made on first use
         self._stored = stored  # the segment's SegmentDocs (embeddings for rescoring)
         self.offsets, self.maxw, self.docs, self.vals = offsets, maxw, docs, vals
         self.binary = binary
@@ -117,6 +120,8 @@ class SparseSegment(SegmentIndex):
             lengths = self.offsets[prepared.terms + 1] - self.offsets[prepared.terms]
             prune = int(lengths.sum()) >= AUTO_PRUNE_POSTINGS * nq
         allow = postings.check_allow(allow, self.n_rows, "sparse search")
+        if torch_kernels(self.device):  # cuda placement: polyindex.cuda.sparse (exhaustive)
+            return self._torch_candidates(prepared, depth, allow)
         counts = np.zeros(nq, np.int64)
         head = (self.offsets, self.docs, self.vals, _LUT)
         if prune:
@@ -127,6 +132,18 @@ class SparseSegment(SegmentIndex):
         scores, rows = postings.run_search(kernel, args, self._pool, nq, depth, allow)
         prepared.touched += counts
         return scores, rows
+
+    def _torch_candidates(self, prepared: SparsePrepared, depth: int, allow):
+        from polyindex.cuda import sparse as torch_sparse
+        with self._lock:
+            if self._torch is None:
+                self._torch = torch_sparse.SparseTensors(
+                    self.offsets, self.docs, self.vals, self.binary, self.n_rows,
+                    kernel_device(self.device), _LUT)
+        s, r, counts = torch_sparse.search(self._torch, prepared.ptr, prepared.terms,
+                                           prepared.weights, depth, allow)
+        prepared.touched += counts
+        return s.cpu().numpy(), r.cpu().numpy()
 
     def _rescore(self, vectors, rows, k):
         """Exact dense inner products of the sparse candidates, best first (ties: row id)."""
@@ -271,7 +288,7 @@ class SparseKind(IndexKind):
                           f"(latents {len(offsets) - 1}, postings {n_post}, rows {n_rows})")
         vals = _NO_VALS if binary else post["w"].view(np.uint16)
         return SparseSegment(folder, n_rows, offsets, terms["maxw"], post["doc"], vals, binary,
-                             (tt, pt), docs)
+                             (tt, pt), docs, self.device)
 
     # -- queries -------------------------------------------------------------------------
     def search_snapshot(self, prepared: SparsePrepared, segments: Sequence[SparseSegment],

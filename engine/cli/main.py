@@ -33,12 +33,15 @@ PROFILES_HELP = ("Rank profile: a kind the collection has (lexical, dense, multi
                  "Default: hybrid when the collection has lexical and dense, else its first kind.")
 
 
-def _engine(data: Path, readonly: bool = False, create: bool = True):
+DeviceOpt = typer.Option("cpu", "--device", help="cpu or cuda: where encoding and scoring run (cuda: an NVIDIA GPU, torch kernels of polyindex.cuda, faiss-gpu when installed).")
+
+
+def _engine(data: Path, readonly: bool = False, create: bool = True, device: str = "cpu"):
     """A writing engine (holds the data directory's lock) or, for commands that only read,
     a read-only one: those work beside a running server and never create the directory
     (a missing one is NotFound)."""
     from polyindex.engine import Engine
-    return Engine(data, readonly=readonly, create=create)
+    return Engine(data, readonly=readonly, create=create, device=device)
 
 
 def _version(value: bool) -> None:
@@ -70,11 +73,17 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           encoders: int = typer.Option(1, "--encoders", help="Encoder actors (with --ray), each loading the model once."),
           gpus_per_encoder: float = typer.Option(0, "--gpus-per-encoder", help="GPUs per encoder actor (with --ray); 0: encode on CPUs."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-          progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr.")):
+          progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr."),
+          device: str = DeviceOpt):
     """Bulk-index documents into a collection; resumable.
 
     The collection is created on first use (with --index and --field); a rerun resumes
     after the last committed segment."""
+    from polyindex.cuda.device import check_device
+    check_device(device)  # before reading anything: a missing GPU is the first error
+    if device != "cpu" and (ray or server is not None):
+        raise InvalidArgument("--device cuda encodes in this process: not with --server, and "
+                              "with --ray give the encoders GPUs (--gpus-per-encoder)")
     from polyindex.ingest.sources import open_source
     if ray_address is not None or encoders != 1 or gpus_per_encoder:
         if not ray:
@@ -99,7 +108,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                       f"acknowledged batch(es), {report.skipped_invalid} invalid skipped); "
                       f"collection {collection!r} now has {count:,} documents")
         return
-    eng = _engine(data)
+    eng = _engine(data, device=device)
     created = collection not in eng.list_collections()
     if not created:
         coll = eng.collection(collection)
@@ -458,14 +467,19 @@ def serve(data: Path = DataOpt,
           processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core."),
           shards: Optional[int] = typer.Option(None, "--shards", min=1, help="Serve DATA as a sharded directory on Ray (ids hashed to S shards, each its own data directory served by Ray actors); S is fixed when the directory is created. Needs the ray extra."),
           replicas: int = typer.Option(1, "--replicas", min=1, help="With --shards: Ray actors per shard (one writer, the others read-only followers of its WAL)."),
-          ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1).")):
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
+          device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
+    from polyindex.cuda.device import check_device
+    check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
               readonly=readonly)
     if shards is not None or (data / "shards.json").is_file():
+        if device != "cpu":  # the shard actors open their engines on the CPU
+            raise InvalidArgument("--device cuda does not go with --shards")
         if processes > 1 or readonly:
             raise InvalidArgument("--shards serves through Ray actors: --processes and "
                                   "--readonly do not apply (use --replicas)")
@@ -475,11 +489,13 @@ def serve(data: Path = DataOpt,
                                        address=ray_address), **kw)
         return
     if processes > 1:
+        if device != "cpu":  # every process would hold its own copy of the indexes on the GPU
+            raise InvalidArgument("--device cuda serves from one process: drop --processes")
         from polyindex.service.supervisor import run_group
         run_group(data, processes, **kw)
         return
     from polyindex.service.server import run
-    run(data, **kw)
+    run(data, device=device, **kw)
 
 
 def main() -> None:

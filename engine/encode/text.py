@@ -1,4 +1,5 @@
-"""Text encoders: a sentence-transformers model, loaded offline, run in bfloat16 on CPU."""
+"""Text encoders: a sentence-transformers model, loaded offline, run in bfloat16 (on the CPU,
+or on a GPU for a cuda placement: larger batches there, see ``batching``)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,16 @@ from polyindex.errors import InvalidArgument
 # Texts per encode call, i.e. per progress report: one batch, so a bulk run's bar moves every
 # few seconds even on a slow CPU (longest-first order makes the batches the same as in one call)
 CHUNK = 64
+# On a GPU a 64-text batch leaves the chip idle between launches: bulk encoding there runs
+# 512 texts a forward pass, 4096 a progress report (bfloat16 MiniLM: well under 1 GB)
+GPU_BATCH, GPU_CHUNK = 512, 4096
+
+
+def batching(device: str, batch_size: int | None, chunk: int | None) -> tuple[int, int]:
+    """(texts per forward pass, texts per progress report) for a device, unless given."""
+    gpu = device == "cuda"
+    return (batch_size or (GPU_BATCH if gpu else 64),
+            chunk or (GPU_CHUNK if gpu else CHUNK))
 _MODELS: dict[tuple[str, str, str], "Encoder"] = {}
 _LOCK = threading.Lock()
 
@@ -43,6 +54,7 @@ class Encoder:
         transformers.logging.disable_progress_bar()  # our own bar is the one people read
         self.name = model
         self.dtype = dtype
+        self.device = device
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
                        "float32": torch.float32}[dtype]
         self.model = SentenceTransformer(resolve_model(model), device=device,
@@ -51,10 +63,12 @@ class Encoder:
                        if hasattr(self.model, "get_embedding_dimension")
                        else self.model.get_sentence_embedding_dimension())
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64,
-               on_batch: Callable[[int], None] | None = None, chunk: int = CHUNK) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int | None = None,
+               on_batch: Callable[[int], None] | None = None,
+               chunk: int | None = None) -> np.ndarray:
         """Encode texts longest-first in chunks (same padding efficiency as one big call),
         reporting progress after each chunk; output is in input order."""
+        batch_size, chunk = batching(self.device, batch_size, chunk)
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:

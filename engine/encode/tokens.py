@@ -21,7 +21,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from polyindex.encode.text import CHUNK
+from polyindex.encode.text import batching
 from polyindex.index.protocol import DocTokens
 
 
@@ -103,20 +103,22 @@ class SentenceTokenEncoder:
     def _tokens(self, item: dict, dtype) -> DocTokens:
         mask = item["attention_mask"].bool()
         n = int(mask.sum())
-        ids = item["input_ids"][:n].numpy().astype(np.int32)
-        vec = item["token_embeddings"][:n].float()
-        vec = (vec / vec.norm(dim=1, keepdim=True).clamp_min(1e-12)).numpy().astype(dtype)
+        ids = item["input_ids"][:n].cpu().numpy().astype(np.int32)
+        vec = item["token_embeddings"][:n].float()  # normalized where the model ran (GPU)
+        vec = (vec / vec.norm(dim=1, keepdim=True).clamp_min(1e-12)).cpu().numpy().astype(dtype)
         sal = item.get("token_salience")
         return DocTokens(vec, np.isin(ids, self.special_ids),
-                         None if sal is None else sal[:n].float().numpy(), ids)
+                         None if sal is None else sal[:n].float().cpu().numpy(), ids)
 
     def encode_documents(self, texts: Sequence[str], *, salience: bool = False,
-                         on_batch: Callable[[int], None] | None = None, batch_size: int = 64,
-                         chunk: int = CHUNK) -> tuple[np.ndarray, list[DocTokens]]:
+                         on_batch: Callable[[int], None] | None = None,
+                         batch_size: int | None = None,
+                         chunk: int | None = None) -> tuple[np.ndarray, list[DocTokens]]:
         """Longest-first chunks, like ``Encoder.encode`` (the same batches, so the sentence
         embeddings equal what it returns); tokens are stored as float16 (the model runs in
         bfloat16, so float16 loses nothing) to bound a segment's memory."""
         import torch
+        batch_size, chunk = batching(self.encoder.device, batch_size, chunk)
         n = len(texts)
         emb = np.empty((n, self.dim), dtype=np.float32)
         toks: list[DocTokens | None] = [None] * n
@@ -126,7 +128,7 @@ class SentenceTokenEncoder:
                 idx = order[start:start + chunk]
                 items = self._forward([texts[i] for i in idx], batch_size, salience)
                 sent = torch.stack([it["sentence_embedding"] for it in items])
-                emb[idx] = torch.nn.functional.normalize(sent, p=2, dim=1).float().numpy()
+                emb[idx] = torch.nn.functional.normalize(sent, p=2, dim=1).float().cpu().numpy()
                 for i, it in zip(idx, items):
                     toks[i] = self._tokens(it, np.float16)
                 if on_batch is not None:

@@ -130,9 +130,11 @@ def _read(value) -> bytes:
 def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None,
           tls_cert=None, tls_key=None, workers: int = 8, metrics_port: int | None = None,
           max_message_bytes: int = MAX_MESSAGE_BYTES, limits: Limits = Limits(),
-          engine=None, frontend: str = "auto", readonly: bool = False, member=None) -> Server:
+          engine=None, frontend: str = "auto", readonly: bool = False, member=None,
+          device: str = "cpu") -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
+    ``device``: "cpu" or "cuda" (the engine's placement, ``polyindex.cuda``).
     ``frontend``: "native" (gRPC C++, built by pip or ``make native``), "python" (grpcio) or "auto"
     (native when built). Both serve the same servicer, auth, errors and metrics. ``member``:
     this process is one worker of ``serve --processes N`` (``service.group.Member``): it
@@ -153,7 +155,7 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         readonly = member.role != "writer"  # followers follow the writer's commits and WAL
     if own_engine:
         from polyindex.engine import Engine
-        engine = Engine(data_dir, online=not readonly, readonly=readonly)
+        engine = Engine(data_dir, device=device, online=not readonly, readonly=readonly)
     metrics = Metrics(engine, member)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
