@@ -5,11 +5,19 @@ and the latency the stage adds.
     (served through the engine) vs hybrid; target >= 5% relative nDCG@10 above hybrid.
 (b) cranfield, cisi, medline, npl, arguana: 5-fold cross-validation by query (early stopping
     on 20% of the training folds): trained ranker vs hybrid, lexical, dense.
-(c) leave-one-collection-out: the general ranker (query-normalized features) trained on every
-    shared collection but one, evaluated on that one, vs hybrid. ``--ship`` trains it on all
-    of them and writes rerank/models/general/.
+(c) leave-one-collection-out on the ten shared collections (``--loco``): the general ranker
+    (the ``normalized`` transform) trained on every collection but one, evaluated on that one,
+    vs hybrid (the same window: hybrid's top 100), at each guard tree weight; the weight
+    whose worst held-out gain is best is the one shipped. Targets (issue 21): >= +4% on
+    cranfield, nfcorpus, arguana, cisi, medline, npl; above hybrid on >= 8 of 10. ``--ship``
+    trains it on all of them and writes rerank/models/general/.
 (d) npl latency, one query at a time (query encoding included): hybrid vs the trained profile
-    at window 100, interleaved; target: the rerank stage adds <= 15%.
+    and vs the built-in ``ltr`` profile at window 100, interleaved; targets: the trained
+    stage adds <= 15%, ``ltr`` <= 10%.
+
+Collections: bench/.work/data/<name>, lexical + dense; a missing one is indexed with
+``polyindex index`` (bfloat16, slow on an AVX2-only CPU: build them float32 beforehand with
+``create_collection(name, dtype="float32")`` and ``Collection.index``, as bench/README says).
 
 Quality: TREC run files scored with ir-measures (bench/common.py), runs of the top 100.
 Candidates and features of each query set are cached in bench/.work/ltr (keyed by the
@@ -325,11 +333,9 @@ def part_d(eng, passes: int) -> dict:
     store(coll, "ltr-300", heavy, window=WINDOW, retrieve=HYBRID_STAGES)
     profiles = {"hybrid": "hybrid", f"ltr-npl, trained ({ranker.forest.n_trees} trees)": "ltr-npl",
                 f"ltr-300 ({heavy.forest.n_trees} trees)": "ltr-300"}
-    if "general" in registry.shipped_names():
+    if "general" in registry.shipped_names():  # the built-in ltr profile, as a user gets it
         general = registry.resolve(coll.snapshot(), "general")
-        profiles[f"general ({general.forest.n_trees} trees)"] = {
-            "retrieve": HYBRID_STAGES, "fuse": {"method": "rrf", "k": 60},
-            "rerank": {"model": "general", "window": WINDOW}}
+        profiles[f"ltr (shipped general, {general.forest.n_trees} trees)"] = "ltr"
     qs = [t for _, t in common.judged(common.read_queries(common.DATA / "npl"),
                                       common.read_qrels(common.DATA / "npl"))]
     for p in profiles.values():  # warm: model loaded, numba compiled, stats cached
@@ -360,8 +366,14 @@ def part_d(eng, passes: int) -> dict:
     ok = added[names[1]] <= 0.15
     console.print(f"rerank adds {added[names[1]]:+.1%} (median wall time; CPU time "
                   f"{cpu_added[names[1]]:+.1%}) — target <= +15% {verdict(ok)}")
+    ltr = [n for n in names if n.startswith("ltr (")]
+    ok_ltr = None
+    if ltr:
+        ok_ltr = added[ltr[0]] <= 0.10
+        console.print(f"ltr adds {added[ltr[0]]:+.1%} (CPU time {cpu_added[ltr[0]]:+.1%}) — "
+                      f"target <= +10% (issue 21) {verdict(ok_ltr)}")
     return {"median_ms": med, "mean_ms": mean, "added": added, "cpu_median_ms": cpu_med,
-            "cpu_added": cpu_added, "pass": ok, "load_average": os.getloadavg(),
+            "cpu_added": cpu_added, "pass": ok, "pass_ltr": ok_ltr, "load_average": os.getloadavg(),
             "queries": len(qs), "passes": passes, "faiss_threads": os.environ.get(
                 "POLYINDEX_FAISS_THREADS", "default (1)")}
 
@@ -370,6 +382,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="a,b,c,d", help="which parts to run (a,b,c,d)")
     ap.add_argument("--collections", default=",".join(CV_COLLECTIONS), help="for part b")
+    ap.add_argument("--loco", default=",".join(ALL), help="part c: the collections")
     ap.add_argument("--ship", action="store_true", help="part c: write the general ranker")
     ap.add_argument("--passes", type=int, default=3, help="part d: passes over the npl queries")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -377,15 +390,16 @@ def main() -> int:
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.torch_threads)
-    eng = polyindex.open(DATA_DIR)
     parts = set(common.parse_list(args.parts))
+    # part c only reads (its collections may be built meanwhile by another process)
+    eng = polyindex.open(DATA_DIR, readonly=parts <= {"c"})
     payload = {"window": WINDOW, "torch_threads": args.torch_threads}
     if "a" in parts:
         payload["a_nfcorpus"] = part_a(eng)
     if "b" in parts:
         payload["b_cross_validation"] = part_b(eng, common.parse_list(args.collections))
     if "c" in parts:
-        payload["c_general_loco"] = part_c(eng, ALL, args.ship)
+        payload["c_general_loco"] = part_c(eng, common.parse_list(args.loco), args.ship)
     if "d" in parts:
         payload["d_latency_npl"] = part_d(eng, args.passes)
     from polyindex.rerank import schema
