@@ -247,13 +247,26 @@ def general_sets(eng, names):
     return sets
 
 
+FIXED_ROUNDS = [0]  # --fixed-rounds: train this many rounds on train + valid, no early stopping
+
+
 def fit_general(sets, names, **meta):
     from polyindex.rerank.train import fit
+    if FIXED_ROUNDS[0]:
+        train = [Candidates_concat([sets[n][1], sets[n][2]]) for n in names]
+        return fit(train, None, transform=GENERAL_TRANSFORM, params=GENERAL_PARAMS,
+                   max_rounds=FIXED_ROUNDS[0], general=True, prior_feature="fused_score",
+                   collections=list(names), window=WINDOW, **meta)
     return fit([sets[n][1] for n in names], [sets[n][2] for n in names],
                transform=GENERAL_TRANSFORM, params=GENERAL_PARAMS, max_rounds=GENERAL_ROUNDS,
                general=True, prior_feature="fused_score", collections=list(names), window=WINDOW,
                training_qrels={n: ("train (dev: early stopping)" if n == "nfcorpus" else
                                    "test, 80% (20%: early stopping)") for n in names}, **meta)
+
+
+def Candidates_concat(parts):
+    from polyindex.rerank.train import Candidates
+    return Candidates.concat(parts)
 
 
 def choose_weight(gains: dict[str, dict[float, float]]) -> float:
@@ -383,6 +396,8 @@ def main() -> int:
     ap.add_argument("--parts", default="a,b,c,d", help="which parts to run (a,b,c,d)")
     ap.add_argument("--collections", default=",".join(CV_COLLECTIONS), help="for part b")
     ap.add_argument("--loco", default=",".join(ALL), help="part c: the collections")
+    ap.add_argument("--fixed-rounds", type=int, default=0,
+                    help="part c: rounds without early stopping (0: early stopping)")
     ap.add_argument("--ship", action="store_true", help="part c: write the general ranker")
     ap.add_argument("--passes", type=int, default=3, help="part d: passes over the npl queries")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -391,6 +406,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.torch_threads)
     parts = set(common.parse_list(args.parts))
+    FIXED_ROUNDS[0] = args.fixed_rounds
     # part c only reads (its collections may be built meanwhile by another process)
     eng = polyindex.open(DATA_DIR, readonly=parts <= {"c"})
     payload = {"window": WINDOW, "torch_threads": args.torch_threads}
