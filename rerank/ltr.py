@@ -171,6 +171,11 @@ class Ranker:
                 f"similarity features (vec_sim@FIELD) do not apply: train a ranker for this "
                 f"collection (`polyindex train-ranker`)")
 
+    def falls_back(self) -> bool:
+        """Its score is the profile's fused score (scaled): trees weighed 0, prior fused_score."""
+        return self.tree_weight == 0.0 and self.prior_col == schema.INDEX["fused_score"] \
+            and self.prior_weight > 0
+
     def inputs(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
         return transform(self.transform, X, qptr, self.base)
 

@@ -105,6 +105,11 @@ def test_ltr_window_is_hybrids_and_the_guard_falls_back_to_it(small, monkeypatch
     assert 0 <= shipped.tree_weight <= 1
     guarded = Ranker(shipped.booster, {**shipped.meta, "tree_weight": 0.0}, "guarded")
     monkeypatch.setattr(registry, "resolve", lambda snap, name: guarded)
+    assert guarded.falls_back() and not Ranker(shipped.booster, {**shipped.meta, "tree_weight": 0.5},
+                                                 "half").falls_back()
     for text in ("wing flutter", "heat model", "cake sugar"):
         want = [h.id for h in small.query(text, k=4, profile="hybrid")]
         assert [h.id for h in small.query(text, k=4, profile="ltr")] == want
+        # explain computes the features and scores through the trees: the same order
+        hits = small.query(text, k=4, profile="ltr", explain=True)
+        assert [h.id for h in hits] == want and hits[0].explain["rerank"]["features"]
