@@ -251,9 +251,9 @@ FIXED_ROUNDS = [0]  # --fixed-rounds: train this many rounds on train + valid, n
 
 
 def fit_general(sets, names, **meta):
-    from polyindex.rerank.train import fit
+    from polyindex.rerank.train import Candidates, fit
     if FIXED_ROUNDS[0]:
-        train = [Candidates_concat([sets[n][1], sets[n][2]]) for n in names]
+        train = [Candidates.concat([sets[n][1], sets[n][2]]) for n in names]
         return fit(train, None, transform=GENERAL_TRANSFORM, params=GENERAL_PARAMS,
                    max_rounds=FIXED_ROUNDS[0], general=True, prior_feature="fused_score",
                    collections=list(names), window=WINDOW, **meta)
@@ -262,11 +262,6 @@ def fit_general(sets, names, **meta):
                general=True, prior_feature="fused_score", collections=list(names), window=WINDOW,
                training_qrels={n: ("train (dev: early stopping)" if n == "nfcorpus" else
                                    "test, 80% (20%: early stopping)") for n in names}, **meta)
-
-
-def Candidates_concat(parts):
-    from polyindex.rerank.train import Candidates
-    return Candidates.concat(parts)
 
 
 def choose_weight(gains: dict[str, dict[float, float]]) -> float:
