@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.index.protocol import StoredVectors, implements
-from polyindex.rerank import kernels, kind_scores, schema, window
+from polyindex.rerank import kernels, kind_scores, quality, schema, window
 from polyindex.rerank.stats import field_stats, forward_index, lexical_of
 
 F = len(schema.NAMES)  # columns of a collection without named vector fields
@@ -34,6 +34,7 @@ def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, 
     if "dense" in snapshot.kinds:
         dense_features(stored_vectors(snapshot, keys), queries, qptr, X)
     fusion_features(keys, stage_lists, stage_names, qptr, X)
+    X[:, _COL["fused_score"]] = np.concatenate([np.asarray(f, np.float32) for _, f in candidates])
     return X, qptr
 
 
@@ -53,6 +54,7 @@ def compute_local(snapshot, queries: Sequence, candidate_keys: Sequence[np.ndarr
     seg, rows = snapshot.locate(keys)
     if "lexical" in snapshot.kinds:
         _lexical(snapshot, queries, q_of, seg, rows, X)
+        quality.compute(snapshot, seg, rows, X[:, _COL["doc_unique_ratio"]:_COL["doc_kl_coll"] + 1])
     for kind, name in schema.KIND_SCORES.items():
         if kind in snapshot.kinds:
             X[:, _COL[name]] = kind_scores.score(snapshot, kind, queries, q_of, seg, rows)
@@ -105,6 +107,8 @@ def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
     per_q = np.stack([np.diff(seqptr), n_slots, q_idf], axis=1).astype(np.float32)
     per_q[~has_text] = np.nan
     X[:, _COL["q_terms"]:_COL["q_terms"] + 3] = per_q[q_of]
+    X[:, _COL["q_idf_max"]:_COL["q_idf_max"] + 3] = _query_difficulty(qtf, idf, pc, sptr,
+                                                                      has_text)[q_of]
     ok = has_text[q_of]
     for s in np.unique(seg[ok]).tolist():
         sel = np.flatnonzero(ok & (seg == s))
@@ -119,6 +123,22 @@ def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
                                  stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
                                  q_of[sel], rows[sel], sel, bufs[0], bufs[1], X)
         _SCRATCH.setdefault(lex, []).append(bufs)  # not on an exception: maybe not reset
+
+
+def _query_difficulty(qtf, idf, pc, sptr, has_text) -> np.ndarray:
+    """(nq, 3): idf max and mean over the query's distinct terms found in the collection
+    ("all" field), and its simplified clarity score, sum_t P(t|q) log(P(t|q) / P(t|C)) over
+    those terms (He and Ounis 2004): what a collection's queries look like, query by query."""
+    out = np.full((len(sptr) - 1, 3), np.nan, np.float32)
+    for q in range(len(sptr) - 1):
+        lo, hi = sptr[q], sptr[q + 1]
+        found = pc[lo:hi, 2] > 0
+        if not has_text[q] or not found.any():
+            continue
+        i = idf[lo:hi, 2][found]
+        p_q = qtf[lo:hi][found] / qtf[lo:hi][found].sum()
+        out[q] = (i.max(), i.mean(), float((p_q * np.log(p_q / pc[lo:hi, 2][found])).sum()))
+    return out
 
 
 def _take_scratch(lex) -> tuple[np.ndarray, np.ndarray]:
@@ -170,11 +190,20 @@ def dense_features(vecs: np.ndarray, queries, qptr, X) -> None:
 def fusion_features(keys, stage_lists, stage_names, qptr, X) -> None:
     """Each retrieve stage's rank and score of the candidates, their RRF and fused rank."""
     rrf = np.zeros(len(keys))
+    ranks = np.full((len(keys), max(len(stage_names), 1) * 2), np.nan, np.float32)
     for s, name in enumerate(stage_names):
         scores = np.stack([lists[s][0] for lists in stage_lists]).astype(np.float32, copy=False)
         skeys = np.stack([lists[s][1] for lists in stage_lists]).astype(np.int64, copy=False)
-        cols = (_COL[f"{name}_rank"], _COL[f"{name}_score"]) if name in schema.STAGES else (-1, -1)
-        window.stage_features(keys, qptr, skeys, scores, cols[0], cols[1], float(schema.RRF_K),
-                               rrf, X)
+        window.stage_features(keys, qptr, skeys, scores, 2 * s, 2 * s + 1,
+                              float(schema.RRF_K), rrf, ranks)
+        if name in schema.STAGES:
+            X[:, _COL[f"{name}_rank"]] = ranks[:, 2 * s]
+            X[:, _COL[f"{name}_score"]] = ranks[:, 2 * s + 1]
     X[:, _COL["rrf"]] = rrf
+    stage_ranks = ranks[:, 0::2]  # agreement of every retrieve stage of the profile
+    found = ~np.isnan(stage_ranks)
+    X[:, _COL["n_found"]] = found.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        X[:, _COL["best_rank"]] = np.where(found.any(1), np.fmin.reduce(stage_ranks, 1), np.nan)
+        X[:, _COL["mean_rank"]] = np.nansum(stage_ranks, 1) / found.sum(1)
     X[:, _COL["fused_rank"]] = np.arange(len(keys)) - np.repeat(qptr[:-1], np.diff(qptr)) + 1

@@ -15,7 +15,10 @@ serving collection's named fields too: ``Ranker.check_names``):
   (``schema.SCALED``) min-max normalized within each query's window (``<name>@q``): the
   default of collection rankers;
 - ``general``: ``schema.GENERAL`` features as ranks within the query's window (see
-  ``schema``): what the general ranker, trained on several collections, sees.
+  ``schema``): what the first general ranker, trained on several collections, saw;
+- ``normalized``: ``schema.NORMALIZED`` scores each as rank, z-score and ratio to the maximum
+  within the query's window, then ``schema.NORMALIZED_AS_IS`` as computed: the transfer
+  ranker (issue 21), the shipped ``general`` model.
 """
 from __future__ import annotations
 
@@ -32,10 +35,16 @@ from polyindex.rerank import schema, window
 from polyindex.rerank.forest import Forest
 
 FORMAT = 1
-TRANSFORMS = ("raw", "raw+query", "general")
+TRANSFORMS = ("raw", "raw+query", "general", "normalized")
 _GENERAL = np.array([schema.INDEX[n] for n in schema.GENERAL])
 _GENERAL_RANKED = np.array([i for i, n in enumerate(schema.GENERAL)
                             if n not in schema.GENERAL_AS_IS])
+_NORM = np.array([schema.INDEX[n] for n in schema.NORMALIZED])
+_NORM_AS_IS = np.array([schema.INDEX[n] for n in schema.NORMALIZED_AS_IS])
+NORMALIZED_NAMES = ([f"{n}@rank" for n in schema.NORMALIZED] + [f"{n}@z" for n in schema.NORMALIZED]
+                    + [f"{n}@max" for n in schema.NORMALIZED] + list(schema.NORMALIZED_AS_IS))
+# transforms whose model sees no per-field (vec_sim@FIELD) feature: any collection is served
+GENERIC = ("general", "normalized")
 
 
 def model_names(transform: str, base: Sequence[str] = schema.NAMES) -> list[str]:
@@ -44,6 +53,8 @@ def model_names(transform: str, base: Sequence[str] = schema.NAMES) -> list[str]
         return list(base)
     if transform == "general":
         return list(schema.GENERAL)
+    if transform == "normalized":
+        return list(NORMALIZED_NAMES)
     if transform == "raw+query":
         return list(base) + [f"{n}@q" for n in schema.scaled(base)]
     raise InvalidArgument(f"unknown feature transform {transform!r}; known: {', '.join(TRANSFORMS)}")
@@ -74,12 +85,27 @@ def transform(kind: str, X: np.ndarray, qptr: np.ndarray,
     if kind == "raw+query":
         raw = X if cols is None else X[:, cols]
         return np.hstack([raw, query_minmax(X[:, _scaled(tuple(base))], qptr)])
+    if kind == "normalized":
+        return normalized(X, qptr)
     Xg = X[:, _GENERAL]
     ranked = Xg[:, _GENERAL_RANKED]
     out = np.empty(ranked.shape, np.float32)
     window.query_ranks(ranked, qptr, out)
     Xg[:, _GENERAL_RANKED] = out
     return Xg
+
+
+def normalized(X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
+    """The ``normalized`` transform: rank, z-score, ratio to max, then the as-is columns."""
+    a = np.ascontiguousarray(X[:, _NORM])
+    n, k = a.shape
+    out = np.empty((n, 3 * k + len(_NORM_AS_IS)), np.float32)
+    rank, z, ratio = (np.empty((n, k), np.float32) for _ in range(3))
+    window.query_ranks(a, qptr, rank)
+    window.query_moments(a, qptr, z, ratio)
+    out[:, :k], out[:, k:2 * k], out[:, 2 * k:3 * k] = rank, z, ratio
+    out[:, 3 * k:] = X[:, _NORM_AS_IS]
+    return out
 
 
 def _column_of(base: tuple[str, ...]):
@@ -118,6 +144,10 @@ class Ranker:
         self.prior_col = schema.INDEX.get(prior.get("feature", "rrf"))
         if self.prior_weight and self.prior_col is None:
             raise Corrupt(f"{what}: prior feature {prior.get('feature')!r} is not in the schema")
+        # The guard of a model that must not lose to its prior (the shipped general ranker):
+        # score = prior + tree_weight x trees, the weight chosen by leave-one-collection-out
+        # (bench_ltr part c); 1 for every model trained on its own collection.
+        self.tree_weight = float(meta.get("tree_weight", 1.0))
         self.transform = meta.get("transform", "raw")
         self.base = tuple(meta["features"])
         self.names = model_names(self.transform, self.base)
@@ -129,7 +159,7 @@ class Ranker:
         """Refuse a collection whose named vector fields are not the ones this model was
         trained with (its ``vec_sim@FIELD`` features would mean other vectors, or be absent).
         The general ranker uses no per-field feature and serves any collection."""
-        if self.transform == "general":
+        if self.transform in GENERIC:
             return
         have = sorted(n[len(schema.VECTOR_PREFIX):] for n in names if schema.is_vector_feature(n))
         want = sorted(n[len(schema.VECTOR_PREFIX):] for n in self.base
@@ -140,6 +170,11 @@ class Ranker:
                 f"{want or 'none'}, this collection has {have or 'none'}; its per-field "
                 f"similarity features (vec_sim@FIELD) do not apply: train a ranker for this "
                 f"collection (`polyindex train-ranker`)")
+
+    def falls_back(self) -> bool:
+        """Its score is the profile's fused score (scaled): trees weighed 0, prior fused_score."""
+        return self.tree_weight == 0.0 and self.prior_col == schema.INDEX["fused_score"] \
+            and self.prior_weight > 0
 
     def inputs(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
         return transform(self.transform, X, qptr, self.base)
@@ -153,12 +188,15 @@ class Ranker:
     def predict(self, X: np.ndarray, qptr: np.ndarray) -> np.ndarray:
         """Model scores of schema feature rows (queries' rows delimited by ``qptr``)."""
         # numba tree walk: equal to booster.predict (tests), several times faster on a window
-        return self.forest.predict(self.inputs(X, qptr)) + self.prior(X)
+        trees = self.forest.predict(self.inputs(X, qptr))
+        return (trees if self.tree_weight == 1.0 else self.tree_weight * trees) + self.prior(X)
 
     def contributions(self, X: np.ndarray, qptr: np.ndarray) -> tuple[list[str], np.ndarray]:
         """Names and (n, names) contributions: per model feature (LightGBM pred_contrib, SHAP),
-        ``bias`` (the trees' expected value) and ``prior``; a row sums to its score."""
-        c = self.booster.predict(self.inputs(X, qptr), pred_contrib=True, num_threads=1)
+        ``bias`` (the trees' expected value) and ``prior``, the trees' part times
+        ``tree_weight``; a row sums to its score."""
+        c = self.tree_weight * self.booster.predict(self.inputs(X, qptr), pred_contrib=True,
+                                                    num_threads=1)
         return self.names + ["bias", "prior"], np.hstack([c, self.prior(X)[:, None]])
 
     # -- files ---------------------------------------------------------------------------
@@ -188,11 +226,11 @@ class Ranker:
 
 
 def new_meta(transform: str, prior_weight: float = 0.0, names: Sequence[str] = schema.NAMES,
-             **summary) -> dict:
+             prior_feature: str = "rrf", **summary) -> dict:
     """``names``: the training collection's feature names (``schema.names_for``)."""
     model_names(transform)  # validates
-    if transform == "general":  # what transfers across collections: no per-field feature
+    if transform in GENERIC:  # what transfers across collections: no per-field feature
         names = schema.NAMES
     return {"format": FORMAT, "schema_version": schema.VERSION, "features": list(names),
-            "transform": transform, "prior": {"feature": "rrf", "weight": float(prior_weight)},
+            "transform": transform, "prior": {"feature": prior_feature, "weight": float(prior_weight)},
             **summary}

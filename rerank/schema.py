@@ -60,8 +60,23 @@ FUSION = tuple(f"{s}_{w}" for s in STAGES for w in ("rank", "score")) + ("rrf", 
 KIND_SCORES = {"sparse": "sparse_sim", "multivector": "multivector_maxsim",
                "tree": "tree_path_score"}
 
+# Appended for the transfer ranker (issue 21 part 1), after the kind scores for the same reason:
+# query difficulty (idf of the query's terms, max and mean; simplified clarity, the KL
+# divergence of the query's term distribution from the collection's), agreement of the
+# retrieve stages (how many found the candidate, its best and mean rank among them: every
+# stage of the profile, not only ``STAGES``), the document's cheap quality estimators
+# (``quality``: unique-term ratio, KL divergence from the collection language model) and its
+# learned quality estimate (part 4; NaN until a collection stores one).
+QUERY_EXTRA = ("q_idf_max", "q_idf_mean", "q_clarity")
+AGREEMENT = ("n_found", "best_rank", "mean_rank")
+DOC_EXTRA = ("doc_unique_ratio", "doc_kl_coll", "doc_quality")
+# The profile's own fused score (its fusion's weights, unlike ``rrf``): the transfer ranker's
+# prior, so that with its trees weighted 0 it orders the window exactly as the profile does.
+FUSED = ("fused_score",)
+
 NAMES: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in PER_FIELD)
-                          + QUERY + NEURAL + FUSION + tuple(KIND_SCORES.values()))
+                          + QUERY + NEURAL + FUSION + tuple(KIND_SCORES.values())
+                          + QUERY_EXTRA + AGREEMENT + DOC_EXTRA + FUSED)
 INDEX = {n: i for i, n in enumerate(NAMES)}
 
 # One feature per named vector field of the collection (``dense@FIELD``): the field index's
@@ -104,6 +119,22 @@ SCALED: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in _SCALED_PER
 GENERAL = tuple(n for n in NAMES if n.startswith("all.")) + NEURAL + FUSION
 GENERAL_AS_IS = ("all.tfidf_cos", "all.matched_frac", "all.idf_frac", "lexical_rank",
                  "dense_rank", "fused_rank")
+
+
+# The transfer ranker ("normalized" transform, the shipped ``general`` model since issue 21):
+# every score whose scale depends on the collection or the query enters three times, each
+# normalized within the query's window: its rank (a fraction of the window, as "general"),
+# its z-score and its ratio to the window's maximum (NaN where the maximum is not positive);
+# the rest enters as computed (ranks, fractions, counts, query-level values).
+NORMALIZED = (tuple(f"all.{n}" for n in ("bm25_k1.2_b0.75", "bm25_k0.9_b0.4", "tfidf_cos",
+                                         "ql_dir_mu100", "ql_dir_mu1000", "ql_jm_l0.4",
+                                         "idf_sum", "tf_sum", "min_window", "bigrams"))
+              + ("title.bm25_k1.2_b0.75", "body.bm25_k1.2_b0.75")
+              + NEURAL + ("lexical_score", "dense_score", "rrf") + tuple(KIND_SCORES.values()))
+NORMALIZED_AS_IS = (("all.matched", "all.matched_frac", "all.idf_frac", "all.length_norm",
+                     "all.phrase", "title.matched_frac", "title.length_norm")
+                    + ("lexical_rank", "dense_rank", "fused_rank") + QUERY + QUERY_EXTRA
+                    + AGREEMENT + DOC_EXTRA + FUSED)
 
 
 def describe() -> dict:

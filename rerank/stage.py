@@ -21,6 +21,11 @@ def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explai
     ``prior``: the weighted RRF score boosting started from), which sum to the model score.
     """
     ranker = registry.resolve(snapshot, spec["model"])
+    if ranker.falls_back() and not explain:
+        # the guard weighs the trees 0: the score is the prior, the fused score itself
+        # (ties keep the fused order), so no feature is computed
+        return [(np.asarray(keys), ranker.prior_weight * np.asarray(fused, np.float64), None)
+                for keys, fused in candidates]
     names = features.names(snapshot)
     ranker.check_names(names)
     X, qptr = features.compute(snapshot, queries, candidates, stage_lists, stage_names)

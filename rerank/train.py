@@ -92,7 +92,7 @@ def _useful(c: Candidates) -> Candidates:
 
 
 def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: bool,
-             reference=None):
+             reference=None, prior_feature: str = "rrf"):
     """A LightGBM dataset; ``general``: binary labels (collections grade differently) and
     every collection (part) weighing the same whatever its number of queries."""
     import lightgbm as lgb
@@ -108,7 +108,7 @@ def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: boo
         weight = np.concatenate([np.full(len(p.labels), 1.0 / max(len(p.qids), 1)) for p in parts])
         weight *= len(weight) / weight.sum()
     labels = (c.labels > 0).astype(np.float32) if general else c.labels
-    init = prior * c.X[:, INDEX["rrf"]].astype(np.float64) if prior else None
+    init = prior * c.X[:, INDEX[prior_feature]].astype(np.float64) if prior else None
     return lgb.Dataset(apply_transform(tf, c.X, c.qptr, names), labels, weight=weight,
                        group=np.diff(c.qptr), init_score=init, reference=reference,
                        free_raw_data=True), len(c.qids)
@@ -116,24 +116,27 @@ def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: boo
 
 def fit(train: Candidates | Sequence[Candidates], valid, *, transform: str = "raw+query",
         params: dict | None = None, max_rounds: int = MAX_ROUNDS, prior: float | None = None,
-        general: bool = False, **summary) -> Ranker:
+        general: bool = False, prior_feature: str = "rrf", **summary) -> Ranker:
     """Train a lambdarank model; early stopping on ``valid`` (none: ``max_rounds`` rounds).
 
     ``train``/``valid`` are Candidates, or lists of them (one per collection) with
     ``general=True``: the general ranker's binary labels and equal collection weights.
+    ``prior_feature``: the score boosting starts from (x ``prior``): ``rrf``, or
+    ``fused_score`` (the candidates' profile's own fusion, weights included).
     """
     import lightgbm as lgb
     params = {**PARAMS, **(params or {})}
     prior = PRIOR if prior is None else prior
     as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])
-    dtrain, n_train = _dataset(as_list(train), transform, prior, general=general)
+    dtrain, n_train = _dataset(as_list(train), transform, prior, general=general,
+                               prior_feature=prior_feature)
     if n_train == 0:
         raise InvalidArgument("no training query has a relevant document among its candidates")
     callbacks, valid_sets = [], []
     n_valid = 0
     if valid is not None:
         dvalid, n_valid = _dataset(as_list(valid), transform, prior, general=general,
-                                   reference=dtrain)
+                                   reference=dtrain, prior_feature=prior_feature)
         if n_valid:
             valid_sets = [dvalid]
             callbacks = [lgb.early_stopping(PATIENCE, verbose=False)]
@@ -143,7 +146,8 @@ def fit(train: Candidates | Sequence[Candidates], valid, *, transform: str = "ra
     valid_ndcg = (booster.best_score.get("valid_0") or {}).get("ndcg@10")
     booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
     names = as_list(train)[0].names
-    meta = new_meta(transform, prior, names, rounds=int(best), train_queries=n_train, valid_queries=n_valid,
+    meta = new_meta(transform, prior, names, prior_feature=prior_feature, rounds=int(best),
+                    train_queries=n_train, valid_queries=n_valid,
                     valid_ndcg10=None if valid_ndcg is None else float(valid_ndcg),
                     params={k: v for k, v in params.items() if k != "verbose"}, **summary)
     return Ranker(booster, meta)

@@ -78,3 +78,35 @@ def dense_features(vecs, qptr, qv, has_vec, prf_docs, cos_col, prf_col, X):
             if has_vec[q]:
                 X[i, cos_col] = c
             X[i, prf_col] = p
+
+
+@numba.njit(cache=True, nogil=True)
+def query_moments(a, qptr, z, ratio):
+    """Per query and column: z[r, j], a[r, j]'s z-score among its query's non-NaN values (0
+    when they are all equal), and ratio[r, j], a[r, j] over their maximum (NaN when that
+    maximum is not positive: log-probabilities, similarities below zero). NaN stays NaN."""
+    for q in range(len(qptr) - 1):
+        lo, hi = qptr[q], qptr[q + 1]
+        for j in range(a.shape[1]):
+            n = 0
+            s = 0.0
+            ss = 0.0
+            mx = -np.inf
+            for r in range(lo, hi):
+                x = a[r, j]
+                if not np.isnan(x):
+                    n += 1
+                    s += x
+                    ss += x * x
+                    mx = max(mx, x)
+            mean = s / max(n, 1)
+            var = ss / max(n, 1) - mean * mean
+            sd = math.sqrt(var) if var > 1e-12 else 0.0
+            for r in range(lo, hi):
+                x = a[r, j]
+                if np.isnan(x):
+                    z[r, j] = np.nan
+                    ratio[r, j] = np.nan
+                else:
+                    z[r, j] = (x - mean) / sd if sd > 0 else 0.0
+                    ratio[r, j] = x / mx if mx > 0 else np.nan

@@ -73,9 +73,21 @@ def test_rescore_profile_errors_are_clear(coll):
         coll.query("x", profile={**HYBRID, "rerank": {"index": "tree"}})
 
 
-def test_models_trained_before_kind_scores_still_serve():
-    # The shipped general ranker was trained on the version-1 names, a prefix of today's.
-    from polyindex.rerank.registry import SHIPPED, SHIPPED_FILES, load
-    ranker = load(SHIPPED / "general", SHIPPED_FILES, "shipped ranker 'general'")
-    assert list(ranker.base) == list(schema.NAMES[:len(ranker.base)])
+def test_models_trained_before_kind_scores_still_serve(coll):
+    # A model trained on the version-1 names (the prefix before the kind scores and the
+    # transfer ranker's features, as the general ranker shipped before issue 21) reads its
+    # columns by name from today's feature matrix.
+    import lightgbm as lgb
+
+    from polyindex.rerank.ltr import Ranker, new_meta
+    v1 = schema.NAMES[:schema.INDEX["sparse_sim"]]
+    rng = np.random.default_rng(0)
+    booster = lgb.train({"objective": "regression", "verbose": -1, "num_threads": 1,
+                         "min_data_in_leaf": 5}, lgb.Dataset(rng.random((200, len(v1))),
+                                                             rng.random(200)), num_boost_round=3)
+    ranker = Ranker(booster, new_meta("raw", 0.0, v1), "old model")
     assert set(schema.KIND_SCORES.values()).isdisjoint(ranker.base)
+    cand = collect(coll, [("q", "heat transfer")], None, profile=HYBRID, window=10)
+    assert cand.X.shape[1] > len(v1)
+    np.testing.assert_allclose(ranker.predict(cand.X, cand.qptr),
+                               booster.predict(cand.X[:, :len(v1)]), rtol=1e-6)

@@ -273,8 +273,11 @@ class ShardedCollection:
                                      for s, (loc, _) in by_shard.items()})
             scores = _gather(cands, by_shard, {s: g for s, g in got.items()}, np.float32)
             return [(kk, sc) for kk, sc, _ in order_by(cands, scores, spec, False)]
-        from polyindex.rerank import features, stage
+        from polyindex.rerank import features, schema, stage
         ranker = self._ranker(spec["model"])
+        if ranker.falls_back():  # as one node: the fused order, no features computed
+            return [(np.asarray(kk), ranker.prior_weight * np.asarray(sc, np.float64))
+                    for kk, sc in cands]
         names = self.describe()["feature_names"]
         ranker.check_names(names)
         dense = "dense" in self.kinds
@@ -290,6 +293,8 @@ class ShardedCollection:
                 features.dense_features(vecs, queries, qptr, X)
             per_query = [[(s[qi], kk[qi]) for s, kk in stage_lists] for qi in range(len(queries))]
             features.fusion_features(keys, per_query, [st.index for st in prof.retrieve], qptr, X)
+            X[:, schema.INDEX["fused_score"]] = np.concatenate(
+                [np.asarray(sc, np.float32) for _, sc in cands])
         return [(kk, sc) for kk, sc, _ in stage.order(ranker, X, qptr, cands, names, False)]
 
     def _ranker(self, model: str):

@@ -49,8 +49,9 @@ HYBRID_PRF = {"retrieve": [{"index": "lexical", "k": 1000, "params": "prf=rm3"},
 
 
 # The shipped general ranker (polyindex/rerank/models/general) unless the collection trained
-# its own ranker named "general". Its window is the unweighted RRF it was trained on.
-LTR = {"retrieve": HYBRID["retrieve"], "fuse": {"method": "rrf", "k": 60},
+# its own ranker named "general". Its window is hybrid's top 100 (the same fusion, weights
+# included): the ranker was trained on those candidates, and starts from their fused score.
+LTR = {"retrieve": HYBRID["retrieve"], "fuse": HYBRID["fuse"],
        "rerank": {"model": "general", "window": 100}}
 
 
