@@ -12,6 +12,7 @@ tests/test_ray_shards.py runs the same router over Ray actors, gRPC and the real
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -88,13 +89,39 @@ def corpus():
     return docs, queries, _unit(rng, len(docs)), list(_unit(rng, len(queries)))
 
 
+@pytest.fixture(autouse=True)
+def full_weight_ranker(tmp_path_factory, monkeypatch):
+    """The shipped general ranker with its trees weighed 1 (shipped: 0, the fused order, so
+    no feature would be computed), as a model named ``trees``: the ``ltr-trees`` profile
+    then exercises every rerank feature across shards."""
+    from polyindex.rerank import registry
+    models = tmp_path_factory.getbasetemp() / "models"
+    if not (models / "trees").is_dir():
+        (models / "trees").mkdir(parents=True)
+        shutil.copytree(registry.SHIPPED / "general", models / "general")
+        for f in registry.SHIPPED_FILES:
+            text = (registry.SHIPPED / "general" / f).read_text()
+            if f.endswith(".json"):
+                meta = json.loads(text)
+                meta["tree_weight"] = 1.0
+                text = json.dumps(meta)
+            (models / "trees" / f).write_text(text)
+    monkeypatch.setattr(registry, "SHIPPED", models)
+    registry.clear_cache()
+    yield
+    registry.clear_cache()
+
+
 def _compare(one, routed, queries, qvecs, where: str) -> None:
-    for profile in PROFILES:
+    from polyindex.query.profiles import LTR
+    trees = {**LTR, "rerank": {"model": "trees", "window": 100}}
+    for profile in [*PROFILES, trees]:
         a = one.query_batch(queries, vectors=qvecs, k=10, profile=profile)
         b = routed.query_batch(queries, vectors=qvecs, k=10, profile=profile)
         assert sum(len(x) for x in a) >= 5 * len(queries), (profile, where)  # mostly full
         for qi, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{profile}, {where}, query {qi}", 1e-5)
+            _same(x, y, f"{profile if isinstance(profile, str) else 'ltr-trees'}, {where}, "
+                        f"query {qi}", 1e-5)
 
 
 @pytest.mark.parametrize("n_shards", [1, 2, 4])
