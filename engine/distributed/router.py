@@ -238,18 +238,15 @@ class ShardedCollection:
 
     @staticmethod
     def _merge(answers: dict, ks: list[int], nq: int):
-        """Per stage, the global (scores, keys) of each query's top k; key -> id."""
-        ids: dict[int, str] = {}
+        """Per stage, the global (scores, keys) of each query's top k; and the ids of keys."""
+        ids = _Ids(answers)
         out = []
         for st, k in enumerate(ks):
             parts_s, parts_k = [], []
             for s, a in answers.items():
                 scores, keys = a["stages"][st]
-                base = np.int64(s) << SHIFT
                 parts_s.append(scores)
-                parts_k.append(np.where(keys >= 0, keys + base, -1))
-                for key, doc_id in a["ids"][st].items():
-                    ids[int(base) + key] = doc_id
+                parts_k.append(np.where(keys >= 0, keys + (np.int64(s) << SHIFT), -1))
             if not parts_s:
                 out.append((np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1)))
                 continue
@@ -259,8 +256,7 @@ class ShardedCollection:
             big = np.where(keys >= 0, keys, np.iinfo(np.int64).max)
             top = np.lexsort((big, -scores), axis=1)[:, :k]
             scores = np.take_along_axis(scores, top, 1)
-            keys = np.take_along_axis(keys, top, 1)
-            keys = order_ties(scores, keys, lambda kk: [ids[int(x)] for x in kk.tolist()])
+            keys = order_ties(scores, np.take_along_axis(keys, top, 1), ids)
             out.append((scores, keys))
         return out, ids
 
@@ -309,8 +305,8 @@ class ShardedCollection:
 
     @staticmethod
     def _hits(keys, scores, ids) -> list[Hit]:
-        return [Hit(ids[int(key)], float(sc), r)
-                for r, (key, sc) in enumerate(zip(keys.tolist(), scores.tolist()), 1)]
+        return [Hit(i, float(sc), r)
+                for r, (i, sc) in enumerate(zip(ids(keys), scores.tolist()), 1)]
 
     def _payload(self, results, with_text: bool, with_metadata: bool) -> None:
         hits = [h for hs in results for h in hs]
@@ -322,6 +318,32 @@ class ShardedCollection:
                 h.title, h.text = doc.title, doc.text
             if with_metadata:
                 h.metadata = doc.metadata
+
+
+class _Ids:
+    """Router keys -> ids, from the ids each shard sent with its stage lists (looked up only
+    for the keys asked: hits and tie runs, not every candidate)."""
+
+    def __init__(self, answers: dict):
+        self.by_shard = {}
+        for s, a in answers.items():
+            keys = np.concatenate([kk[kk >= 0] for _, kk in a["stages"]]) if a["stages"] \
+                else np.zeros(0, np.int64)
+            names = [i for part in a["ids"] for i in part]
+            uniq, first = np.unique(keys, return_index=True)
+            self.by_shard[s] = (uniq, first, names)
+
+    def __call__(self, keys) -> list[str]:
+        keys = np.asarray(keys, np.int64)
+        out: list = [None] * len(keys)
+        shard = keys >> SHIFT
+        for s in np.unique(shard).tolist():
+            at = np.flatnonzero(shard == s)
+            uniq, first, names = self.by_shard[s]
+            pos = first[np.searchsorted(uniq, keys[at] - (np.int64(s) << SHIFT))]
+            for p, n in zip(at.tolist(), pos.tolist()):
+                out[p] = names[n]
+        return out
 
 
 class _Config:

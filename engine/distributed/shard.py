@@ -83,9 +83,9 @@ class Shard:
         for st, k in zip(prof.retrieve, ks):
             scores, keys = retrieve(snap, queries, st.index, k, st.params, allow)
             stages.append((scores, keys))
-            valid = keys[keys >= 0]
-            ids.append(dict(zip(valid.tolist(), snap.ids_of(valid))) if len(valid) else {})
-        return {"stale": stale, "stages": stages, "ids": ids, "snapshot": id(snap)}
+            valid = keys[keys >= 0]  # row-major: the router pairs them again the same way
+            ids.append(snap.ids_of(valid) if len(valid) else [])
+        return {"stale": stale, "stages": stages, "ids": ids}
 
     def features(self, name: str, queries, keys: list[np.ndarray], version: int,
                  dense: bool) -> dict:

@@ -44,22 +44,22 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of) -> np.ndarray:
     eq = (scores[:, 1:] == scores[:, :-1]) & valid[:, 1:] & valid[:, :-1]
     if not eq.any():
         return keys
-    keys = keys.copy()
     tied = np.zeros(keys.shape, bool)
     tied[:, 1:] |= eq
     tied[:, :-1] |= eq
-    ids = iter(ids_of(keys[tied]))
-    for q in np.flatnonzero(tied.any(axis=1)).tolist():
-        at = np.flatnonzero(tied[q])
-        run_ids = [next(ids) for _ in range(len(at))]
-        start = 0
-        for i in range(1, len(at) + 1):  # runs: consecutive positions with equal scores
-            if i < len(at) and at[i] == at[i - 1] + 1 and scores[q, at[i]] == scores[q, at[i - 1]]:
-                continue
-            pos = at[start:i]
-            order = sorted(range(len(pos)), key=lambda j: run_ids[start + j])
-            keys[q, pos] = keys[q, pos[order]]
-            start = i
+    # vectorized: each tied position's run (a new run where it does not tie its left
+    # neighbour), then one sort of all of them by (run, id)
+    starts = tied.copy()
+    starts[:, 1:] &= ~eq
+    run = np.cumsum(starts[tied])
+    ids = np.array(ids_of(keys[tied]), dtype=str)
+    order = np.lexsort((ids, run))
+    if (order == np.arange(len(order))).all():
+        return keys
+    keys = keys.copy()
+    at = np.flatnonzero(tied.ravel())
+    flat = keys.ravel()
+    flat[at] = flat[at[order]]
     return keys
 
 
