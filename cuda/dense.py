@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from polyindex.cuda.tensors import topk_rows
+from polyindex.cuda.tensors import ragged_topk, topk_rows
 
 BLOCK_ELEMS = 1 << 26  # query x row scores per block (256 MB of float32)
 
@@ -93,13 +93,7 @@ def ivf_search(seg: DenseTensors, q: np.ndarray, k: int, nprobe: int, allow=None
     if allow is not None:
         a = torch.as_tensor(np.asarray(allow, bool), device=dev)
         s = s.masked_fill(~a[rows], float("-inf"))
-    width = max(1, int(tot.max()) if nq else 1)
-    grid = torch.full((nq, width), float("-inf"), device=dev)
-    rowg = torch.full((nq, width), -1, dtype=torch.int64, device=dev)
-    col = torch.arange(len(rows), device=dev) - torch.repeat_interleave(
-        torch.cumsum(tot, 0) - tot, tot)
-    grid[qid, col], rowg[qid, col] = s, rows
-    return topk_rows(grid, k, rowg)
+    return ragged_topk(s, rows, qid, tot, nq, k)
 
 
 def ivf_parts(index):

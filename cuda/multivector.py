@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 import torch
 
-from polyindex.cuda.tensors import Resident, ranges, to_tensor, topk_rows
+from polyindex.cuda.tensors import Resident, ragged_topk, ranges, to_tensor, topk_rows
 
 CHUNK_ELEMS = 1 << 25  # float32 elements per gathered block (128 MB): bounds scratch memory
 
@@ -147,13 +147,7 @@ def search_batch(seg: SegmentTensors, luts: list[np.ndarray], pqs: list[np.ndarr
     sizes = torch.tensor([len(c) for c in cands], device=dev)
     qid = torch.repeat_interleave(torch.arange(nq, device=dev), sizes)
     final = maxsim_pass(lut, pq, seg, cand, qid)
-    width = max(1, int(sizes.max()) if nq else 1)
-    grid = torch.full((nq, width), float("-inf"), device=dev)
-    rowg = torch.full((nq, width), -1, dtype=torch.int64, device=dev)
-    col = torch.arange(len(cand), device=dev) - torch.repeat_interleave(
-        torch.cumsum(sizes, 0) - sizes, sizes)
-    grid[qid, col], rowg[qid, col] = final, cand
-    return topk_rows(grid, k, rowg)
+    return ragged_topk(final, cand, qid, sizes, nq, k)
 
 
 class Kernels:

@@ -95,3 +95,18 @@ def sync(device) -> None:
     """Wait for queued GPU work (timings); nothing on a CPU."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def ragged_topk(values: torch.Tensor, rows: torch.Tensor, qid: torch.Tensor,
+                sizes: torch.Tensor, nq: int, k: int):
+    """Best k per query of ragged candidates: ``values``/``rows`` hold each query's
+    candidates one query after the other (``sizes`` of them, query ``qid``)."""
+    dev = values.device
+    width = max(1, int(sizes.max()) if nq else 1)
+    grid = torch.full((nq, width), float("-inf"), device=dev)
+    rowg = torch.full((nq, width), -1, dtype=torch.int64, device=dev)
+    col = torch.arange(len(rows), device=dev) - torch.repeat_interleave(
+        torch.cumsum(sizes, 0) - sizes, sizes)
+    grid[qid, col], rowg[qid, col] = values, rows
+    return topk_rows(grid, k, rowg)
+

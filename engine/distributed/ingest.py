@@ -23,7 +23,7 @@ import shutil
 from polyindex.distributed import cluster
 from polyindex.distributed.build import TMP_PREFIX, SegmentBuilder
 from polyindex.errors import InvalidArgument
-from polyindex.ingest.bulk import IngestReport
+from polyindex.ingest.bulk import IngestReport, resume_point
 from polyindex.ingest.progress import progress_bar
 
 
@@ -131,15 +131,9 @@ def ray_index(collection, source, *, encoders: int = 1, gpus_per_encoder: float 
     report = IngestReport()
     fingerprint = source.fingerprint()
     with collection.writer() as w:
-        job = w.manifest.ingest
-        start = 0
-        if job and job.get("source") == fingerprint and not force:
-            if job.get("done"):
-                report.already_indexed = True
-                return report
-            start = int(job["position"])
-            report.skipped_invalid = int(job.get("skipped_invalid", 0))
-        report.resumed_from = start
+        start = resume_point(w.manifest, fingerprint, force, report)
+        if start is None:
+            return report
         size = collection.config.segment_size
         total = count_records(source, start)
         live = sum(e.n_rows - e.n_deleted for e in w.manifest.segments)

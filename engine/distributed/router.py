@@ -30,10 +30,9 @@ import numpy as np
 import xxhash
 
 from polyindex.errors import InvalidArgument
-from polyindex.query.pipeline import order_ties
+from polyindex.query.pipeline import fuse, order_ties
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
-from polyindex.rerank import fusion
 from polyindex.types import MAX_K, Hit, HitLists
 from polyindex.wire.grpc_errors import Unavailable
 
@@ -187,7 +186,7 @@ class ShardedCollection:
         answers, down = self._retrieve(queries, profile, ks, filter, allow_partial)
         stage_lists, ids = self._merge(answers, ks, len(queries))
         keep = max(k, prof.rerank["window"]) if prof.rerank else k
-        fused = [_fuse(prof, [(s[qi], kk[qi]) for s, kk in stage_lists], keep)
+        fused = [fuse(prof, [(s[qi], kk[qi]) for s, kk in stage_lists], keep)
                  for qi in range(len(queries))]
         if prof.rerank is not None:
             window = prof.rerank["window"]
@@ -353,21 +352,6 @@ class _Config:
         self.fields = described["fields"]
         self.model = described["model"]
         self.dtype = described["dtype"]
-
-
-def _fuse(profile: Profile, lists, keep: int):
-    """One query's per-stage lists fused, best first, at most ``keep`` (as the pipeline)."""
-    if len(lists) == 1:
-        scores, keys = lists[0]
-        n = int(np.count_nonzero(keys >= 0))
-        return keys[:n][:keep], scores[:n][:keep]
-    w = profile.fuse.get("weights", {})
-    weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
-    if profile.fuse["method"] == "rrf":
-        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights)
-    else:
-        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights)
-    return keys[:keep], scores[:keep]
 
 
 def _split(cands, n_shards: int) -> dict[int, tuple[list[np.ndarray], list[np.ndarray]]]:

@@ -31,6 +31,22 @@ class IngestReport:
         return asdict(self)
 
 
+def resume_point(manifest, fingerprint: str, force: bool, report) -> int | None:
+    """Where an ingest of ``fingerprint``'s source starts: after what the manifest says an
+    earlier run of the same source committed (0 for a new source or ``force``); None when
+    that run finished (``report.already_indexed``)."""
+    job = manifest.ingest
+    start = 0
+    if job and job.get("source") == fingerprint and not force:
+        if job.get("done"):
+            report.already_indexed = True
+            return None
+        start = int(job["position"])
+        report.skipped_invalid = int(job.get("skipped_invalid", 0))
+    report.resumed_from = start
+    return start
+
+
 def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progress: bool = True,
                force: bool = False) -> IngestReport:
     report = IngestReport()
@@ -38,15 +54,9 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
     with collection.writer() as w, Phases(enabled=progress) as phases:
         if progress:  # each kind's training and build show as phases of the run
             w.kinds = {name: ObservedKind(kind, phases) for name, kind in w.kinds.items()}
-        job = w.manifest.ingest
-        start = 0
-        if job and job.get("source") == fingerprint and not force:
-            if job.get("done"):
-                report.already_indexed = True
-                return report
-            start = int(job["position"])
-            report.skipped_invalid = int(job.get("skipped_invalid", 0))
-        report.resumed_from = start
+        start = resume_point(w.manifest, fingerprint, force, report)
+        if start is None:
+            return report
         total = source.estimate_total()
         size = collection.config.segment_size
         fields = collection.config.fields

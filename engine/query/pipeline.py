@@ -108,7 +108,7 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
     per_query = []
     for qi in range(len(queries)):
         lists = [(s[qi], keys[qi]) for s, keys in stage_results]
-        per_query.append((lists, *_fuse(profile, lists, keep)))
+        per_query.append((lists, *fuse(profile, lists, keep)))
     extra = [None] * len(queries)
     if profile.rerank is not None:
         window = profile.rerank["window"]
@@ -127,7 +127,7 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
-def _fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
+def fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
     """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long."""
     if len(lists) == 1:
         scores, keys = lists[0]
