@@ -332,7 +332,9 @@ def synthetic_part(args, cen) -> dict:
     dense = System(DenseKind("Flat"), x, tmp / "dense")
     _, truth, _ = dense.search(q, 10)
     out = {"docs": n, "queries": len(q), "sigma": args.sigma, "dense_bytes_per_doc": dense.bytes / n,
-           "projector": "trained on 100,000 documents of the same distribution (train part)"}
+           # the folder's projector: the train part's (100,000 synthetic documents) unless
+           # another was put there (issue 23's run: medline's, to bound the time)
+           "projector": json.loads((art / "sparse.projector.json").read_text()).get("train_rows")}
     systems = sparse_systems(x, art, args, tmp)
     rows = []
     for (mode, k), sysm in systems.items():

@@ -91,7 +91,7 @@ def train_cached(name, x, cfg, tag):
         p = train(x, cfg)
         p.meta["wall"] = time.time() - t
         folder.mkdir(parents=True, exist_ok=True)
-        p.save(folder)
+        p.save(folder, decoder=True)  # the ' dec' scoring needs it
     return p
 
 
@@ -210,6 +210,7 @@ def levers(name, tags):
         "d16384ep30": TrainConfig(dim=16384, ks=KS, epochs=30),
         "ep30tau05": TrainConfig(dim=4096, ks=KS, epochs=30, tau=0.05),
         "wc3": TrainConfig(dim=4096, ks=KS, epochs=10, w_contrastive=3.0),
+        "tau05k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
         "noflops": TrainConfig(dim=4096, ks=KS, epochs=10, w_flops=0.0),
     }
     out = {"dense": dn}

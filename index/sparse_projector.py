@@ -89,8 +89,9 @@ class Projector:
             np.ascontiguousarray(balance, dtype=np.float32)
         self.meta = meta
         self.dim, self.in_dim = self.w_enc.shape
-        # decoder rows (D, d), kept since issue 23: a query can be scored against the documents'
-        # reconstructions (``decode_query``); None for projectors saved before
+        # decoder rows (D, d) of a freshly trained projector (issue 23): a query can be scored
+        # against the documents' reconstructions (``decode_query``); None when loaded from an
+        # artifact saved without it (the default: it lost, see ``save``)
         self.w_dec = None if w_dec is None else np.ascontiguousarray(w_dec, dtype=np.float32)
         # Queries encode with int8 rows (per-row scale): a query reads the whole encoder, so
         # its time is memory-bound; int8 reads a quarter of float32 (pre-activations move by
@@ -138,8 +139,10 @@ class Projector:
         return (np.maximum(np.take_along_axis(v, order, 1), 0),
                 np.take_along_axis(part, order, 1).astype(np.int32))
 
-    def save(self, folder: Path) -> list[str]:
-        extra = {} if self.w_dec is None else {"w_dec": self.w_dec}
+    def save(self, folder: Path, decoder: bool = False) -> list[str]:
+        """``decoder``: keep ``w_dec`` too (D x d float32, 6 MB at UHD4096): only the levers
+        bench needs it (``decode_query`` lost on npl, issue 23), a collection's artifact not."""
+        extra = {"w_dec": self.w_dec} if decoder and self.w_dec is not None else {}
         np.savez(folder / WEIGHTS_FILE, w_enc=self.w_enc, bias=self.bias, balance=self.balance,
                  **extra)
         (folder / META_FILE).write_text(json.dumps(self.meta, indent=1, sort_keys=True))

@@ -171,12 +171,13 @@ def test_decode_query_scores_against_reconstructions(tmp_path):
     np.testing.assert_allclose(zq @ z.T, np.maximum(u, 0) @ z.T, rtol=1e-5, atol=1e-6)
     top_v, top_d = p.decode_query(q, 8)
     assert np.array_equal(top_d, qd[:, :8]) and (np.diff(top_v, axis=1) <= 0).all()
-    p.save(tmp_path)
-    loaded = Projector.load(tmp_path)
-    assert np.array_equal(loaded.decode_query(q, 8)[1], top_d)
-    old = Projector(p.w_enc, p.bias, p.meta)  # saved before issue 23: no decoder
+    (tmp_path / "with").mkdir()
+    p.save(tmp_path / "with", decoder=True)
+    assert np.array_equal(Projector.load(tmp_path / "with").decode_query(q, 8)[1], top_d)
+    (tmp_path / "plain").mkdir()
+    p.save(tmp_path / "plain")  # a collection's artifact: no decoder
     with pytest.raises(ValueError, match="without its decoder"):
-        old.decode_query(q, 8)
+        Projector.load(tmp_path / "plain").decode_query(q, 8)
 
 
 def test_factory_strings():
