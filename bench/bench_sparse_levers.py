@@ -211,6 +211,9 @@ def levers(name, tags):
         "ep30tau05": TrainConfig(dim=4096, ks=KS, epochs=30, tau=0.05),
         "wc3": TrainConfig(dim=4096, ks=KS, epochs=10, w_contrastive=3.0),
         "tau05k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
+        "tau05k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10, tau=0.05),
+        "tau05k512ep20": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=20, tau=0.05),
+        "tau10k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.1),
         "noflops": TrainConfig(dim=4096, ks=KS, epochs=10, w_flops=0.0),
     }
     out = {"dense": dn}
