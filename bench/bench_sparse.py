@@ -32,7 +32,7 @@ Results go to ``bench/results/bench_sparse.json`` under ``runs["UHD<D>"]`` (othe
 kept; ``--merge`` also keeps this D's parts and collections not rerun).
 
 Usage: ``python bench/bench_sparse.py [--collections ...] [--dim 4096] [--rescore 100]
-[--parts quality,synthetic,train] [--passes 3] [--min-time 0.3] [--merge]``
+[--parts quality,synthetic,train] [--ks 64] [--no-binary] [--passes 3] [--min-time 0.3] [--merge]``
 """
 from __future__ import annotations
 
@@ -195,8 +195,8 @@ def sparse_systems(x, art, args, tmp: Path):
     """Every (mode, k) index built from one projector (codes computed once)."""
     codes = CachedCodes(sparse_kind(args.dim, max(KS), False, art).projector, x)
     out = {}
-    for binary in (False, True):
-        for k in KS:
+    for binary in (False, True) if args.binary else (False,):
+        for k in args.ks:
             mode = "binary" if binary else "float"
             out[(mode, k)] = System(sparse_kind(args.dim, k, binary, art, codes), x,
                                     tmp / f"sparse-{mode}-{k}", docs_from=tmp / "dense")
@@ -332,7 +332,9 @@ def synthetic_part(args, cen) -> dict:
     dense = System(DenseKind("Flat"), x, tmp / "dense")
     _, truth, _ = dense.search(q, 10)
     out = {"docs": n, "queries": len(q), "sigma": args.sigma, "dense_bytes_per_doc": dense.bytes / n,
-           "projector": "trained on 100,000 documents of the same distribution (train part)"}
+           # the folder's projector: the train part's (100,000 synthetic documents) unless
+           # another was put there (issue 23's run: medline's, to bound the time)
+           "projector": json.loads((art / "sparse.projector.json").read_text()).get("train_rows")}
     systems = sparse_systems(x, art, args, tmp)
     rows = []
     for (mode, k), sysm in systems.items():
@@ -432,6 +434,10 @@ def main() -> int:
     ap.add_argument("--head-k", type=int, default=64,
                     help="doc k of the engine check and of the k_query variants")
     ap.add_argument("--head-kq", type=int, default=32, help="k_query of the engine check config")
+    ap.add_argument("--ks", default="16,32,64,128",
+                    help="document k of the indexes built (a subset of 16,32,64,128)")
+    ap.add_argument("--no-binary", dest="binary", action="store_false",
+                    help="float indexes only (the binary ones double the build and timing work)")
     ap.add_argument("--synthetic", type=int, default=200_000)
     ap.add_argument("--sigma", type=float, default=0.03)
     ap.add_argument("--passes", type=int, default=3)
@@ -441,6 +447,9 @@ def main() -> int:
     ap.add_argument("--merge", action="store_true",
                     help="keep this D's parts (and collections) of the earlier result file")
     args = ap.parse_args()
+    args.ks = tuple(int(k) for k in common.parse_list(args.ks))
+    if not set(args.ks) <= set(KS):
+        ap.error(f"--ks must be a subset of {KS}")
     import torch
     torch.set_num_threads(1)
     parts = common.parse_list(args.parts)

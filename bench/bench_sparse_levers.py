@@ -10,7 +10,9 @@ so a lever's effect is measured without index or timing noise. nDCG@10 with ir-m
   sparse pure and ``rescore=400``, tree default) and RRF (k=60) of lexical with each neural
   leg at neural weights 1, 1.5, 2, 3; JSON to ``bench/.work/sparse/hybrids-<name>.json``.
 - ``levers NAME TAG,...``: one projector per trained lever (``TRAINED``; cached in
-  ``bench/.work/sparse/proj``), each at doc/query k and with L2-normalized document codes;
+  ``bench/.work/sparse/proj``), each at the doc/query k pairs of ``LEVER_GRID`` (env,
+  ``kd/kq,...``), plain, with L2-normalized document codes (``norm``) and with the query
+  scored against the documents' reconstructions (``dec``, ``Projector.decode_query``);
   JSON to ``bench/.work/sparse/levers-<name>.json``.
 
 Usage: ``python bench/bench_sparse_levers.py hybrids cranfield medline`` /
@@ -65,9 +67,11 @@ def csr(vals, dims, D):
                           np.arange(0, n * k + 1, k)), shape=(n, D))
 
 
-def sparse_scores(P, x, q, kd, kq, norm=False):
+def sparse_scores(P, x, q, kd, kq, norm=False, dec=False):
+    """Exact sparse dot products (nq, n); ``dec``: query latents weigh ``w_dec_j . q`` (the
+    query against the documents' reconstructions, ``Projector.decode_query``)."""
     vd, dd = P.encode(x, kd)
-    vq, dq = P.encode(q, kq, queries=True)
+    vq, dq = P.decode_query(q, kq) if dec else P.encode(q, kq, queries=True)
     vd = vd.astype(np.float16).astype(np.float32)
     if norm:
         vd = vd / np.maximum(np.linalg.norm(vd, axis=1, keepdims=True), 1e-12)
@@ -89,7 +93,7 @@ def train_cached(name, x, cfg, tag):
         p = train(x, cfg)
         p.meta["wall"] = time.time() - t
         folder.mkdir(parents=True, exist_ok=True)
-        p.save(folder)
+        p.save(folder, decoder=True)  # the ' dec' scoring needs it
     return p
 
 
@@ -101,7 +105,7 @@ def lexical_scores(name, qids, n_docs, ids):
     import polyindex
     folder = common.collection_folder(name)
     text = dict(common.read_queries(folder))
-    coll = polyindex.open(common.WORK / "engine").collection(name)
+    coll = polyindex.open(common.WORK / "engine", readonly=True).collection(name)
     hits = coll.query_batch(texts=[text[q] for q in qids], k=1000, profile="lexical")
     pos = {d: i for i, d in enumerate(ids)}
     S = np.full((len(qids), n_docs), -np.inf, np.float32)
@@ -184,6 +188,10 @@ def hybrids(names):
         (common.WORK / "sparse" / f"hybrids-{name}.json").write_text(json.dumps(r))
 
 
+GRID = tuple((int(a), int(b)) for a, b in (p.split("/") for p in os.environ.get(
+    "LEVER_GRID", "32/32,64/32,64/64,128/64,128/128,64/256,128/256").split(",")))
+
+
 def levers(name, tags):
     import torch
     torch.set_num_threads(1)
@@ -201,16 +209,25 @@ def levers(name, tags):
         "tau05": TrainConfig(dim=4096, ks=KS, epochs=10, tau=0.05),
         "pool15": TrainConfig(dim=4096, ks=KS, epochs=10, pool=15, anchors=32),
         "kmax256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10),
+        "d16384ep30": TrainConfig(dim=16384, ks=KS, epochs=30),
+        "ep30tau05": TrainConfig(dim=4096, ks=KS, epochs=30, tau=0.05),
+        "wc3": TrainConfig(dim=4096, ks=KS, epochs=10, w_contrastive=3.0),
+        "tau05k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
+        "tau05k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10, tau=0.05),
+        "tau05k512ep20": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=20, tau=0.05),
+        "d16384tau05k256": TrainConfig(dim=16384, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
+        "tau10k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.1),
+        "noflops": TrainConfig(dim=4096, ks=KS, epochs=10, w_flops=0.0),
     }
     out = {"dense": dn}
     for tag in tags:
         P = train_cached(name, x, TRAINED[tag], tag)
-        for kd, kq in ((32, 32), (64, 32), (64, 64), (128, 64), (128, 128)):
-            if kd > max(P.meta["ks"]) or kq > max(P.meta["ks"]):
-                continue
-            for norm in (False, True):
-                key = f"{tag} kd{kd} kq{kq}{' norm' if norm else ''}"
-                out[key] = ev(sparse_scores(P, x, q, kd, kq, norm))
+        for kd, kq in GRID:
+            for mode in ("", " norm", " dec"):
+                if kd > max(P.meta["ks"]) or (kq > max(P.meta["ks"]) and mode != " dec"):
+                    continue
+                key = f"{tag} kd{kd} kq{kq}{mode}"
+                out[key] = ev(sparse_scores(P, x, q, kd, kq, mode == " norm", mode == " dec"))
                 print(name, key, f"{out[key]:.4f} {out[key] / dn:.3f}x (train {P.meta.get('wall', 0):.0f}s)", flush=True)
         f = common.WORK / "sparse" / f"levers-{name}.json"
         old = json.loads(f.read_text()) if f.exists() else {}

@@ -81,7 +81,7 @@ class Projector:
     """Encoder half of a trained k-sparse autoencoder (numpy, float32)."""
 
     def __init__(self, w_enc: np.ndarray, bias: np.ndarray, meta: dict,
-                 balance: np.ndarray | None = None):
+                 balance: np.ndarray | None = None, w_dec: np.ndarray | None = None):
         self.w_enc = np.ascontiguousarray(w_enc, dtype=np.float32)  # (D, d)
         self.bias = np.ascontiguousarray(bias, dtype=np.float32)  # (D,) = b_enc - W_enc b_pre
         # added to pre-activations to *select* the top k (load balancing), not to the weights
@@ -89,6 +89,10 @@ class Projector:
             np.ascontiguousarray(balance, dtype=np.float32)
         self.meta = meta
         self.dim, self.in_dim = self.w_enc.shape
+        # decoder rows (D, d) of a freshly trained projector (issue 23): a query can be scored
+        # against the documents' reconstructions (``decode_query``); None when loaded from an
+        # artifact saved without it (the default: it lost, see ``save``)
+        self.w_dec = None if w_dec is None else np.ascontiguousarray(w_dec, dtype=np.float32)
         # Queries encode with int8 rows (per-row scale): a query reads the whole encoder, so
         # its time is memory-bound; int8 reads a quarter of float32 (pre-activations move by
         # ~0.5% of a row's range, which only reorders near-tied query latents).
@@ -121,8 +125,26 @@ class Projector:
             dims[s:s + len(pre)] = np.take_along_axis(part, order, 1)
         return vals, dims
 
-    def save(self, folder: Path) -> list[str]:
-        np.savez(folder / WEIGHTS_FILE, w_enc=self.w_enc, bias=self.bias, balance=self.balance)
+    def decode_query(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Query latents for scoring against document *reconstructions*: ``q . x_hat(d) =
+        q . b_pre + sum_j z_dj (w_dec_j . q)``, so latent j weighs ``w_dec_j . q`` (the constant
+        does not change a ranking). The top k positive weights, as ``encode`` returns them."""
+        if self.w_dec is None:
+            raise ValueError("this projector was saved without its decoder")
+        u = np.ascontiguousarray(q, dtype=np.float32) @ self.w_dec.T
+        k = min(int(k), self.dim)
+        part = np.argpartition(-u, k - 1, axis=1)[:, :k]
+        v = np.take_along_axis(u, part, 1)
+        order = np.lexsort((part, -v), axis=1)
+        return (np.maximum(np.take_along_axis(v, order, 1), 0),
+                np.take_along_axis(part, order, 1).astype(np.int32))
+
+    def save(self, folder: Path, decoder: bool = False) -> list[str]:
+        """``decoder``: keep ``w_dec`` too (D x d float32, 6 MB at UHD4096): only the levers
+        bench needs it (``decode_query`` lost on npl, issue 23), a collection's artifact not."""
+        extra = {"w_dec": self.w_dec} if decoder and self.w_dec is not None else {}
+        np.savez(folder / WEIGHTS_FILE, w_enc=self.w_enc, bias=self.bias, balance=self.balance,
+                 **extra)
         (folder / META_FILE).write_text(json.dumps(self.meta, indent=1, sort_keys=True))
         return [WEIGHTS_FILE, META_FILE]
 
@@ -133,8 +155,9 @@ class Projector:
         with np.load(folder / WEIGHTS_FILE) as z:
             w_enc, bias = z["w_enc"], z["bias"]
             balance = z["balance"] if "balance" in z.files else None
+            w_dec = z["w_dec"] if "w_dec" in z.files else None
         meta = json.loads((folder / META_FILE).read_text()) if (folder / META_FILE).exists() else {}
-        return cls(w_enc, bias, meta, balance)
+        return cls(w_enc, bias, meta, balance, w_dec)
 
 
 def _neighbours(x: np.ndarray, m: int) -> np.ndarray:
@@ -253,4 +276,4 @@ def train(x: np.ndarray, cfg: TrainConfig) -> Projector:
             "train_rows": n, "steps": steps, "seconds": round(time.perf_counter() - t0, 2),
             "pool": pool, "tau": cfg.tau, "w_flops": cfg.w_flops, "balance": cfg.balance, "threads": cfg.threads,
             "log": cfg.log[-5:]}
-    return Projector(w_np, bias, meta, balance)
+    return Projector(w_np, bias, meta, balance, w_dec.detach().numpy().copy())

@@ -153,6 +153,33 @@ def test_projector_save_load_and_determinism(tmp_path):
     assert loaded.meta["dim"] == 4096 and loaded.meta["ks"] == [8, 16, 32]
 
 
+def test_decode_query_scores_against_reconstructions(tmp_path):
+    """``decode_query`` weighs latent j by ``w_dec_j . q``: with every latent kept, the sparse
+    dot product with a document's codes is ``q . (x_hat - b_pre)``, the query against the
+    document's reconstruction; the decoder survives save/load and its top-k is the prefix."""
+    x = unit(400, d=32, seed=4)
+    p = train(x, TrainConfig(dim=4096, ks=(8, 16, 32), epochs=1, threads=1))
+    assert p.w_dec is not None and p.w_dec.shape == (4096, 32)
+    q = unit(5, d=32, seed=6)
+    vals, dims = p.encode(x[:20], 32)
+    z = np.zeros((20, 4096), np.float32)
+    np.put_along_axis(z, dims, vals, 1)
+    u = q @ p.w_dec.T
+    qv, qd = p.decode_query(q, 4096)
+    zq = np.zeros((5, 4096), np.float32)
+    np.put_along_axis(zq, qd, qv, 1)
+    np.testing.assert_allclose(zq @ z.T, np.maximum(u, 0) @ z.T, rtol=1e-5, atol=1e-6)
+    top_v, top_d = p.decode_query(q, 8)
+    assert np.array_equal(top_d, qd[:, :8]) and (np.diff(top_v, axis=1) <= 0).all()
+    (tmp_path / "with").mkdir()
+    p.save(tmp_path / "with", decoder=True)
+    assert np.array_equal(Projector.load(tmp_path / "with").decode_query(q, 8)[1], top_d)
+    (tmp_path / "plain").mkdir()
+    p.save(tmp_path / "plain")  # a collection's artifact: no decoder
+    with pytest.raises(ValueError, match="without its decoder"):
+        Projector.load(tmp_path / "plain").decode_query(q, 8)
+
+
 def test_factory_strings():
     kind = from_factory("sparse:UHD16384,k=64")
     assert isinstance(kind, SparseKind)
