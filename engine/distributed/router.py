@@ -173,8 +173,7 @@ class ShardedCollection:
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)
-        if any(self.kinds[st.index].needs_embeddings for st in prof.retrieve) or \
-                (prof.rerank and "model" in prof.rerank and "dense" in self.kinds):
+        if any(self.kinds[st.index].needs_embeddings for st in prof.retrieve):  # as one node
             missing = [i for i, q in enumerate(queries) if q.vector is None and q.text]
             if missing:
                 vecs = self.encoder.encode([queries[i].text for i in missing],
@@ -191,7 +190,7 @@ class ShardedCollection:
         if prof.rerank is not None:
             window = prof.rerank["window"]
             cands = [(kk[:window], sc[:window]) for kk, sc in fused]
-            fused = self._rerank(queries, prof, cands, stage_lists, down)
+            fused = self._rerank(queries, prof, cands, stage_lists)
         out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc in fused)
         if with_text or with_metadata:
             self._payload(out, with_text, with_text if with_metadata is None else with_metadata)
@@ -259,7 +258,7 @@ class ShardedCollection:
             out.append((scores, keys))
         return out, ids
 
-    def _rerank(self, queries, prof, cands, stage_lists, down):
+    def _rerank(self, queries, prof, cands, stage_lists):
         spec = prof.rerank
         by_shard = _split(cands, self.n_shards)
         if "index" in spec:  # one kind's own score: exact per candidate, merged here
