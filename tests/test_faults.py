@@ -28,16 +28,23 @@ DURABLE = ("commit.", "wal.append.", "wal.rotate.", "wal.drop.", "drop.", "creat
 
 @pytest.fixture(scope="module")
 def reached(tmp_path_factory) -> dict[str, int]:
-    """Which points the workload reaches, and how often (a clean run, recorded)."""
-    path = tmp_path_factory.mktemp("clean")
-    acked = []
-    before = failpoints.counts()
-    with failpoints.record():
-        wl.run(path, acked.append)
-    wl.check(path, acked)
-    after = failpoints.counts()
-    hits = {p: after[p] - before.get(p, 0) for p in after if after[p] > before.get(p, 0)}
-    return {p: n for p, n in hits.items() if p.startswith(DURABLE)}
+    """Which points the workload reaches, and how often: the fewest of two clean runs. The
+    background sealer's timing (a size-triggered seal before or after the next operation)
+    makes a run reach some points once more or less; on a loaded machine the first run of a
+    process reached the manifest's fsync 11 times and later runs 10, so an error armed at
+    the 11th never fired."""
+    runs = []
+    for i in range(2):
+        path = tmp_path_factory.mktemp(f"clean{i}")
+        acked = []
+        before = failpoints.counts()
+        with failpoints.record():
+            wl.run(path, acked.append)
+        wl.check(path, acked)
+        after = failpoints.counts()
+        runs.append({p: after[p] - before.get(p, 0) for p in after
+                     if after[p] > before.get(p, 0) and p.startswith(DURABLE)})
+    return {p: min(r.get(p, 0) for r in runs) for p in runs[0] if all(p in r for r in runs)}
 
 
 def test_the_workload_reaches_every_durable_path(reached):
