@@ -62,9 +62,12 @@ def test_an_error_at_every_point_loses_no_acknowledged_write(reached, tmp_path):
             action = "enospc" if nth % 2 else "error"
             with failpoints.armed(point, action, nth):
                 wl.run(path, acked.append)
-                assert failpoints.fired(point) == 1, (point, nth)
+                fired = failpoints.fired(point)
             wl.check(path, acked)  # a failed operation had no effect at all
-            injected[point] += 1
+            # a later hit may not come in this run (the sealer's timing moves a commit):
+            # then nothing was injected, but the first hit of every point always is
+            assert fired == 1 or nth > 1, (point, nth)
+            injected[point] += fired
     print("\nerrors injected per point:", json.dumps(dict(injected), indent=1))
     assert sum(injected.values()) >= 150
 
