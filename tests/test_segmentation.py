@@ -72,7 +72,8 @@ def retrieve(kind, segs, live, queries, params, k=K):
     snap = SimpleNamespace(
         kinds={"x": kind}, segments=[SimpleNamespace(indexes={"x": s}) for s in segs],
         live=live, cache={"x": {}},
-        bases=np.concatenate([[0], np.cumsum([s.n_rows for s in segs])]).astype(np.int64))
+        bases=np.concatenate([[0], np.cumsum([s.n_rows for s in segs])]).astype(np.int64),
+        ids_of=lambda keys: [str(int(k)) for k in keys])  # row r is document "r" (layouts)
     return pipeline.retrieve(snap, queries, "x", k, params, live)
 
 
