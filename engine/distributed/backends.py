@@ -47,7 +47,6 @@ class RayShards:
         self.ray, self.handles = ray, handles
         self.n_shards, self.n_replicas = len(handles), len(handles[0])
         self._turn = itertools.count()
-        self._refused: dict = {}  # refs standing for calls an actor refused at submission
 
     def _dead(self):
         e = self.ray.exceptions
@@ -69,8 +68,8 @@ class RayShards:
         while pending:
             for s, ref in list(pending.items()):
                 try:
-                    if ref in self._refused:
-                        raise _Refused(self._refused.pop(ref))
+                    if isinstance(ref, _Refused):
+                        raise ref
                     out[s] = self.ray.get(ref)
                     del pending[s]
                 except dead as e:
@@ -97,7 +96,7 @@ class RayShards:
         refs = [self._send(s, r, c) for s, c in calls.items() for r in range(self.n_replicas)]
         for ref in refs:
             try:
-                if self._refused.pop(ref, None) is None:
+                if not isinstance(ref, _Refused):
                     self.ray.get(ref)
             except self._dead():
                 pass
@@ -109,10 +108,4 @@ class RayShards:
         except Exception as e:  # an actor Ray no longer knows is refused at submission
             if "dead" not in str(e) and "Can't find actor" not in str(e):
                 raise
-            return self._failed(e)
-
-    def _failed(self, cause: Exception):
-        """An object ref whose get raises the 'actor died' error (one retry path for both)."""
-        ref = self.ray.put(None)
-        self._refused[ref] = cause
-        return ref
+            return _Refused(e)  # raised where its answer is awaited: one fall-over path
