@@ -112,6 +112,9 @@ def timed(fn, reps: int = 1) -> float:
     return best
 
 
+ROUNDS = 2  # --rounds
+
+
 def run_factory(factory, x, q, truth, arrow, work, values, n_single, filtered, rows_out):
     n = len(x)
     faiss.omp_set_num_threads(os.cpu_count() or 1)  # builds: every core, both sides
@@ -150,7 +153,7 @@ def run_factory(factory, x, q, truth, arrow, work, values, n_single, filtered, r
         hits = coll.query_batch(vectors=list(q), k=K, profile=prof)
         poly_ids = np.array([[int(h.id) for h in hl] + [-1] * (K - len(hl)) for hl in hits])
         t = {}
-        for rep in range(2):  # interleaved, ABBA
+        for rep in range(ROUNDS):  # interleaved, ABBA..., the best of each side kept
             order = ("raw", "poly") if rep % 2 == 0 else ("poly", "raw")
             for side in order:
                 if side == "raw":
@@ -223,8 +226,13 @@ def main() -> None:
     ap.add_argument("--ef", default="16,32,64,128,256")
     ap.add_argument("--nprobe", default="8,16,32,64,128")
     ap.add_argument("--filtered", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="interleaved timing rounds per setting (the best of each side is kept: "
+                         "more rounds for a machine others share)")
     ap.add_argument("--hdf5", type=Path, default=None, help="an ANN-benchmarks file (angular)")
     args = ap.parse_args()
+    global ROUNDS
+    ROUNDS = args.rounds
     if args.hdf5 is not None:
         import h5py
         with h5py.File(args.hdf5) as f:

@@ -22,6 +22,7 @@ from polyindex.errors import (
 )
 from polyindex.index.protocol import IndexKind, from_factory
 from polyindex.query.filters import compile_filter
+from polyindex.query import vector_lane
 from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
@@ -454,11 +455,28 @@ class Collection:
         ``tokens``: an (n_tokens, d) query matrix for a ``multivector:source=user`` index
         (alone, profile ``multivector`` by default).
         ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata."""
+        if vector is not None and text is None and tokens is None and using is None \
+                and filter is None and not explain and not with_text and not with_metadata \
+                and (profile is None or isinstance(profile, str)) \
+                and type(k) is int and 1 <= k <= MAX_K and not isinstance(vector, dict):
+            # the plain nearest-neighbour call: the vector lane when the profile is one dense
+            # stage (the same hits as the general path, a fraction of its Python)
+            snap = self.snapshot()
+            plan = vector_lane.plan(snap, profile, lambda: self._lane_profile(profile, vector))
+            if plan is not None:
+                hits = plan.search(snap, vector, k)
+                if hits is not None:
+                    return hits
         vectors = None if vector is None else [vector]
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
                                 tokens=None if tokens is None else [tokens],
                                 k=k, profile=profile, filter=filter, explain=explain,
                                 with_text=with_text, with_metadata=with_metadata)[0]
+
+    def _lane_profile(self, profile, vector):
+        if profile is None:
+            profile = default_vector_profile(make_queries(None, [vector]), None, self.kinds)
+        return self._profile(profile)
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,

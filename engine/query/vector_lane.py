@@ -1,0 +1,163 @@
+"""The vector lane: a plain nearest-neighbour query (one vector, a profile of one dense stage,
+no filter, rerank, explain or stored payload) without the general pipeline's per-query work.
+
+A vector database's commonest call, one query at a time, spent ~40 us of Python around a
+60-200 us HNSW search in ``pipeline.run`` (checks, a ``Query``, the kind's ``prepare``, the
+faiss wrapper, fusion of one list): 0.6-0.8x raw FAISS's queries/s (issue 18). Here what
+depends only on the snapshot and the profile (the segments' faiss indexes, search
+parameters, bases) is worked out once per snapshot (``plan``), so a query is the vector's
+check and normalization, one faiss call per segment and the hits.
+
+The answer is ``pipeline.run``'s, bit for bit (the same normalization arithmetic, the same
+per-segment calls and merge, ties put in id order by the same function): a test compares the
+two. Anything unusual (a bad vector, a zero one, NaN) returns None and the caller takes the
+general path, which gives the error its message.
+"""
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from polyindex.index import dense
+from polyindex.index.masks import freeze
+from polyindex.index.protocol import empty_result
+from polyindex.query.pipeline import order_ties
+from polyindex.types import MAX_VECTOR_NORM, Hit
+
+_MAX_SQ = MAX_VECTOR_NORM ** 2
+_NONE = object()  # a profile the lane cannot take (cached as such)
+LANE_CACHE = "query:vector-lane"  # in ``Snapshot.cache`` (whose other keys are kind names)
+
+
+class Plan:
+    """One snapshot's dense stage, ready to search."""
+
+    __slots__ = ("dim", "cosine", "l2", "parts")
+
+    def __init__(self, snapshot, kind, segments, params: dict[str, str]):
+        self.dim = segments[0].index.d
+        self.cosine = kind.metric == "cosine"
+        self.l2 = kind.metric == "l2"
+        fparams = dense._faiss_params(params)
+        kwargs = {key: dense.SEARCH_PARAMS[key](v) for key, v in fparams.items()
+                  if key != "exact_below"}
+        # per segment (base, direct faiss index + parameters) or (base, general search)
+        self.parts = []
+        for base, seg, live in zip(snapshot.bases, segments, snapshot.live):
+            if seg.n_rows == 0:
+                continue
+            if live is None and seg.presence is None and _plain_cpu(seg):
+                sp = seg._search_parameters(kwargs) if kwargs else None
+                self.parts.append((base, seg.index, sp, None))
+            else:  # tombstones, missing vectors, a GPU: the segment's own search
+                freeze(live)
+                self.parts.append((base, None, None,
+                                   lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live)))
+
+    def search(self, snapshot, vector, k: int) -> list[Hit] | None:
+        if type(vector) is np.ndarray and vector.dtype == np.float32:
+            v = vector
+        else:
+            try:
+                v = np.asarray(vector, dtype=np.float32)
+            except (TypeError, ValueError):
+                return None  # the general path says what is wrong
+        if v.ndim != 1 or v.shape[0] != self.dim:
+            return None
+        if not v.flags.c_contiguous:
+            v = np.ascontiguousarray(v)
+        # NaN, inf, zero, absurd: the general path says. (faiss's squared norm raises no
+        # numpy overflow warning; once it is finite, x * x below cannot overflow.)
+        if not 0.0 < faiss.fvec_norm_L2sqr(faiss.swig_ptr(v), self.dim) < _MAX_SQ:
+            return None
+        x = v.reshape(1, -1)
+        if self.cosine:  # np.linalg.norm(x, axis=1)'s own arithmetic, as ``prepare``
+            # normalizes: the same pairwise sum, so the same bits
+            x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
+        scores, keys = self._search(np.ascontiguousarray(x), k)
+        listed = scores[0].tolist()
+        if len(set(listed)) < len(listed):  # two equal scores (or padding): ids order ties
+            keys = order_ties(scores, keys, snapshot.ids_of)
+        row = keys[0]
+        n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
+        ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
+        return [Hit(i, s, r) for r, i, s in zip(range(1, n + 1), ids, listed)]
+
+    def _search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        parts = self.parts
+        if len(parts) == 1:
+            return self._one(parts[0], x, k)
+        if not parts:
+            return empty_result(1, k)
+        outs = [self._one(part, x, k) for part in parts]
+        scores = np.concatenate([s for s, _ in outs], axis=1)
+        keys = np.concatenate([kk for _, kk in outs], axis=1)
+        scores = np.where(keys >= 0, scores, -np.inf)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+
+    def _one(self, part, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        base, index, sp, general = part
+        if general is not None:
+            scores, rows = general(x, k)
+        else:
+            scores = np.empty((1, k), np.float32)
+            rows = np.empty((1, k), np.int64)
+            before = faiss.omp_get_max_threads()
+            if before != dense.QUERY_THREADS:
+                faiss.omp_set_num_threads(dense.QUERY_THREADS)
+            try:  # faiss's own Python wrapper around this call costs ~5 us a query
+                index.search_c(1, faiss.swig_ptr(x), k, faiss.swig_ptr(scores),
+                               faiss.swig_ptr(rows), sp)
+            finally:
+                if before != dense.QUERY_THREADS:
+                    faiss.omp_set_num_threads(before)
+            if self.l2:
+                scores = -scores
+            if rows[0, -1] < 0:  # faiss pads at the end only
+                scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
+        if base:
+            rows = np.where(rows >= 0, rows + base, -1)
+        return scores, rows
+
+
+def _plain_cpu(seg) -> bool:
+    from polyindex.cuda.device import torch_kernels
+    return not seg.on_gpu and not torch_kernels(seg.device)
+
+
+def plan_for(snapshot, profile) -> Plan | None:
+    """The lane's plan for ``profile`` (resolved) over ``snapshot``, or None when the profile
+    is not one dense stage on the unnamed field (without feedback) and nothing after it."""
+    if len(profile.retrieve) != 1 or profile.rerank is not None:
+        return None
+    stage = profile.retrieve[0]
+    kind = snapshot.kinds.get(stage.index)
+    if not isinstance(kind, dense.DenseKind) or kind.field != dense.UNNAMED:
+        return None
+    if dense._faiss_params(stage.params) != stage.params:  # Rocchio feedback: prepare's work
+        return None
+    try:
+        dense._check_params(stage.params)
+    except Exception:
+        return None  # the general path reports it
+    segments = [s.indexes[stage.index] for s in snapshot.segments]
+    if not segments:
+        return None
+    return Plan(snapshot, kind, segments, stage.params)
+
+
+def plan(snapshot, key, resolve) -> Plan | None:
+    """The snapshot's plan for the profile named ``key`` (``resolve()`` gives the resolved
+    profile), made on first use. Kept in the snapshot's cache, so it lives exactly as long
+    as the snapshot and pins nothing after it (a plan refers to segments, not the snapshot)."""
+    plans = snapshot.cache.get(LANE_CACHE)
+    if plans is None:
+        plans = snapshot.cache.setdefault(LANE_CACHE, {})
+    got = plans.get(key)
+    if got is None:
+        made = plan_for(snapshot, resolve())
+        if len(plans) < 64:  # names come from callers: bounded
+            plans[key] = _NONE if made is None else made
+        return made
+    return None if got is _NONE else got

@@ -1,0 +1,87 @@
+"""The vector lane (``query.vector_lane``): a plain ``query(vector=...)`` gives exactly the
+general pipeline's hits (ids, order, score bits), in every case the lane covers or hands on."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polyindex.errors import InvalidArgument
+from polyindex.query import vector_lane
+
+
+def vecs(n, d=16, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+def general(coll, v, k=10, profile=None):
+    """The general path: ``query_batch`` never takes the lane."""
+    return coll.query_batch(vectors=[v], k=k, profile=profile)[0]
+
+
+def same(a, b):
+    return [(h.id, h.rank, np.float32(h.score).tobytes()) for h in a] == \
+        [(h.id, h.rank, np.float32(h.score).tobytes()) for h in b]
+
+
+def lane_used(coll, profile=None) -> bool:
+    plans = coll.snapshot().cache.get(vector_lane.LANE_CACHE, {})
+    return plans.get(profile) not in (None, vector_lane._NONE)
+
+
+@pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat"])
+def test_equal_to_the_general_path_over_segments_and_tombstones(eng, metric, factory):
+    x, q = vecs(600), vecs(12, seed=1)
+    x[10] = x[11]  # an exact tie: its order comes from the ids, on both paths
+    coll = eng.create_collection("v", [f"dense:metric={metric},{factory}"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300)])
+    hits = coll.query(vector=q[0], k=10, profile="dense")
+    assert lane_used(coll, "dense") and same(hits, general(coll, q[0], profile="dense"))
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300, 600)])  # a second segment
+    coll.delete([f"d{i}" for i in range(0, 600, 7)])  # tombstones in both
+    for qi in range(len(q)):
+        for k in (1, 10, 50):
+            assert same(coll.query(vector=q[qi], k=k, profile="dense"),
+                        general(coll, q[qi], k, "dense"))
+    for v in (x[10], x[11]):
+        hits = coll.query(vector=v, k=5, profile="dense")
+        assert same(hits, general(coll, v, 5, "dense"))
+    assert lane_used(coll, "dense")
+    # no profile named: the collection's default (its one dense index)
+    assert same(coll.query(vector=q[3], k=10), general(coll, q[3], 10, None))
+
+
+def test_k_over_the_rows_and_search_params(eng):
+    x = vecs(40)
+    coll = eng.create_collection("v", ["dense:HNSW16,Flat"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(40)])
+    coll.save_profile("ef8", {"retrieve": [{"index": "dense", "k": 10, "params": "efSearch=8"}]})
+    hits = coll.query(vector=x[3], k=100, profile="dense")
+    assert len(hits) == 40 and same(hits, general(coll, x[3], 100, "dense"))
+    assert same(coll.query(vector=x[5], k=10, profile="ef8"), general(coll, x[5], 10, "ef8"))
+    assert lane_used(coll, "ef8")
+
+
+def test_bad_vectors_get_the_general_errors(eng):
+    coll = eng.create_collection("v", ["dense:metric=cosine,Flat"], model=None)
+    coll.add([{"id": f"d{i}", "vector": v} for i, v in enumerate(vecs(20))])
+    bad = [([1.0] * 15, "dimension"), ([0.0] * 16, "zero vector"),
+           ([float("nan")] * 16, "NaN"), ([1e30] * 16, "absurd"), ("abc", "list of numbers")]
+    for v, words in bad:
+        with pytest.raises(InvalidArgument, match=words):
+            coll.query(vector=v, k=5, profile="dense")
+
+
+def test_profiles_the_lane_does_not_take_still_answer(eng):
+    x = vecs(50)
+    coll = eng.create_collection("v", ["dense:Flat"], model=None, fields={"n": "int"})
+    coll.add([{"id": f"d{i}", "vector": x[i], "metadata": {"n": i}} for i in range(50)])
+    coll.save_profile("rocchio", {"retrieve": [{"index": "dense", "k": 10,
+                                                "params": "prf=rocchio,fb_docs=3"}]})
+    hits = coll.query(vector=x[2], k=5, profile="rocchio")
+    assert same(hits, general(coll, x[2], 5, "rocchio"))
+    assert not lane_used(coll, "rocchio")  # feedback: the kind's prepare does the work
+    # a filter, explain and payload go the general way and still answer
+    got = coll.query(vector=x[2], k=5, profile="dense", filter={"n": {"lt": 10}})
+    assert got and all(int(h.id[1:]) < 10 for h in got)
+    assert coll.query(vector=x[2], k=3, profile="dense", explain=True)[0].explain is not None
