@@ -487,6 +487,16 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        if vectors is not None and texts is None and tokens is None and using is None \
+                and filter is None and not explain and not with_text and not with_metadata \
+                and (profile is None or isinstance(profile, str)) and len(vectors) \
+                and not isinstance(vectors[0], dict):
+            snap = self.snapshot()  # the vector lane, as in ``query``
+            plan = vector_lane.plan(snap, profile, lambda: self._lane_profile(profile, vectors[0]))
+            if plan is not None:
+                hits = plan.search_batch(snap, vectors, k)
+                if hits is not None:
+                    return hits
         queries = make_queries(texts, vectors, using, tokens)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)

@@ -7,15 +7,24 @@ import pytest
 
 from polyindex.errors import InvalidArgument
 from polyindex.query import vector_lane
+from polyindex.query.pipeline import run
+from polyindex.query.requests import default_vector_profile, make_queries
 
 
 def vecs(n, d=16, seed=0):
     return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
 
 
+def general_batch(coll, vs, k=10, profile=None):
+    """The general path itself (``pipeline.run``), which the lane must equal."""
+    queries = make_queries(None, list(vs))
+    prof = coll._profile(profile if profile is not None
+                         else default_vector_profile(queries, None, coll.kinds))
+    return run(coll.snapshot(), queries, prof, k)
+
+
 def general(coll, v, k=10, profile=None):
-    """The general path: ``query_batch`` never takes the lane."""
-    return coll.query_batch(vectors=[v], k=k, profile=profile)[0]
+    return general_batch(coll, [v], k, profile)[0]
 
 
 def same(a, b):
@@ -47,6 +56,12 @@ def test_equal_to_the_general_path_over_segments_and_tombstones(eng, metric, fac
         hits = coll.query(vector=v, k=5, profile="dense")
         assert same(hits, general(coll, v, 5, "dense"))
     assert lane_used(coll, "dense")
+    # a batch: one faiss call per segment for all, each query's hits as the general path's
+    batch = [q[0], x[10], q[5], x[11], q[1]]
+    for k in (1, 10, 700):
+        got, want = coll.query_batch(vectors=batch, k=k, profile="dense"), \
+            general_batch(coll, batch, k, "dense")
+        assert len(got) == len(want) and all(same(a, b) for a, b in zip(got, want))
     # no profile named: the collection's default (its one dense index)
     assert same(coll.query(vector=q[3], k=10), general(coll, q[3], 10, None))
 
@@ -70,6 +85,8 @@ def test_bad_vectors_get_the_general_errors(eng):
     for v, words in bad:
         with pytest.raises(InvalidArgument, match=words):
             coll.query(vector=v, k=5, profile="dense")
+        with pytest.raises(InvalidArgument, match=words):  # in a batch, after a good one
+            coll.query_batch(vectors=[[0.5] * 16, v], k=5, profile="dense")
 
 
 def test_profiles_the_lane_does_not_take_still_answer(eng):

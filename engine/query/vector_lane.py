@@ -24,7 +24,8 @@ from polyindex.index.protocol import empty_result
 from polyindex.query.pipeline import order_ties
 from polyindex.types import MAX_VECTOR_NORM, Hit
 
-_MAX_SQ = MAX_VECTOR_NORM ** 2
+# a little under the general path's float64 limit: what the lane takes, that path takes too
+_MAX_SQ = (MAX_VECTOR_NORM * 0.999) ** 2
 _NONE = object()  # a profile the lane cannot take (cached as such)
 LANE_CACHE = "query:vector-lane"  # in ``Snapshot.cache`` (whose other keys are kind names)
 
@@ -83,12 +84,38 @@ class Plan:
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
         return [Hit(i, s, r) for r, i, s in zip(range(1, n + 1), ids, listed)]
 
+    def search_batch(self, snapshot, vectors, k: int) -> list[list[Hit]] | None:
+        """``search`` for many vectors: one faiss call per segment for all of them."""
+        try:
+            x = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+        except (TypeError, ValueError):
+            return None
+        if x.ndim != 2 or x.shape[1] != self.dim or not len(x):
+            return None
+        sq = np.empty(len(x), np.float32)
+        faiss.fvec_norms_L2sqr(faiss.swig_ptr(sq), faiss.swig_ptr(x), self.dim, len(x))
+        if not np.logical_and(sq > 0, sq < _MAX_SQ).all():
+            return None
+        if self.cosine:
+            x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
+        scores, keys = self._search(np.ascontiguousarray(x), k)
+        if scores.shape[1] > 1 and (scores[:, 1:] == scores[:, :-1]).any():
+            keys = order_ties(scores, keys, snapshot.ids_of)
+        valid = keys >= 0  # a prefix of each row: padding comes last
+        counts = np.count_nonzero(valid, axis=1).tolist()
+        ids = snapshot.ids_of(keys[valid])  # row by row, in one call
+        out, at = [], 0
+        for n, listed in zip(counts, scores.tolist()):
+            out.append([Hit(i, s, r) for r, i, s in zip(range(1, n + 1), ids[at:at + n], listed)])
+            at += n
+        return out
+
     def _search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         parts = self.parts
         if len(parts) == 1:
             return self._one(parts[0], x, k)
         if not parts:
-            return empty_result(1, k)
+            return empty_result(len(x), k)
         outs = [self._one(part, x, k) for part in parts]
         scores = np.concatenate([s for s, _ in outs], axis=1)
         keys = np.concatenate([kk for _, kk in outs], axis=1)
@@ -101,20 +128,21 @@ class Plan:
         if general is not None:
             scores, rows = general(x, k)
         else:
-            scores = np.empty((1, k), np.float32)
-            rows = np.empty((1, k), np.int64)
+            nq = len(x)
+            scores = np.empty((nq, k), np.float32)
+            rows = np.empty((nq, k), np.int64)
             before = faiss.omp_get_max_threads()
             if before != dense.QUERY_THREADS:
                 faiss.omp_set_num_threads(dense.QUERY_THREADS)
             try:  # faiss's own Python wrapper around this call costs ~5 us a query
-                index.search_c(1, faiss.swig_ptr(x), k, faiss.swig_ptr(scores),
+                index.search_c(nq, faiss.swig_ptr(x), k, faiss.swig_ptr(scores),
                                faiss.swig_ptr(rows), sp)
             finally:
                 if before != dense.QUERY_THREADS:
                     faiss.omp_set_num_threads(before)
             if self.l2:
                 scores = -scores
-            if rows[0, -1] < 0:  # faiss pads at the end only
+            if (rows[0, -1] if nq == 1 else rows[:, -1].min()) < 0:  # padding comes last
                 scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
         if base:
             rows = np.where(rows >= 0, rows + base, -1)
