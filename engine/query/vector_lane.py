@@ -26,6 +26,13 @@ from polyindex.types import MAX_VECTOR_NORM, Hit
 
 # a little under the general path's float64 limit: what the lane takes, that path takes too
 _MAX_SQ = (MAX_VECTOR_NORM * 0.999) ** 2
+# faiss's C entry points themselves: its module-level Python shims add ~0.1 us a call, and a
+# query makes five of them
+_C = getattr(getattr(faiss, "swigfaiss", None), "_swigfaiss", faiss)
+_ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
+_norm_sq = getattr(_C, "fvec_norm_L2sqr", faiss.fvec_norm_L2sqr)
+_norms_sq = getattr(_C, "fvec_norms_L2sqr", faiss.fvec_norms_L2sqr)
+_omp_threads = getattr(_C, "omp_get_max_threads", faiss.omp_get_max_threads)
 _NONE = object()  # a profile the lane cannot take (cached as such)
 LANE_CACHE = "query:vector-lane"  # in ``Snapshot.cache`` (whose other keys are kind names)
 
@@ -69,20 +76,20 @@ class Plan:
             v = np.ascontiguousarray(v)
         # NaN, inf, zero, absurd: the general path says. (faiss's squared norm raises no
         # numpy overflow warning; once it is finite, x * x below cannot overflow.)
-        if not 0.0 < faiss.fvec_norm_L2sqr(faiss.swig_ptr(v), self.dim) < _MAX_SQ:
+        if not 0.0 < _norm_sq(_ptr(v), self.dim) < _MAX_SQ:
             return None
         x = v.reshape(1, -1)
         if self.cosine:  # np.linalg.norm(x, axis=1)'s own arithmetic, as ``prepare``
             # normalizes: the same pairwise sum, so the same bits
             x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
-        scores, keys = self._search(np.ascontiguousarray(x), k)
+        scores, keys = self._search(x, k)  # x is C-contiguous: v was, so is a quotient
         listed = scores[0].tolist()
         if len(set(listed)) < len(listed):  # two equal scores (or padding): ids order ties
             keys = order_ties(scores, keys, snapshot.ids_of)
         row = keys[0]
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
-        return [Hit(i, s, r) for r, i, s in zip(range(1, n + 1), ids, listed)]
+        return list(map(Hit, ids, listed, range(1, n + 1)))  # ids has n: map stops there
 
     def search_batch(self, snapshot, vectors, k: int) -> list[list[Hit]] | None:
         """``search`` for many vectors: one faiss call per segment for all of them."""
@@ -93,7 +100,7 @@ class Plan:
         if x.ndim != 2 or x.shape[1] != self.dim or not len(x):
             return None
         sq = np.empty(len(x), np.float32)
-        faiss.fvec_norms_L2sqr(faiss.swig_ptr(sq), faiss.swig_ptr(x), self.dim, len(x))
+        _norms_sq(_ptr(sq), _ptr(x), self.dim, len(x))
         if not np.logical_and(sq > 0, sq < _MAX_SQ).all():
             return None
         if self.cosine:
@@ -106,7 +113,7 @@ class Plan:
         ids = snapshot.ids_of(keys[valid])  # row by row, in one call
         out, at = [], 0
         for n, listed in zip(counts, scores.tolist()):
-            out.append([Hit(i, s, r) for r, i, s in zip(range(1, n + 1), ids[at:at + n], listed)])
+            out.append(list(map(Hit, ids[at:at + n], listed, range(1, n + 1))))
             at += n
         return out
 
@@ -131,12 +138,11 @@ class Plan:
             nq = len(x)
             scores = np.empty((nq, k), np.float32)
             rows = np.empty((nq, k), np.int64)
-            before = faiss.omp_get_max_threads()
+            before = _omp_threads()
             if before != dense.QUERY_THREADS:
                 faiss.omp_set_num_threads(dense.QUERY_THREADS)
             try:  # faiss's own Python wrapper around this call costs ~5 us a query
-                index.search_c(nq, faiss.swig_ptr(x), k, faiss.swig_ptr(scores),
-                               faiss.swig_ptr(rows), sp)
+                index.search_c(nq, _ptr(x), k, _ptr(scores), _ptr(rows), sp)
             finally:
                 if before != dense.QUERY_THREADS:
                     faiss.omp_set_num_threads(before)
