@@ -34,7 +34,8 @@ from polyindex.storage import build_worker, failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import SegmentEntry, commit_manifest
-from polyindex.storage.segment import DOCS_FILE, load_tombstones, tombstone_bytes
+from polyindex.storage.segment import (DOCS_FILE, PRUNED_COLUMN, QUALITY_COLUMN, load_tombstones,
+                                       tombstone_bytes)
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import stored_columns
 
