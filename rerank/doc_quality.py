@@ -37,6 +37,7 @@ SHIPPED = Path(__file__).resolve().parent / "models" / "quality" / MODEL_FILE
 FEATURES = ("unique_ratio", "kl_coll", "log_length")
 COLUMN = "_quality"     # float32 column of docs.arrow (NaN: not estimated)
 PRUNED = "_pruned"      # bool column of docs.arrow: kept out of the costly representations
+TIE_BREAK = 1e-4        # weight of the KL tie-breaker in the stored quality (``Gate.quality``)
 
 _ANALYZER: Analyzer | None = None
 
@@ -172,7 +173,14 @@ class Gate:
         self.lm, self.model, self.threshold = lm, model, threshold
 
     def quality(self, texts: Sequence[str]) -> np.ndarray:
-        return self.model.predict(features(texts, self.lm))
+        """The model's probability, plus ``TIE_BREAK`` x KL / (1 + KL): a few dozen trees
+        over three features give many equal values, and a quantile threshold over tied
+        values prunes far less than P (adi at P = 0.30 pruned 20 of 82 documents, as at
+        0.25); the small term orders ties by the divergence (more particular text
+        ranks higher) and can only reorder model values closer than 1e-4."""
+        X = features(texts, self.lm)
+        kl = np.nan_to_num(X[:, 1], nan=0.0)
+        return (self.model.predict(X) + TIE_BREAK * kl / (1.0 + kl)).astype(np.float32)
 
     def pruned(self, quality: np.ndarray) -> np.ndarray:
         if self.threshold is None:
