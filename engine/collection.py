@@ -301,7 +301,7 @@ class Collection:
                        open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
-            w.quality = partial(self._assess_quality, w)
+            w.quality = self._assess_quality  # called with the writer: no reference cycle
             yield w
             self._collect(w)
 

@@ -161,3 +161,15 @@ def test_a_damaged_quality_artifact_is_corrupt_not_a_crash(tmp_path):
     lm.write_bytes(lm.read_bytes()[:50])
     with pytest.raises(Corrupt):
         polyindex.open(tmp_path / "data").collection("dmg").add([{"_id": "z", "text": "wing"}])
+
+
+def test_multivector_pruned_rows_are_not_encoded_nor_found(tmp_path):
+    c = build(tmp_path, "mv", 15, kinds=["lexical", "multivector:KMeans64,residual=none"])
+    pruned = pruned_ids(c)
+    assert len(pruned) == math.floor(P * N)
+    found = {h.id for h in c.query("wing flutter heat shock", k=N, profile="multivector")}
+    assert found and not found & pruned and len(found) == N - len(pruned)
+    c.compact(max_segments=1)
+    assert pruned_ids(c) == pruned
+    found = {h.id for h in c.query("wing flutter heat shock", k=N, profile="multivector")}
+    assert not found & pruned and len(found) == N - len(pruned)

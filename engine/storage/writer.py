@@ -132,7 +132,7 @@ class Writer:
         # Files the commits of this writer stopped naming (replaced tombstone versions,
         # merged-away segments): removed by garbage collection once no snapshot pins them.
         self.garbage: list[str] = []
-        # The documents' quality at write time (set by the collection): ``quality(m, texts)
+        # The documents' quality at write time (set by the collection): ``quality(writer, m, texts)
         # -> (quality float32, pruned bool, artifact files to commit under artifacts/quality/
         # or None)``; None: no estimate (the column is not written).
         self.quality: Callable | None = None
@@ -224,8 +224,8 @@ class Writer:
             return None
         quality = pruned = None
         if self.quality is not None:
-            quality, pruned, files = self.quality(m, [document_text(d.title, d.text)
-                                                      for d in docs])
+            quality, pruned, files = self.quality(self, m, [document_text(d.title, d.text)
+                                                            for d in docs])
             if files:
                 self._add_artifact(m, QUALITY_ARTIFACT, files)
             if not pruned.any():
