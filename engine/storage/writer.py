@@ -333,8 +333,10 @@ def encode_kept(encode, docs: Sequence[Document], pruned: np.ndarray | None,
         on_encoded(len(docs) - len(kept))  # the bar counts what will never be encoded
     out = encode([texts[i] for i in kept.tolist()], on_encoded)
     emb, toks = out if isinstance(out, tuple) else (out, None)
-    full = np.zeros((len(docs), emb.shape[1]), np.float32)
-    full[kept] = emb
+    full = None
+    if emb is not None:  # None: only token kinds read the model (multivector alone)
+        full = np.zeros((len(docs), emb.shape[1]), np.float32)
+        full[kept] = emb
     if toks is None:
         return full, None
     t0 = toks[0]
