@@ -85,6 +85,16 @@ def save_embeddings(name: str) -> None:
              emb=np.stack([EMB_CACHE[t] for t in texts]))
 
 
+def heldout_auc(name: str, model: Path) -> float | None:
+    """ROC AUC of the held-out model's quality on ``name`` (label: judged relevant)."""
+    from sklearn.metrics import roc_auc_score
+    from polyindex.rerank.doc_quality import QualityModel
+    X, y = train_quality.collection_data(name)
+    if not 0 < y.sum() < len(y):
+        return None
+    return float(roc_auc_score(y, QualityModel.load(model).predict(X)))
+
+
 def folder_bytes(folder: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in folder.rglob(pattern) if p.is_file())
 
@@ -180,7 +190,8 @@ def main() -> int:
         model = loco_model(name)
         qrels = common.read_qrels(folder, "test")
         qs = common.judged(common.read_queries(folder), qrels)
-        res = results[name] = {"queries": len(qs), "model": str(model.relative_to(WORK)), "P": {}}
+        res = results[name] = {"queries": len(qs), "model": str(model.relative_to(WORK)), "P": {},
+                               "heldout_auc": heldout_auc(name, model)}
         vectors = None
         base = {}
         res["embeddings_reused"] = prefill(name, args.reuse)
