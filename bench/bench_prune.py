@@ -174,7 +174,24 @@ def main() -> int:
     ap.add_argument("--collections", default="adi,cranfield,cisi,time,medline")
     ap.add_argument("--reuse", type=Path, default=common.ENGINE_DATA,
                     help="engine folder whose float32 collections' embeddings are reused")
+    ap.add_argument("--control", choices=["model", "random"], default="model",
+                    help="random: a control whose 'quality' is a hash of the text (uniform, "
+                         "deterministic), to see what the learned estimate adds")
     args = ap.parse_args()
+    if args.control == "random":
+        import hashlib
+        from polyindex.rerank import doc_quality
+
+        def random_quality(self, texts):
+            return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=4).digest(),
+                                            "little") / 2 ** 32 for t in texts], np.float32)
+        doc_quality.Gate.quality = random_quality
+        global OUT
+        OUT = WORK / "prune-random"
+        if not OUT.exists():
+            OUT.mkdir(parents=True)
+            shutil.copytree(WORK / "prune" / "emb", OUT / "emb")
+            shutil.copytree(WORK / "prune" / "models", OUT / "models")
     import torch
     torch.set_num_threads(2)
     data = OUT / "data"
@@ -224,14 +241,16 @@ def main() -> int:
                 if p else f"{info['dense_bytes'] / 1e6:.2f} MB"])
             eng.drop_collection(coll.name)
         EMB_CACHE.clear()
-        common.save_results("bench_prune", {"profiles": PROFILES, "P": PS, "k": K,
-                                            "collections": results, "partial": True})
+        common.save_results("bench_prune" + ("" if args.control == "model" else "_random"),
+                            {"profiles": PROFILES, "P": PS, "k": K, "control": args.control,
+                             "collections": results, "partial": True})
     console.print(table("Pruning by quality: nDCG@10 (test qrels; paired tests vs P=0), encode "
                         "time and dense bytes (saved)",
                         ["collection", "P", "pruned", "hybrid", "ltr", "encode", "dense index"],
                         rows))
-    common.save_results("bench_prune", {"profiles": PROFILES, "P": PS, "k": K,
-                                        "collections": results})
+    common.save_results("bench_prune" + ("" if args.control == "model" else "_random"),
+                        {"profiles": PROFILES, "P": PS, "k": K, "control": args.control,
+                         "collections": results})
     return 0
 
 
