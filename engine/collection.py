@@ -359,13 +359,15 @@ class Collection:
                                               m.config.prune_threshold)
         return gate
 
-    def _new_quality_gate(self, w: Writer, texts, model=None):
-        """A first estimator: the language model of ``texts``, the given or shipped model,
-        written under ``artifacts/quality/`` (committed with the next segment)."""
+    def _new_quality_gate(self, w: Writer, chunks, model=None):
+        """A first estimator: the language model of the texts in ``chunks`` (lists of texts),
+        the given or shipped model, written under ``artifacts/quality/`` (committed with the
+        next segment)."""
         from polyindex.rerank.doc_quality import (
             ARTIFACT, SHIPPED, Gate, LanguageModel, QualityModel)
         lm = LanguageModel()
-        lm.add(texts)
+        for texts in chunks:
+            lm.add(texts)
         gate = Gate(lm, QualityModel.load(Path(model) if model else SHIPPED), None)
         folder = self.folder / "artifacts" / ARTIFACT
         w.quality_files = gate.save(folder)
@@ -377,7 +379,7 @@ class Collection:
         from polyindex.rerank.doc_quality import ARTIFACT
         gate = self._quality_gate(w, m)
         if gate is None:  # a first write that is not a bulk run: its own statistics
-            gate = self._new_quality_gate(w, texts)
+            gate = self._new_quality_gate(w, [texts])
         files = None if m.artifacts.get(ARTIFACT) else getattr(w, "quality_files", None)
         gate.threshold = m.config.prune_threshold
         q = gate.quality(texts)
@@ -389,7 +391,6 @@ class Collection:
         ``prune`` quantile of the input's qualities, stored in the config (committed with
         the first segment) so later writes prune alike. A rerun of the same P keeps it."""
         from polyindex.rerank.doc_quality import threshold_for
-        from polyindex.types import document_text
         m = w.manifest
         if prune is not None and m.config.prune_threshold is not None:
             if m.config.prune_quality != prune:
@@ -401,13 +402,31 @@ class Collection:
         gate = self._quality_gate(w, m)
         if gate is not None and not prune:
             return
-        texts = [document_text(d.title, d.text) for _, d in source.records(0, fields, vectors=spec)
-                 if not isinstance(d, InputError)]
+        # Streamed passes over the input (memory: a chunk of texts and, when pruning, a float
+        # per document): its language model (the whole input's, so a document's quality does
+        # not depend on which documents came first), then the qualities whose quantile is
+        # the threshold.
         if gate is None:
-            gate = self._new_quality_gate(w, texts, model)
+            gate = self._new_quality_gate(w, self._text_chunks(source, fields, spec), model)
         if prune:
+            q = [gate.quality(texts) for texts in self._text_chunks(source, fields, spec)]
             m.config.prune_quality = prune
-            m.config.prune_threshold = threshold_for(gate.quality(texts), prune)
+            m.config.prune_threshold = threshold_for(
+                np.concatenate(q) if q else np.zeros(0, np.float32), prune)
+
+    @staticmethod
+    def _text_chunks(source, fields, spec, size: int = 10_000):
+        from polyindex.types import document_text
+        chunk: list[str] = []
+        for _, d in source.records(0, fields, vectors=spec):
+            if isinstance(d, InputError):
+                continue
+            chunk.append(document_text(d.title, d.text))
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
     def add(self, docs: Iterable[Any], *, embeddings: np.ndarray | None = None) -> int:
         """Upsert documents (dicts or Documents) as one new segment; all or nothing.

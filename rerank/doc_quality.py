@@ -10,8 +10,9 @@ document's quality, stored as the float32 ``_quality`` column of its segment.
 
 The collection language model (term counts) is a collection artifact (``artifacts/quality/``,
 with a copy of the model), fixed when the collection's first write computes it: a bulk
-ingest reads its whole input once beforehand and uses the statistics of what it indexes;
-a first online write or ``add`` uses its own batch. Every later write (online, ``add``, a
+ingest reads its whole input once beforehand (streamed in chunks of texts, so memory stays
+bounded) and uses the statistics of what it indexes; a first online write or ``add`` uses
+its own batch. Every later write (online, ``add``, a
 later bulk run) uses the stored model, so a document's quality, and whether it is pruned,
 never depends on which batch or segment it came in (terms the model has not seen count as
 absent). Encoder-side signals are not used: computing them needs the encoding that pruning
