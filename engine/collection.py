@@ -302,6 +302,7 @@ class Collection:
                        open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
+            w.quality = self._assess_quality  # called with the writer: no reference cycle
             yield w
             self._collect(w)
 
@@ -328,12 +329,105 @@ class Collection:
             self._garbage = set(later)
 
     def index(self, source, *, skip_invalid: bool = False, progress: bool = False,
-              force: bool = False):
-        """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk.bulk_index``."""
+              force: bool = False, prune_quality: float | None = None,
+              quality_model: str | Path | None = None):
+        """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk.bulk_index``.
+
+        ``prune_quality`` P in [0, 1): the fraction P of the input with the lowest quality
+        estimate is kept out of the costly representations (dense, multivector, sparse,
+        tree): not encoded, not in those indexes, still stored, returned by ``get`` and
+        found by lexical queries. The threshold (a quantile of the input's qualities) is
+        stored in the collection config and applied to every later write.
+        ``quality_model``: a LightGBM text model to use instead of the shipped one, when the
+        collection has none yet (``bench/train_quality.py``)."""
         from polyindex.ingest.bulk import bulk_index
         from polyindex.ingest.sources import Source, open_source
+        from polyindex.rerank.doc_quality import check_fraction
+        prune = None if prune_quality is None else check_fraction(prune_quality)
         src = source if isinstance(source, Source) else open_source(source)
-        return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force)
+        return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force,
+                          plan=partial(self._plan_quality, prune=prune, model=quality_model))
+
+    # -- document quality (issue 21 part 4; ``rerank.doc_quality``) --
+
+    def _quality_gate(self, w: Writer, m):
+        """The writer's quality estimator: planned by this bulk run (not committed yet), or
+        the collection's committed one; None when the collection has none yet."""
+        from polyindex.rerank.doc_quality import ARTIFACT, Gate
+        gate = getattr(w, "quality_gate", None)
+        if gate is None and m.artifacts.get(ARTIFACT):
+            gate = w.quality_gate = Gate.load(self.folder / "artifacts" / ARTIFACT,
+                                              m.config.prune_threshold)
+        return gate
+
+    def _new_quality_gate(self, w: Writer, chunks, model=None):
+        """A first estimator: the language model of the texts in ``chunks`` (lists of texts),
+        the given or shipped model, written under ``artifacts/quality/`` (committed with the
+        next segment)."""
+        from polyindex.rerank.doc_quality import (
+            ARTIFACT, SHIPPED, Gate, LanguageModel, QualityModel)
+        lm = LanguageModel()
+        for texts in chunks:
+            lm.add(texts)
+        gate = Gate(lm, QualityModel.load(Path(model) if model else SHIPPED), None)
+        folder = self.folder / "artifacts" / ARTIFACT
+        w.quality_files = gate.save(folder)
+        w.quality_gate = gate
+        return gate
+
+    def _assess_quality(self, w: Writer, m, texts):
+        """``Writer.quality``: (quality, pruned, artifact files to commit or None)."""
+        from polyindex.rerank.doc_quality import ARTIFACT
+        gate = self._quality_gate(w, m)
+        if gate is None:  # a first write that is not a bulk run: its own statistics
+            gate = self._new_quality_gate(w, [texts])
+        files = None if m.artifacts.get(ARTIFACT) else getattr(w, "quality_files", None)
+        gate.threshold = m.config.prune_threshold
+        q = gate.quality(texts)
+        return q, gate.pruned(q), files
+
+    def _plan_quality(self, w: Writer, source, fields, spec, *, prune, model) -> None:
+        """Before a bulk run's first segment: the collection language model from the whole
+        input (when the collection has none yet) and, with ``prune``, the threshold: the
+        ``prune`` quantile of the input's qualities, stored in the config (committed with
+        the first segment) so later writes prune alike. A rerun of the same P keeps it."""
+        from polyindex.rerank.doc_quality import threshold_for
+        m = w.manifest
+        if prune is not None and m.config.prune_threshold is not None:
+            if m.config.prune_quality != prune:
+                raise InvalidArgument(
+                    f"collection {self.name!r} already prunes the lowest "
+                    f"{m.config.prune_quality:g} by quality; cannot index with "
+                    f"--prune-quality {prune:g}")
+            prune = None  # the stored threshold holds
+        gate = self._quality_gate(w, m)
+        if gate is not None and not prune:
+            return
+        # Streamed passes over the input (memory: a chunk of texts and, when pruning, a float
+        # per document): its language model (the whole input's, so a document's quality does
+        # not depend on which documents came first), then the qualities whose quantile is
+        # the threshold.
+        if gate is None:
+            gate = self._new_quality_gate(w, self._text_chunks(source, fields, spec), model)
+        if prune:
+            q = [gate.quality(texts) for texts in self._text_chunks(source, fields, spec)]
+            m.config.prune_quality = prune
+            m.config.prune_threshold = threshold_for(
+                np.concatenate(q) if q else np.zeros(0, np.float32), prune)
+
+    @staticmethod
+    def _text_chunks(source, fields, spec, size: int = 10_000):
+        from polyindex.types import document_text
+        chunk: list[str] = []
+        for _, d in source.records(0, fields, vectors=spec):
+            if isinstance(d, InputError):
+                continue
+            chunk.append(document_text(d.title, d.text))
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
     def add(self, docs: Iterable[Any], *, embeddings: np.ndarray | None = None) -> int:
         """Upsert documents (dicts or Documents) as one new segment; all or nothing.

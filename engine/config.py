@@ -37,6 +37,12 @@ class CollectionConfig:
     # as "bm25l,k1=0.9,b=0.4,delta=0.5" that replaces the factory string's at query time;
     # empty: the factory string's own. Segments do not depend on it (BM25 is query-time).
     lexical_params: str = ""
+    # Pruning by document quality (``polyindex index --prune-quality P``, issue 21 part 4):
+    # the fraction P asked for at the bulk ingest that set the threshold, and the threshold
+    # itself (documents whose stored quality is below it are kept out of the costly
+    # representations); None: no pruning. Later writes use the same threshold.
+    prune_quality: float = 0.0
+    prune_threshold: float | None = None
 
     def __post_init__(self):
         validate_name(self.name)
@@ -58,6 +64,12 @@ class CollectionConfig:
             raise InvalidArgument(f"lexical_params must be a string, got {self.lexical_params!r}")
         if self.lexical_params and "lexical" not in kinds:
             raise InvalidArgument("lexical_params given, but the collection has no lexical index")
+        if isinstance(self.prune_quality, bool) or not isinstance(self.prune_quality, (int, float)) \
+                or not 0 <= self.prune_quality < 1:
+            raise InvalidArgument(f"prune_quality must be in [0, 1), got {self.prune_quality!r}")
+        if self.prune_threshold is not None and (isinstance(self.prune_threshold, bool) or
+                                                 not isinstance(self.prune_threshold, (int, float))):
+            raise InvalidArgument(f"prune_threshold must be a number, got {self.prune_threshold!r}")
         for fname, ftype in self.fields.items():
             validate_name(fname, "field")
             if fname in ("id", "title", "text"):

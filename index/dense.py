@@ -409,7 +409,10 @@ class DenseKind(IndexKind):
 
     def train(self, sample: BuildBatch) -> None:
         x = self._vectors_of(sample)
-        x = np.ascontiguousarray(x[~dense_presence.missing_rows(x)], dtype=np.float32)
+        real = ~dense_presence.missing_rows(x)
+        if sample.pruned is not None:
+            real &= ~sample.pruned
+        x = np.ascontiguousarray(x[real], dtype=np.float32)
         if not len(x):  # an optional field no sampled document has: trained later
             return
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
@@ -438,8 +441,11 @@ class DenseKind(IndexKind):
             raise InvalidArgument(f"{self.name}: vectors have dimension {x.shape[1]}, "
                                   f"the field has {self.dim}")
         missing = dense_presence.missing_rows(x)
-        if missing.any() and not self.optional:
+        if missing.any() and not self.optional and (
+                batch.pruned is None or (missing & ~batch.pruned).any()):
             raise InvalidArgument(f"{self.name}: a document has no vector for this field")
+        if batch.pruned is not None:  # pruned by quality: absent, as a missing vector is
+            missing = missing | batch.pruned
         x = dense_presence.placeholders_zeroed(x, missing)
         factory = self._factory_for(len(x), batch.collection_rows)
         if self.template is not None:

@@ -67,6 +67,11 @@ class BuildBatch:
     # live rows of the collection this segment joins, besides its own (0: not known); a
     # kind may size its index by the collection rather than the segment (dense "auto")
     collection_rows: int = 0
+    # rows kept out of the costly representations (``--prune-quality``): bool (n,), or None.
+    # Their embeddings are zero rows (never encoded) and their tokens a zero placeholder; a
+    # costly kind may store anything for them (searches never see them: dense marks them
+    # absent, the query pipeline folds the rest out of the allow masks).
+    pruned: np.ndarray | None = None
 
 
 @dataclass

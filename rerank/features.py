@@ -55,6 +55,7 @@ def compute_local(snapshot, queries: Sequence, candidate_keys: Sequence[np.ndarr
     if "lexical" in snapshot.kinds:
         _lexical(snapshot, queries, q_of, seg, rows, X)
         quality.compute(snapshot, seg, rows, X[:, _COL["doc_unique_ratio"]:_COL["doc_kl_coll"] + 1])
+    _doc_quality(snapshot, seg, rows, X[:, _COL["doc_quality"]])
     for kind, name in schema.KIND_SCORES.items():
         if kind in snapshot.kinds:
             X[:, _COL[name]] = kind_scores.score(snapshot, kind, queries, q_of, seg, rows)
@@ -62,6 +63,16 @@ def compute_local(snapshot, queries: Sequence, candidate_keys: Sequence[np.ndarr
         field = name[len(schema.VECTOR_PREFIX):]
         X[:, F + i] = kind_scores.score(snapshot, f"dense@{field}", queries, q_of, seg, rows)
     return X, qptr
+
+
+def _doc_quality(snapshot, seg: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """The stored quality estimate of each candidate (``rerank.doc_quality``; NaN where its
+    segment stores none)."""
+    for s in np.unique(seg).tolist():
+        docs = getattr(snapshot.segments[s], "docs", None)
+        if hasattr(docs, "quality"):
+            sel = np.flatnonzero(seg == s)
+            out[sel] = docs.quality()[rows[sel]]
 
 
 def names(snapshot) -> tuple[str, ...]:

@@ -34,7 +34,8 @@ SEGMENT_FILES = sorted([
     "multivector.ivf.arrow"])
 ARTIFACT_FILES = sorted(["dense/dense.template.faiss", "sparse/sparse.projector.npz",
                          "sparse/sparse.projector.json", "multivector/multivector.codebook.npz",
-                         "multivector/multivector.codebook.json"])
+                         "multivector/multivector.codebook.json",
+                         "quality/lm.npz", "quality/quality.txt"])  # issue 21 part 4
 DAMAGES = ["flip-start", "flip-middle", "flip-end", "truncate"]
 N_FIRST, N_SECOND = 120, 60
 DELETED = ["d3", "d7", "d11"]

@@ -40,7 +40,7 @@ def test_query_difficulty_agreement_and_fused_score_by_hand(small):
     for d in f.values():
         assert d["q_idf_max"] == pytest.approx(idf) and d["q_idf_mean"] == pytest.approx(idf)
         assert d["q_clarity"] == pytest.approx(clarity, rel=1e-5)
-        assert math.isnan(d["doc_quality"])  # no stored estimate
+        assert 0 < d["doc_quality"] < 1  # the stored estimate (rerank.doc_quality)
     weight = HYBRID["fuse"]["weights"]["dense"]
     for name, d in f.items():
         ranks = [r for r in (d["lexical_rank"], d["dense_rank"]) if not math.isnan(r)]

@@ -68,6 +68,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's precision for a new collection: bfloat16 (the default; fast on CPUs with AVX-512 BF16/AMX and on GPUs), float32 (several times faster on CPUs without them) or float16."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
+          prune_quality: Optional[str] = typer.Option(None, "--prune-quality", metavar="P", help="Keep the fraction P (0 <= P < 1) of documents with the lowest quality estimate out of the costly indexes (dense, multivector, sparse, tree): not encoded, not in those indexes, but stored, returned by get and found by lexical queries. The threshold (the P quantile of this input's quality) is stored in the collection and applied to later writes."),
           server: Optional[str] = typer.Option(None, "--server", help="Send the documents through the polyindex server at HOST:PORT (the directory's writer) instead of writing DATA."),
           ray: bool = typer.Option(False, "--ray", help="Encode and build segments on Ray (the extra polyindex[ray]): a local, loopback-only Ray unless --ray-address."),
           ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDR", help="Join the Ray cluster at ADDR (with --ray); the source and DATA must be on storage every node sees."),
@@ -86,6 +87,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         raise InvalidArgument("--device cuda encodes in this process: not with --server, and "
                               "with --ray give the encoders GPUs (--gpus-per-encoder)")
     from polyindex.ingest.sources import open_source
+    prune = None
+    if prune_quality is not None:  # checked before anything is created
+        from polyindex.rerank.doc_quality import check_fraction
+        prune = check_fraction(prune_quality)
+        if ray or server is not None:
+            raise InvalidArgument("--prune-quality is a local bulk ingest's option: not with "
+                                  "--ray or --server")
     if ray_address is not None or encoders != 1 or gpus_per_encoder:
         if not ray:
             raise InvalidArgument("--ray-address, --encoders and --gpus-per-encoder go with --ray")
@@ -133,7 +141,8 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                address=ray_address, skip_invalid=skip_invalid, force=force,
                                progress=progress)
         else:
-            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force)
+            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force,
+                                prune_quality=prune)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
         if created and not coll.sealed_snapshot().manifest.segments:

@@ -48,7 +48,9 @@ def resume_point(manifest, fingerprint: str, force: bool, report) -> int | None:
 
 
 def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progress: bool = True,
-               force: bool = False) -> IngestReport:
+               force: bool = False, plan=None) -> IngestReport:
+    """``plan(writer, source, fields, vector_spec)``: run once before the first record (the
+    collection's document-quality pass over the whole input, ``Collection._plan_quality``)."""
     report = IngestReport()
     fingerprint = source.fingerprint()
     with collection.writer() as w, Phases(enabled=progress) as phases:
@@ -63,6 +65,8 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         spec = collection.vector_spec()
         buffer: dict = {}
         position = start
+        if plan is not None:
+            plan(w, source, fields, spec)
 
         def state(done: bool) -> dict:
             return {"source": fingerprint, "position": position, "done": done,
@@ -71,7 +75,9 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         advance = phases.records(f"indexing {source.path.name}",
                                  None if total is None else total - start)
         encode_progress = advance if w.encode is not None else None
-        overlap = _Overlap(w) if w.encode is not None and _overlaps(collection) else None
+        # pruning decides what is encoded: the writer encodes (no overlap) when it prunes
+        overlap = _Overlap(w) if w.encode is not None and _overlaps(collection) \
+            and w.manifest.config.prune_threshold is None else None
         seal = overlap.seal if overlap is not None else _seal
         try:
             for pos, item in source.records(start, fields, vectors=spec):

@@ -248,12 +248,12 @@ def decode_array(d: dict) -> np.ndarray:
 
 
 def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None,
-                 collection_rows: int = 0) -> dict:
+                 collection_rows: int = 0, quality=None, pruned=None) -> dict:
     """``build_segment`` in the build process (off this process's GIL: queries beside a seal
     keep their latency), or here when build processes are off."""
     if not build_worker.enabled():
         return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors,
-                             collection_rows)
+                             collection_rows, quality, pruned)
     # As columns: pickling 5,000 Document objects (with their vectors) took ~40 ms of GIL,
     # the columns ~1 ms; the stacked vectors travel once.
     columns = ([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
@@ -262,7 +262,7 @@ def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=N
         tokens = [DocTokens(d.tokens) for d in docs]
     return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
                             columns, fields, kinds, embeddings, tokens, vectors,
-                            collection_rows)
+                            collection_rows, quality, pruned)
 
 
 def remove_segments(segments: list[OpenedSegment]) -> None:

@@ -9,6 +9,7 @@ from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
+from polyindex.query.pruning import kept_allow
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Hit
@@ -71,6 +72,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     nq = len(queries)
     if not seg_indexes:
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
+    allow = kept_allow(snapshot.segments, kind, allow)  # documents pruned by quality
     if implements(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []

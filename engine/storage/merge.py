@@ -34,7 +34,8 @@ from polyindex.storage import build_worker, failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_tree, rename, write_file
 from polyindex.storage.integrity import remember, sum_bytes, sum_file
 from polyindex.storage.manifest import SegmentEntry, commit_manifest
-from polyindex.storage.segment import DOCS_FILE, load_tombstones, tombstone_bytes
+from polyindex.storage.segment import (DOCS_FILE, PRUNED_COLUMN, QUALITY_COLUMN, load_tombstones,
+                                       tombstone_bytes)
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import stored_columns
 
@@ -176,8 +177,26 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     # views of the columns stay zero-copy.
     tables = [_take(seg.docs.table, rows) for seg, rows in parts]
     tables = [t.drop_columns([c for c in t.column_names
-                              if c == "embedding" or c.startswith("vector.")]) for t in tables]
+                              if c in ("embedding", QUALITY_COLUMN, PRUNED_COLUMN)
+                              or c.startswith("vector.")]) for t in tables]
     table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    # The quality column (NaN for rows of segments without one) and the pruned rows carried
+    # row for row: a pruned document stays pruned, and stays out of every costly index.
+    if any(QUALITY_COLUMN in seg.docs.table.column_names for seg, _ in parts):
+        quality = np.concatenate([seg.docs.quality()[rows] for seg, rows in parts])
+        table = table.append_column(QUALITY_COLUMN, pa.array(quality, pa.float32()))
+    pruned = np.concatenate([np.zeros(len(rows), bool) if seg.docs.pruned() is None
+                             else seg.docs.pruned()[rows] for seg, rows in parts]) \
+        if parts else np.zeros(0, bool)
+    if pruned.any():
+        table = table.append_column(PRUNED_COLUMN, pa.array(pruned, pa.bool_()))
+        if embeddings is not None:  # a pruned row's vector is absent (NaN) or a placeholder
+            embeddings = np.array(embeddings, dtype=np.float32)
+            embeddings[pruned] = 0.0
+            if vectors.get("dense") is not None:
+                vectors["dense"] = embeddings
+    else:
+        pruned = None
     column, extra = stored_columns(kinds, embeddings if encodes_text else None, vectors)
     for name, m in ([("embedding", column)] if column is not None else []) + list(extra.items()):
         flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
@@ -189,7 +208,7 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
         [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
     batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
                        table.column("text").to_pylist(), embeddings, None, vectors,
-                       collection_rows)
+                       collection_rows, pruned)
     infos = {}
     for name, kind in kinds.items():
         if stop():

@@ -1,7 +1,8 @@
 """Immutable segments: documents (and their embeddings) as one memory-mapped Arrow IPC file.
 
 A segment folder holds ``docs.arrow`` (id, title, text, metadata_json, declared metadata
-fields, and an ``embedding`` FixedSizeList<float32> column when the collection encodes) and
+fields, an ``embedding`` FixedSizeList<float32> column when the collection encodes, the
+documents' quality estimates ``_quality`` and, where some row is pruned, ``_pruned``) and
 each index kind's files. It never changes after it is sealed; deletes are tombstone files.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ from polyindex.storage.integrity import check_file, validate_arrow
 from polyindex.types import Document
 
 DOCS_FILE = "docs.arrow"
+QUALITY_COLUMN = "_quality"  # rerank.doc_quality.COLUMN (storage does not import rerank)
+PRUNED_COLUMN = "_pruned"
 ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
 PY_TYPES = {"string": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
 
@@ -37,9 +40,13 @@ def _field_column(docs: Sequence[Document], name: str, ftype: str) -> pa.Array:
 
 def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
                embeddings: np.ndarray | None,
-               vector_columns: dict[str, np.ndarray] | None = None) -> None:
+               vector_columns: dict[str, np.ndarray] | None = None,
+               quality: np.ndarray | None = None, pruned: np.ndarray | None = None) -> None:
     """Write the documents of one segment (in row order) to ``folder/docs.arrow``;
-    ``vector_columns`` are more (n, d) float32 columns by name (``vector.<field>``)."""
+    ``vector_columns`` are more (n, d) float32 columns by name (``vector.<field>``);
+    ``quality``: each document's quality estimate (float32 column ``_quality``), ``pruned``:
+    rows kept out of the costly representations (bool column ``_pruned``, only when some
+    row is: ``rerank.doc_quality``)."""
     cols = {
         "id": pa.array([d.id for d in docs], pa.string()),
         "title": pa.array([d.title for d in docs], pa.string()),
@@ -57,6 +64,10 @@ def write_docs(folder: Path, docs: Sequence[Document], fields: dict[str, str],
     for name, m in (vector_columns or {}).items():
         flat = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(-1))
         cols[name] = pa.FixedSizeListArray.from_arrays(flat, m.shape[1])
+    if quality is not None:
+        cols[QUALITY_COLUMN] = pa.array(np.asarray(quality, np.float32), pa.float32())
+    if pruned is not None and pruned.any():
+        cols[PRUNED_COLUMN] = pa.array(np.asarray(pruned, bool), pa.bool_())
     table = pa.table(cols)
     with pa.OSFile(str(folder / DOCS_FILE), "wb") as sink:
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -97,6 +108,8 @@ class Segment:
         self._vec: dict[str, np.ndarray] = {}
         self._id_entries: tuple[np.ndarray, np.ndarray] | None = None
         self._id_buffers = None  # (offsets, data) of the id column, or False: use take
+        self._quality: np.ndarray | None = None
+        self._pruned = None  # None: not read yet; False: no row is pruned
 
     @property
     def checksummed(self) -> bool:
@@ -189,6 +202,30 @@ class Segment:
             self._vec[name] = col.values.to_numpy(zero_copy_only=False).reshape(len(col), -1)
         return self._vec.get(name)
 
+    def quality(self) -> np.ndarray:
+        """(n_rows,) float32 stored quality estimates (NaN: none, as in older segments)."""
+        if self._quality is None:
+            self._quality = self._scalar_column(QUALITY_COLUMN, pa.float32(), np.float32,
+                                                np.nan)
+        return self._quality
+
+    def pruned(self) -> np.ndarray | None:
+        """(n_rows,) bool: rows kept out of the costly representations; None when none is."""
+        if self._pruned is None:
+            got = self._scalar_column(PRUNED_COLUMN, pa.bool_(), bool, False)
+            self._pruned = got if got.any() else False
+        return None if self._pruned is False else self._pruned
+
+    def _scalar_column(self, name, pa_type, np_type, missing) -> np.ndarray:
+        if name not in self.table.column_names:
+            return np.full(self.n_rows, missing, np_type)
+        col = self.table.column(name)
+        if col.type != pa_type:
+            raise Corrupt(f"segment {self.id}: column {name!r} is {col.type}, not {pa_type}")
+        out = col.fill_null(missing).to_numpy(zero_copy_only=False).astype(np_type, copy=False)
+        out.flags.writeable = False
+        return out
+
     def rows(self, rows: Sequence[int], columns: Sequence[str] = ("id", "title", "text")) -> list[dict]:
         sub = self.table.select(list(columns)).take(pa.array(np.asarray(rows, dtype=np.int64)))
         return sub.to_pylist()
@@ -197,7 +234,7 @@ class Segment:
         out = []
         fields = [c for c in self.table.column_names
                   if c not in ("id", "title", "text", "metadata_json", "embedding")
-                  and not c.startswith("vector.")]
+                  and not c.startswith(("vector.", "_"))]
         for r in self.rows(rows, ["id", "title", "text", "metadata_json", *fields]):
             meta = json.loads(r["metadata_json"]) if r["metadata_json"] else {}
             meta.update({f: r[f] for f in fields if r[f] is not None})

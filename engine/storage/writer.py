@@ -33,17 +33,21 @@ from polyindex.storage.manifest import Manifest, SegmentEntry, commit_manifest, 
 from polyindex.storage.segment import Segment, load_tombstones, tombstone_bytes, write_docs
 from polyindex.types import Document, document_text
 
+QUALITY_ARTIFACT = "quality"  # rerank.doc_quality.ARTIFACT (storage does not import rerank)
+
 
 def batch_of(docs: Sequence[Document], embeddings: np.ndarray | None,
              tokens: Sequence[DocTokens] | None = None,
              vectors: dict[str, np.ndarray] | None = None,
-             collection_rows: int = 0) -> BuildBatch:
+             collection_rows: int = 0, pruned: np.ndarray | None = None) -> BuildBatch:
     if embeddings is None and vectors:
         embeddings = vectors.get("dense")  # the unnamed field, filled by the user
     if tokens is None and docs and docs[0].tokens is not None:
         tokens = [DocTokens(d.tokens) for d in docs]  # the user's (multivector:source=user)
+    if pruned is not None and not pruned.any():
+        pruned = None
     return BuildBatch([d.id for d in docs], [d.title for d in docs], [d.text for d in docs],
-                      embeddings, tokens, dict(vectors or {}), collection_rows)
+                      embeddings, tokens, dict(vectors or {}), collection_rows, pruned)
 
 
 def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
@@ -74,15 +78,17 @@ def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str]
                   kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                   tokens: Sequence[DocTokens] | None = None,
                   vectors: dict[str, np.ndarray] | None = None,
-                  collection_rows: int = 0) -> dict[str, dict]:
+                  collection_rows: int = 0, quality: np.ndarray | None = None,
+                  pruned: np.ndarray | None = None) -> dict[str, dict]:
     """Write a segment's files (documents and every kind's index) into a fresh ``folder``;
     ``vectors`` are the user's vectors by field (the unnamed one is ``"dense"``);
-    ``collection_rows``: the live rows it joins (``BuildBatch.collection_rows``)."""
+    ``collection_rows``: the live rows it joins (``BuildBatch.collection_rows``);
+    ``quality``/``pruned``: the documents' quality column and pruned rows."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     column, extra = stored_columns(kinds, embeddings, vectors)
-    write_docs(folder, docs, fields, column, extra)
-    batch = batch_of(docs, embeddings, tokens, vectors, collection_rows)
+    write_docs(folder, docs, fields, column, extra, quality, pruned)
+    batch = batch_of(docs, embeddings, tokens, vectors, collection_rows, pruned)
     return {name: kind.build(batch, folder) for name, kind in kinds.items()}
 
 
@@ -90,12 +96,13 @@ def build_segment_columns(folder: Path, columns: tuple, fields: dict[str, str],
                           kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
                           tokens: Sequence[DocTokens] | None = None,
                           vectors: dict[str, np.ndarray] | None = None,
-                          collection_rows: int = 0) -> dict[str, dict]:
+                          collection_rows: int = 0, quality: np.ndarray | None = None,
+                          pruned: np.ndarray | None = None) -> dict[str, dict]:
     """``build_segment`` from (ids, titles, texts, metadata) lists (the build process's
     form: cheap to pickle); the vectors come in ``embeddings`` / ``vectors``."""
     docs = [Document(i, t, x, m) for i, t, x, m in zip(*columns)]
     return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors,
-                         collection_rows)
+                         collection_rows, quality, pruned)
 
 
 @contextmanager
@@ -125,6 +132,10 @@ class Writer:
         # Files the commits of this writer stopped naming (replaced tombstone versions,
         # merged-away segments): removed by garbage collection once no snapshot pins them.
         self.garbage: list[str] = []
+        # The documents' quality at write time (set by the collection): ``quality(writer, m, texts)
+        # -> (quality float32, pruned bool, artifact files to commit under artifacts/quality/
+        # or None)``; None: no estimate (the column is not written).
+        self.quality: Callable | None = None
         self._remove_uncommitted()
 
     def _remove_uncommitted(self) -> None:
@@ -211,20 +222,31 @@ class Writer:
         if not docs:
             self.manifest = commit_manifest(self.folder, m)
             return None
+        quality = pruned = None
+        if self.quality is not None:
+            quality, pruned, files = self.quality(self, m, [document_text(d.title, d.text)
+                                                            for d in docs])
+            if files:
+                self._add_artifact(m, QUALITY_ARTIFACT, files)
+            if not pruned.any():
+                pruned = None
         if embeddings is None and tokens is None and self.encode is not None:
-            # encode returns embeddings, or (embeddings, tokens) when a kind needs tokens
-            out = self.encode([document_text(d.title, d.text) for d in docs], on_encoded)
-            embeddings, tokens = out if isinstance(out, tuple) else (out, None)
+            embeddings, tokens = encode_kept(self.encode, docs, pruned, on_encoded)
+        elif pruned is not None and embeddings is not None:  # encoded before (online, Ray)
+            embeddings = np.array(embeddings, dtype=np.float32)
+            embeddings[pruned] = 0.0
         for name, files in train_kinds(self.folder, self.kinds,
-                                       batch_of(docs, embeddings, tokens, vectors)).items():
+                                       batch_of(docs, embeddings, tokens, vectors,
+                                                pruned=pruned)).items():
             self._add_artifact(m, name, files)
         seg_id = f"seg-{m.next_segment:06d}"
         # The pid: a build process of a writer that died never writes into the next one's
         tmp = self.folder / "segments" / f".{seg_id}.{os.getpid()}.tmp"
         failpoints.hit("commit.segment.write", tmp)
         live = sum(e.n_rows - e.n_deleted for e in m.segments)
+        extra = {} if quality is None else {"quality": quality, "pruned": pruned}
         infos = (build or build_segment)(tmp, docs, fields, self.kinds, embeddings, tokens,
-                                         vectors, collection_rows=live)
+                                         vectors, collection_rows=live, **extra)
         return self._install(m, tmp, [d.id for d in docs], infos)
 
     def commit_built(self, tmp: Path, n_rows: int, infos: dict[str, dict],
@@ -292,6 +314,43 @@ class Writer:
         fsync_dir(art.parent, "commit.artifacts")
         m.artifacts[name] = files
         m.artifact_sums[name] = sums
+
+
+def encode_kept(encode, docs: Sequence[Document], pruned: np.ndarray | None,
+                on_encoded: Callable[[int], None] | None = None):
+    """(embeddings, tokens or None) of ``docs`` from ``encode(texts, on_batch)``, encoding
+    only the rows not ``pruned``: a pruned row gets a zero embedding and a one-token zero
+    placeholder (kinds never search it). A segment whose every row is pruned encodes its
+    first one (for the dimension)."""
+    texts = [document_text(d.title, d.text) for d in docs]
+    if pruned is None:
+        out = encode(texts, on_encoded)
+        return out if isinstance(out, tuple) else (out, None)
+    kept = np.flatnonzero(~pruned)
+    if not len(kept):
+        kept = np.zeros(1, np.int64)
+    if on_encoded is not None:
+        on_encoded(len(docs) - len(kept))  # the bar counts what will never be encoded
+    out = encode([texts[i] for i in kept.tolist()], on_encoded)
+    emb, toks = out if isinstance(out, tuple) else (out, None)
+    full = None
+    if emb is not None:  # None: only token kinds read the model (multivector alone)
+        full = np.zeros((len(docs), emb.shape[1]), np.float32)
+        full[kept] = emb
+    if toks is None:
+        return full, None
+    t0 = toks[0]
+
+    def zero(a, dtype):
+        return None if a is None else np.zeros(1, dtype=a.dtype if dtype is None else dtype)
+
+    placeholder = DocTokens(np.zeros((1, t0.vectors.shape[1]), t0.vectors.dtype),
+                            zero(t0.special, None), zero(t0.salience, None),
+                            zero(t0.token_ids, None))
+    tokens = [placeholder] * len(docs)
+    for i, t in zip(kept.tolist(), toks):
+        tokens[i] = t
+    return full, tokens
 
 
 def train_kinds(folder: Path, kinds: dict[str, IndexKind], batch: BuildBatch) -> dict[str, list[str]]:
