@@ -24,12 +24,12 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import numba
 import numpy as np
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index.analyzer import Analyzer
 from polyindex.rerank.forest import Forest
+from polyindex.rerank.quality import term_estimates
 
 ARTIFACT = "quality"
 LM_FILE = "lm.npz"
@@ -119,27 +119,8 @@ def features(texts: Sequence[str], lm: LanguageModel) -> np.ndarray:
         n = len(terms)
         out[i, 2] = math.log1p(n)
         if n:
-            out[i, 0], out[i, 1] = _estimates(np.sort(lm.ids(terms, grow=False)), p_coll)
+            out[i, 0], out[i, 1] = term_estimates(np.sort(lm.ids(terms, grow=False)), p_coll)
     return out
-
-
-@numba.njit(cache=True)
-def _estimates(terms, p_coll):
-    n = len(terms)
-    distinct = 0
-    kl = 0.0
-    run = 1
-    for j in range(1, n + 1):
-        if j < n and terms[j] == terms[j - 1]:
-            run += 1
-            continue
-        distinct += 1
-        t = terms[j - 1]
-        if t >= 0 and p_coll[t] > 0:
-            p_d = run / n
-            kl += p_d * math.log(p_d / p_coll[t])
-        run = 1
-    return distinct / n, kl
 
 
 class QualityModel:

@@ -51,22 +51,27 @@ def of_snapshot(snapshot) -> list[np.ndarray]:
 def _estimates(row_ptr, ids, p_coll, rows, out):
     for i in range(len(rows)):
         lo, hi = row_ptr[rows[i]], row_ptr[rows[i] + 1]
-        n = hi - lo
-        if n == 0:
+        if hi == lo:
             continue
-        terms = np.sort(ids[lo:hi])
-        distinct = 0
-        kl = 0.0
-        run = 1
-        for j in range(1, n + 1):
-            if j < n and terms[j] == terms[j - 1]:
-                run += 1
-                continue
-            distinct += 1
+        out[i, 0], out[i, 1] = term_estimates(np.sort(ids[lo:hi]), p_coll)
+
+
+@numba.njit(cache=True, nogil=True)
+def term_estimates(terms, p_coll):
+    """(unique-term ratio, KL(P(t|D) || P(t|C))) of a document's sorted term ids (not empty);
+    ids < 0 (terms the collection model never saw) count for the ratio, not for KL."""
+    n = len(terms)
+    distinct = 0
+    kl = 0.0
+    run = 1
+    for j in range(1, n + 1):
+        if j < n and terms[j] == terms[j - 1]:
+            run += 1
+            continue
+        distinct += 1
+        t = terms[j - 1]
+        if t >= 0 and p_coll[t] > 0:
             p_d = run / n
-            p_c = p_coll[terms[j - 1]]
-            if p_c > 0:
-                kl += p_d * math.log(p_d / p_c)
-            run = 1
-        out[i, 0] = distinct / n
-        out[i, 1] = kl
+            kl += p_d * math.log(p_d / p_coll[t])
+        run = 1
+    return distinct / n, kl
