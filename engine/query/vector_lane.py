@@ -141,7 +141,7 @@ class Plan:
             before = _omp_threads()
             if before != dense.QUERY_THREADS:
                 faiss.omp_set_num_threads(dense.QUERY_THREADS)
-            try:  # faiss's own Python wrapper around this call costs ~5 us a query
+            try:  # without faiss's Python wrapper (its checks and allocations)
                 index.search_c(nq, _ptr(x), k, _ptr(scores), _ptr(rows), sp)
             finally:
                 if before != dense.QUERY_THREADS:
