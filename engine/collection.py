@@ -15,12 +15,12 @@ from polyindex.config import CollectionConfig
 from polyindex.errors import (
     Corrupt,
     FailedPrecondition,
-    InputError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
 )
 from polyindex.index.protocol import IndexKind, from_factory
+from polyindex.ingest import documents, quality
 from polyindex.query.filters import compile_filter
 from polyindex.query import vector_lane
 from polyindex.query.pipeline import run
@@ -33,36 +33,6 @@ from polyindex.storage.writer import Writer, writer_lock
 from polyindex.types import MAX_K, Document, Hit
 
 RECHECK_S = 0.05  # how stale a reader may be about commits made by other processes
-
-
-def _doc_from(obj: Any, i: int, spec) -> Document:
-    """Accept Documents or dicts ({"id"|"_id", "title"?, "text", "metadata"?, "vector"?,
-    "vectors"?, ...}); vectors are checked against the collection's fields (``spec``)."""
-    from polyindex.ingest.records import document_from_record
-    if isinstance(obj, Document):
-        if spec or obj.vectors or obj.tokens is not None:
-            from polyindex.ingest.tokens import as_tokens
-            from polyindex.ingest.vectors import as_vector
-            field = "vectors"
-            try:
-                vecs = {f: as_vector(v, f) for f, v in (obj.vectors or {}).items()}
-                field = "tokens"
-                toks = None if obj.tokens is None else as_tokens(obj.tokens)
-            except ValueError as e:
-                raise InputError(str(e), source="add()", line=i + 1, doc_id=obj.id,
-                                 field=field) from None
-            err = spec.check(vecs, source="add()", line=i + 1, doc_id=obj.id) or \
-                spec.check_tokens(toks, source="add()", line=i + 1, doc_id=obj.id)
-            if err is not None:
-                raise err
-            obj = Document(obj.id, obj.title, obj.text, obj.metadata, vecs, toks)
-        return obj
-    if not isinstance(obj, dict):
-        raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
-    item = document_from_record(obj, source="add()", line=i + 1, vectors=spec)
-    if isinstance(item, InputError):
-        raise item
-    return item
 
 
 class Collection:
@@ -304,10 +274,10 @@ class Collection:
                 raise NotFound(f"collection {self.name!r} was dropped (and created again)")
             # Document quality where it is worth its cost: a collection that runs its model
             # on the text (~80 us a document beside ~50 ms of encoding; a lexical-only
-            # ingest would be ~30% slower) or that prunes. Called with the writer: no
-            # reference cycle.
+            # ingest would be ~30% slower) or that prunes. Holds the folder, not the
+            # collection: no reference cycle through the writer.
             if self.encodes_text() or w.manifest.config.prune_threshold is not None:
-                w.quality = self._assess_quality
+                w.quality = partial(quality.assess, self.folder)
             yield w
             self._collect(w)
 
@@ -351,92 +321,8 @@ class Collection:
         prune = None if prune_quality is None else check_fraction(prune_quality)
         src = source if isinstance(source, Source) else open_source(source)
         return bulk_index(self, src, skip_invalid=skip_invalid, progress=progress, force=force,
-                          plan=partial(self._plan_quality, prune=prune, model=quality_model))
-
-    # -- document quality (issue 21 part 4; ``rerank.doc_quality``) --
-
-    def _quality_gate(self, w: Writer, m):
-        """The writer's quality estimator: planned by this bulk run (not committed yet), or
-        the collection's committed one; None when the collection has none yet."""
-        from polyindex.rerank.doc_quality import ARTIFACT, Gate
-        gate = getattr(w, "quality_gate", None)
-        if gate is None and m.artifacts.get(ARTIFACT):
-            gate = w.quality_gate = Gate.load(self.folder / "artifacts" / ARTIFACT,
-                                              m.config.prune_threshold)
-        return gate
-
-    def _new_quality_gate(self, w: Writer, chunks, model=None):
-        """A first estimator: the language model of the texts in ``chunks`` (lists of texts),
-        the given or shipped model, written under ``artifacts/quality/`` (committed with the
-        next segment)."""
-        from polyindex.rerank.doc_quality import (
-            ARTIFACT, SHIPPED, Gate, LanguageModel, QualityModel)
-        lm = LanguageModel()
-        for texts in chunks:
-            lm.add(texts)
-        gate = Gate(lm, QualityModel.load(Path(model) if model else SHIPPED), None)
-        folder = self.folder / "artifacts" / ARTIFACT
-        w.quality_files = gate.save(folder)
-        w.quality_gate = gate
-        return gate
-
-    def _assess_quality(self, w: Writer, m, texts):
-        """``Writer.quality``: (quality, pruned, artifact files to commit or None)."""
-        from polyindex.rerank.doc_quality import ARTIFACT
-        gate = self._quality_gate(w, m)
-        if gate is None:  # a first write that is not a bulk run: its own statistics
-            gate = self._new_quality_gate(w, [texts])
-        files = None if m.artifacts.get(ARTIFACT) else getattr(w, "quality_files", None)
-        gate.threshold = m.config.prune_threshold
-        q = gate.quality(texts)
-        return q, gate.pruned(q), files
-
-    def _plan_quality(self, w: Writer, source, fields, spec, *, prune, model) -> None:
-        """Before a bulk run's first segment: the collection language model from the whole
-        input (when the collection has none yet) and, with ``prune``, the threshold: the
-        ``prune`` quantile of the input's qualities, stored in the config (committed with
-        the first segment) so later writes prune alike. A rerun of the same P keeps it."""
-        from polyindex.rerank.doc_quality import threshold_for
-        m = w.manifest
-        if prune is not None and m.config.prune_threshold is not None:
-            if m.config.prune_quality != prune:
-                raise InvalidArgument(
-                    f"collection {self.name!r} already prunes the lowest "
-                    f"{m.config.prune_quality:g} by quality; cannot index with "
-                    f"--prune-quality {prune:g}")
-            prune = None  # the stored threshold holds
-        if prune:
-            w.quality = self._assess_quality
-        elif w.quality is None:
-            return
-        gate = self._quality_gate(w, m)
-        if gate is not None and not prune:
-            return
-        # Streamed passes over the input (memory: a chunk of texts and, when pruning, a float
-        # per document): its language model (the whole input's, so a document's quality does
-        # not depend on which documents came first), then the qualities whose quantile is
-        # the threshold.
-        if gate is None:
-            gate = self._new_quality_gate(w, self._text_chunks(source, fields, spec), model)
-        if prune:
-            q = [gate.quality(texts) for texts in self._text_chunks(source, fields, spec)]
-            m.config.prune_quality = prune
-            m.config.prune_threshold = threshold_for(
-                np.concatenate(q) if q else np.zeros(0, np.float32), prune)
-
-    @staticmethod
-    def _text_chunks(source, fields, spec, size: int = 10_000):
-        from polyindex.types import document_text
-        chunk: list[str] = []
-        for _, d in source.records(0, fields, vectors=spec):
-            if isinstance(d, InputError):
-                continue
-            chunk.append(document_text(d.title, d.text))
-            if len(chunk) >= size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+                          plan=partial(quality.plan, self.folder, self.name, prune=prune,
+                                       model=quality_model))
 
     def add(self, docs: Iterable[Any], *, embeddings: np.ndarray | None = None) -> int:
         """Upsert documents (dicts or Documents) as one new segment; all or nothing.
@@ -447,14 +333,14 @@ class Collection:
         unique: dict[str, Document] = {}
         spec = self.vector_spec()
         for i, d in enumerate(docs):
-            doc = _doc_from(d, i, spec)
+            doc = documents.from_user(d, i, spec)
             unique.pop(doc.id, None)
             unique[doc.id] = doc
         if not unique:
             return 0
         batch = list(unique.values())
         if embeddings is not None:
-            embeddings = _check_embeddings(embeddings, batch, i + 1)
+            embeddings = documents.check_embeddings(embeddings, batch, i + 1)
             if not self.encodes_text():
                 embeddings = None  # nothing here reads model embeddings
         online = self._online  # read once: a concurrent drop sets it to None
@@ -467,7 +353,7 @@ class Collection:
         return len(unique)
 
     def delete(self, ids: Sequence[str]) -> int:
-        ids = _check_ids(ids)
+        ids = documents.check_ids(ids)
         online = self._online
         if online is not None:
             return online.delete(ids)
@@ -483,7 +369,7 @@ class Collection:
     def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]:
         """Documents by id (None where absent); ``with_vectors`` adds each document's stored
         vectors (``Document.vectors``, by field: "dense" and the named fields)."""
-        ids = _check_ids(ids)
+        ids = documents.check_ids(ids)
         snap = self.snapshot()
         out: list[Document | None] = []
         for loc in snap.find(ids):
@@ -564,8 +450,7 @@ class Collection:
                 and type(k) is int and 1 <= k <= MAX_K and not isinstance(vector, dict):
             # the plain nearest-neighbour call: the vector lane when the profile is one dense
             # stage (the same hits as the general path, a fraction of its Python)
-            snap = self.snapshot()
-            plan = vector_lane.plan(snap, profile, lambda: self._lane_profile(profile, vector))
+            snap, plan = self._lane(profile, vector)
             if plan is not None:
                 hits = plan.search(snap, vector, k)
                 if hits is not None:
@@ -576,10 +461,14 @@ class Collection:
                                 k=k, profile=profile, filter=filter, explain=explain,
                                 with_text=with_text, with_metadata=with_metadata)[0]
 
-    def _lane_profile(self, profile, vector):
-        if profile is None:
-            profile = default_vector_profile(make_queries(None, [vector]), None, self.kinds)
-        return self._profile(profile)
+    def _lane(self, profile, vector):
+        """(the snapshot, its vector-lane plan for ``profile``, or None: the general path)."""
+        def resolve():
+            name = profile if profile is not None else \
+                default_vector_profile(make_queries(None, [vector]), None, self.kinds)
+            return self._profile(name)
+        snap = self.snapshot()
+        return snap, vector_lane.plan(snap, profile, resolve)
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,
@@ -594,8 +483,7 @@ class Collection:
                 and filter is None and not explain and not with_text and not with_metadata \
                 and (profile is None or isinstance(profile, str)) and len(vectors) \
                 and not isinstance(vectors[0], dict):
-            snap = self.snapshot()  # the vector lane, as in ``query``
-            plan = vector_lane.plan(snap, profile, lambda: self._lane_profile(profile, vectors[0]))
+            snap, plan = self._lane(profile, vectors[0])  # the vector lane, as in ``query``
             if plan is not None:
                 hits = plan.search_batch(snap, vectors, k)
                 if hits is not None:
@@ -709,20 +597,3 @@ def _folder_id(folder: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _check_embeddings(embeddings, batch: list[Document], n_given: int) -> np.ndarray:
-    emb = np.asarray(embeddings, np.float32)
-    if len(batch) != n_given:
-        raise InvalidArgument("documents given with their embeddings must have unique ids")
-    if emb.ndim != 2 or len(emb) != len(batch):
-        raise InvalidArgument(f"embeddings must be ({len(batch)}, d), got {emb.shape}")
-    if not np.isfinite(emb).all():
-        raise InvalidArgument("embeddings have NaN or infinite values")
-    return emb
-
-
-def _check_ids(ids) -> list[str]:
-    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
-        raise InvalidArgument("ids must be a list of strings")
-    return list(ids)

@@ -50,7 +50,7 @@ def resume_point(manifest, fingerprint: str, force: bool, report) -> int | None:
 def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progress: bool = True,
                force: bool = False, plan=None) -> IngestReport:
     """``plan(writer, source, fields, vector_spec)``: run once before the first record (the
-    collection's document-quality pass over the whole input, ``Collection._plan_quality``)."""
+    collection's document-quality pass over the whole input, ``ingest.quality.plan``)."""
     report = IngestReport()
     fingerprint = source.fingerprint()
     with collection.writer() as w, Phases(enabled=progress) as phases:

@@ -72,7 +72,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     nq = len(queries)
     if not seg_indexes:
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), -1, np.int64)
-    allow = kept_allow(snapshot.segments, kind, allow)  # documents pruned by quality
+    allow = kept_allow(snapshot, kind, allow)  # documents pruned by quality
     if implements(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []

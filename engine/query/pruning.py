@@ -13,11 +13,24 @@ from polyindex.index.masks import freeze
 FOLDED_KINDS = ("multivector", "sparse", "tree")
 
 
-def kept_allow(segments, kind, allow: list[np.ndarray | None]) -> list[np.ndarray | None]:
+CACHE_KEY = "query:kept-allow"  # in ``Snapshot.cache``: the fold of the live masks
+
+
+def kept_allow(snapshot, kind, allow: list[np.ndarray | None]) -> list[np.ndarray | None]:
     """``allow`` with each segment's pruned rows removed, for a costly kind's stage (the
-    same list when no segment has a pruned row: nothing is paid then)."""
+    same list when no segment has a pruned row). Without a filter ``allow`` is the
+    snapshot's live masks, folded once per snapshot: a query does no per-segment work."""
     if getattr(kind, "kind", None) not in FOLDED_KINDS:
         return allow
+    if allow is snapshot.live:
+        got = snapshot.cache.get(CACHE_KEY)
+        if got is None:
+            got = snapshot.cache[CACHE_KEY] = _fold(snapshot.segments, allow)
+        return got
+    return _fold(snapshot.segments, allow)
+
+
+def _fold(segments, allow):
     out = None
     for i, seg in enumerate(segments):
         kept = _kept(seg)
