@@ -190,3 +190,31 @@ def test_shared_collections_sharded_equal_one_node(tmp_path, name):
         one, routed, _ = _build(base / "one", [base / f"s{s}" for s in range(n_shards)],
                                 docs, emb)
         _compare(one, routed, queries, qvecs, f"{name}, S={n_shards}")
+
+
+def test_features_read_the_rows_retrieve_answered_from(tmp_path, corpus):
+    """A merge published between a query's retrieve and its rerank features moves rows: the
+    shard answers the features from the snapshot the retrieve used (its token), so the
+    candidates' keys still name the same documents."""
+    from polyindex.query.requests import make_queries
+    docs, _, emb, _ = corpus
+    sh = Shard(tmp_path / "s")
+    sh.create("c", INDEXES, {})
+    coll = sh.engine.collection("c")
+    for lo in range(0, 120, 40):  # three segments
+        coll.add(docs[lo:lo + 40], embeddings=emb[lo:lo + 40])
+        coll.seal()
+    coll.delete([docs[i]["id"] for i in range(0, 40, 3)])  # the first segment's rows shift
+    sh.install("c", 1, sh.table("c")[1], sh.table("c")[0])
+    queries = make_queries(["wing pressure distribution"], None)
+    got = sh.retrieve("c", queries, "lexical", [20], None, 1)
+    keys = [got["stages"][0][1][0][got["stages"][0][1][0] >= 0]]
+    before = sh.features("c", queries, keys, 1, False)["X"]  # no token: today's snapshot
+    got = sh.retrieve("c", queries, "lexical", [20], None, 1)
+    coll.compact(max_segments=1)
+    assert len(coll.snapshot().segments) == 1
+    after = sh.features("c", queries, keys, 1, False, got["snapshot"])["X"]
+    np.testing.assert_allclose(np.nan_to_num(after, nan=-7), np.nan_to_num(before, nan=-7),
+                               rtol=1e-5)  # statistics recomputed: float noise only
+    # evicted or another replica's token: the current snapshot, as before pinning
+    assert sh._snapshot_of("c", got["snapshot"]) is coll.snapshot()

@@ -81,11 +81,11 @@ class ShardedCollection:
     def add(self, docs, *, embeddings=None) -> int:
         """Upsert: the batch is encoded here once (as one node encodes it) and each shard is
         sent its documents with their embeddings; shards commit independently."""
-        from polyindex.collection import _doc_from
+        from polyindex.ingest.documents import from_user
         spec = self.vector_spec()
         unique: dict = {}
         for i, d in enumerate(docs):
-            doc = _doc_from(d, i, spec)
+            doc = from_user(d, i, spec)
             unique.pop(doc.id, None)
             unique[doc.id] = doc
         batch = list(unique.values())
@@ -190,7 +190,8 @@ class ShardedCollection:
         if prof.rerank is not None:
             window = prof.rerank["window"]
             cands = [(kk[:window], sc[:window]) for kk, sc in fused]
-            fused = self._rerank(queries, prof, cands, stage_lists)
+            fused = self._rerank(queries, prof, cands, stage_lists,
+                                 {s: a.get("snapshot") for s, a in answers.items()})
         out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc in fused)
         if with_text or with_metadata:
             self._payload(out, with_text, with_text if with_metadata is None else with_metadata)
@@ -258,13 +259,15 @@ class ShardedCollection:
             out.append((scores, keys))
         return out, ids
 
-    def _rerank(self, queries, prof, cands, stage_lists):
+    def _rerank(self, queries, prof, cands, stage_lists, tokens: dict):
+        """``tokens``: per shard, the snapshot its retrieve answered from (the candidates'
+        keys are its rows)."""
         spec = prof.rerank
         by_shard = _split(cands, self.n_shards)
         if "index" in spec:  # one kind's own score: exact per candidate, merged here
             from polyindex.rerank.kind_scores import order_by
-            got = self.backend.each({s: ("kind_scores", self.name, queries, loc, spec)
-                                     for s, (loc, _) in by_shard.items()})
+            got = self.backend.each({s: ("kind_scores", self.name, queries, loc, spec,
+                                         tokens.get(s)) for s, (loc, _) in by_shard.items()})
             scores = _gather(cands, by_shard, {s: g for s, g in got.items()}, np.float32)
             return [(kk, sc) for kk, sc, _ in order_by(cands, scores, spec, False)]
         from polyindex.rerank import features, schema, stage
@@ -275,8 +278,8 @@ class ShardedCollection:
         names = self.describe()["feature_names"]
         ranker.check_names(names)
         dense = "dense" in self.kinds
-        got = self.backend.each({s: ("features", self.name, queries, loc, self._version, dense)
-                                 for s, (loc, _) in by_shard.items()})
+        got = self.backend.each({s: ("features", self.name, queries, loc, self._version, dense,
+                                     tokens.get(s)) for s, (loc, _) in by_shard.items()})
         X = _gather(cands, by_shard, {s: g["X"] for s, g in got.items()}, np.float32)
         qptr = np.concatenate([[0], np.cumsum([len(kk) for kk, _ in cands])]).astype(np.int64)
         if len(X):

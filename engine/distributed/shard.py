@@ -15,12 +15,16 @@ router's table was taken from, and the router refreshes the table and asks again
 """
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from polyindex.index.lexical import GLOBAL
 from polyindex.types import Document
+
+PINNED = 64  # snapshots kept for the features of queries in flight
 
 
 class Shard:
@@ -32,6 +36,12 @@ class Shard:
         # collection -> (table version, TermTable, WAL seq of this shard's part of it)
         self._global: dict[str, tuple[int, object, int]] = {}
         self._local: dict[str, tuple[int, object]] = {}  # collection -> (WAL seq, own table)
+        # Snapshots a ``retrieve`` answered from, by token, so the same query's ``features``
+        # and ``kind_scores`` read the rows its keys name even when a seal or merge
+        # publishes a new snapshot in between (the keys are rows of that snapshot). Bounded:
+        # a pinned snapshot keeps its files from garbage collection.
+        self._pinned: OrderedDict[int, object] = OrderedDict()
+        self._tokens = itertools.count(1)
 
     # -- content and statistics ----------------------------------------------------------
     def _current(self, name: str):
@@ -85,24 +95,38 @@ class Shard:
             stages.append((scores, keys))
             valid = keys[keys >= 0]  # row-major: the router pairs them again the same way
             ids.append(snap.ids_of(valid) if len(valid) else [])
-        return {"stale": stale, "stages": stages, "ids": ids}
+        token = next(self._tokens)
+        self._pinned[token] = snap
+        while len(self._pinned) > PINNED:
+            self._pinned.popitem(last=False)
+        return {"stale": stale, "stages": stages, "ids": ids, "snapshot": token}
+
+    def _snapshot_of(self, name: str, token: int | None):
+        """The snapshot ``retrieve`` answered ``token`` from (unpinned: one rerank call per
+        query reads it), else the current one (another replica answered it, or it was
+        evicted)."""
+        snap = self._pinned.pop(token, None) if token is not None else None
+        return snap if snap is not None else self._current(name)[1]
 
     def features(self, name: str, queries, keys: list[np.ndarray], version: int,
-                 dense: bool) -> dict:
-        """Segment-local rerank features of candidates (per query, this shard's local keys),
-        and their stored embeddings when ``dense``, for the router's window."""
+                 dense: bool, token: int | None = None) -> dict:
+        """Segment-local rerank features of candidates (per query, this shard's local keys,
+        rows of the snapshot ``retrieve`` gave ``token``), and their stored embeddings when
+        ``dense``, for the router's window."""
         from polyindex.rerank import features
-        _, snap, stale = self._with_global(name, version)
+        _, _, stale = self._with_global(name, version)
+        snap = self._snapshot_of(name, token)  # ``retrieve`` gave it the global statistics
         X, _ = features.compute_local(snap, queries, keys)
         flat = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         vecs = features.stored_vectors(snap, flat) if dense and len(flat) else None
         return {"stale": stale, "X": X, "vectors": vecs}
 
-    def kind_scores(self, name: str, queries, keys: list[np.ndarray], spec: dict) -> np.ndarray:
-        """A kind's own score of candidates (per query, local keys; a profile's
-        ``rerank: {"index": ...}``), NaN where it has none."""
+    def kind_scores(self, name: str, queries, keys: list[np.ndarray], spec: dict,
+                    token: int | None = None) -> np.ndarray:
+        """A kind's own score of candidates (per query, local keys of ``token``'s snapshot;
+        a profile's ``rerank: {"index": ...}``), NaN where it has none."""
         from polyindex.rerank.kind_scores import raw_scores
-        _, snap, _ = self._current(name)
+        snap = self._snapshot_of(name, token)
         return raw_scores(snap, queries, keys, spec)
 
     def describe(self, name: str) -> dict:
