@@ -1,4 +1,5 @@
-"""The ``lexical`` index kind: BM25 over an inverted index, scored term-at-a-time with numba.
+"""The ``lexical`` index kind: BM25 over an inverted index, scored with numba (term-at-a-time,
+or block-max MaxScore for queries pruning pays for: ``polyindex.index.blockmax``).
 
 Factory string ``lexical`` or ``lexical:[VARIANT][,k1=..][,b=..][,delta=..]``.
 Default: ``lexical:bm25,k1=1.5,b=0.75``. The variants (``bm25``, ``lucene``, ``robertson``,
@@ -17,6 +18,9 @@ factory's through ``set_scorer``. Per segment these Arrow IPC files:
   ``terms`` (large_list<int32>, each row's term ids in text order, title first) and
   ``title_len`` (int32, how many of them come from the title). Optional: segments built
   before it existed open without it (``LexicalSegment.forward`` is None).
+- ``lexical.blocks.arrow``: per block of 128 postings of a term (``polyindex.index.blockmax``)
+  its ``last`` row, ``max_tf`` and ``min_len`` (int32 each), for block-max MaxScore top-k.
+  Optional too: segments without it are scored term-at-a-time, with the same answer.
 
 Corpus statistics are collection-wide (``prepare`` sums them over the snapshot's live rows),
 so a document scores the same whatever segment it is in. Default term score (Lucene idf):
@@ -25,6 +29,7 @@ so a document scores the same whatever segment it is in. Default term score (Luc
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import bm25, postings, prf, vocabulary
+from polyindex.index import blockmax, bm25, postings, prf, vocabulary
 from polyindex.index.analyzer import Analyzer
 from polyindex.index.bm25 import Scorer
 from polyindex.index.masks import MaskCache
@@ -53,6 +58,7 @@ VOCAB_FILE = "lexical.vocab.arrow"
 POSTINGS_FILE = "lexical.postings.arrow"
 DOCLEN_FILE = "lexical.doclen.arrow"
 FORWARD_FILE = "lexical.forward.arrow"
+BLOCKS_FILE = "lexical.blocks.arrow"
 FORMAT = 1
 # Snapshot cache entry of a shard of a larger collection: an object with ``n_docs``, ``avgdl``
 # and ``doc_freqs(terms)`` over the whole collection (polyindex.rerank.stats.TermTable), so a
@@ -63,6 +69,9 @@ _VOCAB_SCHEMA = {"term": pa.string(), "offset": pa.int64(), "df": pa.int32()}
 _POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": pa.int32()}
 _DOCLEN_SCHEMA = {"len": pa.int32()}
 _FORWARD_SCHEMA = {"terms": pa.large_list(pa.int32()), "title_len": pa.int32()}  # own reader
+_BLOCKS_SCHEMA = {"last": pa.int32(), "max_tf": pa.int32(), "min_len": pa.int32()}
+# POLYINDEX_BLOCKMAX=0 scores every query term-at-a-time (same answer; for comparisons)
+BLOCKMAX = os.environ.get("POLYINDEX_BLOCKMAX", "1") != "0"
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
 _PARAMS = bm25.KNOBS + prf.LEXICAL_KEYS
@@ -121,7 +130,8 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
     def __init__(self, terms, offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
-                 forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+                 forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                 blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         # The vocabulary (sorted) stays an Arrow string column, memory-mapped: terms are found
         # by binary search over its bytes (``vocabulary.find_terms``), no dict per segment.
         vocab = terms if isinstance(terms, (pa.Array, pa.ChunkedArray)) \
@@ -136,6 +146,8 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.n_terms = len(vocab)
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
         self.forward = forward
+        # block-max MaxScore: (block offsets per term, last row, max tf, min length) or None
+        self.blocks = None if blocks is None else (blockmax.block_offsets(offsets), *blocks)
         self.offsets = offsets  # (n_terms + 1,) int64
         self.df = df
         self.docs = docs
@@ -204,6 +216,11 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         if scorer.variant == "bm25l":
             scores, rows = postings.run_search(bm25.bm25l_search, base + (scorer.delta,),
                                                self._pool, nq, k, allow)
+        elif BLOCKMAX and self.blocks is not None and (qweights >= 0).all():
+            scores, rows = postings.run_search(blockmax.bm25_search,
+                                               base[:4] + self.blocks + base[4:] + (False,),
+                                               self._pool,
+                                               nq, k, allow)
         else:
             scores, rows = postings.run_search(postings.bm25_search, base, self._pool, nq, k,
                                                allow)
@@ -362,9 +379,12 @@ class LexicalKind(IndexKind):
             "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
                                                    pa.array(flat.astype(np.int32))),
             "title_len": title_len})
+        last, max_tf, min_len = blockmax.build_blocks(offsets, docs, tfs, lens.astype(np.int32))
+        postings.write_arrow(folder / BLOCKS_FILE, {"last": last, "max_tf": max_tf,
+                                                    "min_len": min_len})
         return {"format": FORMAT, "n_rows": n, "n_terms": len(terms), "n_postings": int(len(docs)),
                 "total_len": int(lens.sum()),
-                "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE]}
+                "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE, BLOCKS_FILE]}
 
     def open(self, folder: Path, info: dict, docs=None) -> LexicalSegment:
         folder = Path(folder)
@@ -389,8 +409,16 @@ class LexicalKind(IndexKind):
             ft = _read_forward(folder / FORWARD_FILE)
             forward = _forward_arrays(folder, ft, dl["len"], len(offsets) - 1, scan)
             keep = keep + (ft,)
+        blocks = None
+        if BLOCKS_FILE in info.get("files", ()):
+            bt, bl = postings.read_arrow(folder / BLOCKS_FILE, _BLOCKS_SCHEMA)
+            if len(bl["last"]) != blockmax.block_offsets(offsets)[-1]:
+                raise Corrupt(f"{folder}: {BLOCKS_FILE} has {len(bl['last'])} blocks, the "
+                              f"postings make {blockmax.block_offsets(offsets)[-1]}")
+            blocks = (bl["last"], bl["max_tf"], bl["min_len"])
+            keep = keep + (bt,)
         return LexicalSegment(vocab["term"], offsets, vocab["df"], post["doc"],
-                              post["tf"], dl["len"], keep=keep, forward=forward)
+                              post["tf"], dl["len"], keep=keep, forward=forward, blocks=blocks)
 
     # -- queries -------------------------------------------------------------------------
     def _collection_stats(self, segments: Sequence[LexicalSegment],

@@ -1,0 +1,237 @@
+"""Block-max MaxScore: lexical top-k that skips what cannot reach the top (dynamic pruning).
+
+Term-at-a-time scoring (``postings.bm25_search``) reads every posting of every query term, so
+a query with one frequent word reads a large part of the postings file, and the pages it
+touches stay resident. Here the postings are read document-at-a-time in row order, and:
+
+- **MaxScore** (Turtle and Flood, 1995): the query terms are ordered by their largest possible
+  contribution. Once the k-th best score ``theta`` is at least the sum of the bounds of the
+  weakest terms, those terms are *non-essential*: a row found only in them cannot enter the
+  top k, so their lists are no longer walked, only probed for rows the other terms found.
+- **Block max** (Ding and Suel, 2011): each term's postings are cut into blocks of
+  ``BLOCK`` postings; per block the file ``lexical.blocks.arrow`` keeps its last row, its
+  largest term frequency and its shortest document. A probe first bounds the term's
+  contribution by its block's (tf, length) pair and skips the block, without reading its
+  postings, when even that cannot lift the row above ``theta``.
+
+The bounds are valid for any BM25 parameters (the term-frequency part grows with tf and
+shrinks with the document's length), so one file serves every variant, k1, b and avgdl. The
+pruning is safe: the top k (rows, order and float32 score bits) equal term-at-a-time scoring's,
+because a kept row's score is summed in query-term order in float32 as there, and a row is
+skipped only when its bound, widened by a relative ``_SLACK`` for rounding, is at most
+``theta`` (a tie at ``theta`` loses anyway: rows come in ascending order and ties go to the
+smaller row).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from polyindex.index.postings import _bm25_add, _select, _sift_down, _worse
+
+BLOCK = 128
+MIN_POSTINGS = 16_384  # below this a query's term-at-a-time cost is too small to prune
+_SLACK = 1e-5  # relative widening of every bound before it is compared with theta
+_NO_ROW = np.iinfo(np.int32).max
+
+
+def block_offsets(offsets: np.ndarray) -> np.ndarray:
+    """Per term, its first block (CSR over blocks, n_terms + 1): a term's postings make
+    ``ceil(df / BLOCK)`` blocks, so this follows from the postings offsets alone."""
+    nb = (np.diff(offsets) + (BLOCK - 1)) // BLOCK
+    out = np.zeros(len(offsets), np.int64)
+    np.cumsum(nb, out=out[1:])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def build_blocks(offsets, docs, tfs, doclen):
+    """(last row, max tf, min document length) of every block, terms in order."""
+    n_terms = len(offsets) - 1
+    total = 0
+    for t in range(n_terms):
+        total += (offsets[t + 1] - offsets[t] + BLOCK - 1) // BLOCK
+    last = np.empty(total, np.int32)
+    max_tf = np.empty(total, np.int32)
+    min_len = np.empty(total, np.int32)
+    b = 0
+    for t in range(n_terms):
+        for s in range(offsets[t], offsets[t + 1], BLOCK):
+            e = min(s + BLOCK, offsets[t + 1])
+            mt = 0
+            ml = np.iinfo(np.int32).max
+            for j in range(s, e):
+                mt = max(mt, tfs[j])
+                ml = min(ml, doclen[docs[j]])
+            last[b] = docs[e - 1]
+            max_tf[b] = mt
+            min_len[b] = ml
+            b += 1
+    return last, max_tf, min_len
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tf_part(tf, dl, k1p1, c1, c2):
+    return tf * k1p1 / (tf + c1 + c2 * dl)
+
+
+@numba.njit(cache=True, nogil=True)
+def _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, terms, weights,
+           k1p1, c1, c2, has_allow, allow, out_s, out_i):
+    """One query's top-k (``out_s``/``out_i`` of length k, best first, padded)."""
+    m = len(terms)
+    k = len(out_s)
+    ub = np.empty(m, np.float64)
+    pos = np.empty(m, np.int64)
+    end = np.empty(m, np.int64)
+    blk = np.empty(m, np.int64)
+    for i in range(m):
+        t = terms[i]
+        pos[i] = offsets[t]
+        end[i] = offsets[t + 1]
+        blk[i] = boff[t]
+        best = 0.0
+        for bi in range(boff[t], boff[t + 1]):  # block metadata only, no postings
+            best = max(best, _tf_part(np.float64(max_tf[bi]), min_len[bi], k1p1, c1, c2))
+        ub[i] = weights[i] * best * (1.0 + _SLACK)
+    order = np.argsort(ub)  # weakest first: the prefix that stops being essential
+    prefix = np.empty(m, np.float64)
+    acc = 0.0
+    for p in range(m):
+        acc += ub[order[p]]
+        prefix[p] = acc
+    contrib = np.zeros(m, np.float64)
+    size = 0
+    theta = -np.inf
+    first = 0  # order[first:] are the essential terms
+    while first < m:
+        d = _NO_ROW
+        for p in range(first, m):
+            i = order[p]
+            if pos[i] < end[i] and docs[pos[i]] < d:
+                d = docs[pos[i]]
+        if d == _NO_ROW:
+            break
+        got = 0.0
+        skip = has_allow and not allow[d]
+        for p in range(first, m):
+            i = order[p]
+            if pos[i] < end[i] and docs[pos[i]] == d:
+                if not skip:
+                    c = weights[i] * _tf_part(np.float64(tfs[pos[i]]), doclen[d], k1p1, c1, c2)
+                    contrib[i] = c
+                    got += c
+                pos[i] += 1
+        if skip:
+            continue
+        full = size == k
+        alive = not full or got * (1.0 + _SLACK) + (prefix[first - 1] if first > 0 else 0.0) \
+            > theta
+        p = first - 1
+        while alive and p >= 0:  # non-essential terms, strongest first
+            i = order[p]
+            t = terms[i]
+            more = prefix[p - 1] if p > 0 else 0.0
+            bi = blk[i]
+            while bi < boff[t + 1] and last[bi] < d:  # metadata only
+                bi += 1
+            blk[i] = bi
+            if bi < boff[t + 1]:
+                if full and got * (1.0 + _SLACK) + more + weights[i] * _tf_part(
+                        np.float64(max_tf[bi]), min_len[bi], k1p1, c1, c2) \
+                        * (1.0 + _SLACK) <= theta:
+                    alive = False  # the block's bound: its postings need no reading
+                    break
+                start = offsets[t] + (bi - boff[t]) * BLOCK
+                lo = max(pos[i], start)
+                hi = min(start + BLOCK, end[i])
+                while lo < hi:  # first posting >= d inside the block
+                    mid = (lo + hi) >> 1
+                    if docs[mid] < d:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                pos[i] = lo
+                if lo < end[i] and docs[lo] == d:
+                    c = weights[i] * _tf_part(np.float64(tfs[lo]), doclen[d], k1p1, c1, c2)
+                    contrib[i] = c
+                    got += c
+                    pos[i] = lo + 1
+            else:
+                pos[i] = end[i]
+            if full and got * (1.0 + _SLACK) + more <= theta:
+                alive = False
+            p -= 1
+        s = np.float32(0.0)  # as the term-at-a-time score buffer: float32, query-term order;
+        for i in range(m):  # an absent term adds 0.0, which leaves a float32 sum unchanged
+            s = np.float32(s + contrib[i])
+            contrib[i] = 0.0
+        if not alive:
+            continue
+        if size < k:
+            out_s[size] = s
+            out_i[size] = d
+            size += 1
+            if size == k:
+                for q in range(k // 2 - 1, -1, -1):
+                    _sift_down(out_s, out_i, q, k)
+                theta = out_s[0]
+        elif _worse(out_s[0], out_i[0], s, d):
+            out_s[0] = s
+            out_i[0] = d
+            _sift_down(out_s, out_i, 0, k)
+            theta = out_s[0]
+        if size == k:
+            while first < m and prefix[first] <= theta:
+                first += 1
+    if size < k:
+        for q in range(size // 2 - 1, -1, -1):
+            _sift_down(out_s, out_i, q, size)
+    for e in range(size - 1, 0, -1):  # heap sort: best first
+        s, r = out_s[0], out_i[0]
+        out_s[0], out_i[0] = out_s[e], out_i[e]
+        out_s[e], out_i[e] = s, r
+        _sift_down(out_s, out_i, 0, e)
+    for j in range(size, k):
+        out_s[j] = -np.inf
+        out_i[j] = -1
+
+
+@numba.njit(cache=True, nogil=True)
+def pays(offsets, terms) -> bool:
+    """Whether pruning is worth it for a query: its largest posting list dwarfs the rest.
+
+    A row taken document-at-a-time costs ~2.5x a posting added term-at-a-time (measured on
+    1M generated documents, bench/README.md), and MaxScore still walks every list but the
+    frequent ones; so the other lists must hold under a fifth of the postings, and the
+    query enough postings for the bookkeeping not to dominate."""
+    total = 0
+    most = 0
+    for t in terms:
+        n = offsets[t + 1] - offsets[t]
+        total += n
+        most = max(most, n)
+    return total >= MIN_POSTINGS and 5 * (total - most) < total
+
+
+@numba.njit(cache=True, nogil=True)
+def bm25_search(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, qptr, qterms,
+                qweights, k1, b, avgdl, always, has_allow, allow, scores, seen, touched, out_s,
+                out_i):
+    """BM25 top-k for a query batch over one segment: block-max MaxScore for the queries it
+    pays for (``pays``, or every query with ``always``), term-at-a-time (``postings``, with
+    the pooled buffers) for the rest; the same answer either way (weights must be >= 0)."""
+    k1p1 = k1 + 1.0
+    c1 = k1 * (1.0 - b)
+    c2 = k1 * b / avgdl
+    for q in range(len(qptr) - 1):
+        a, z = qptr[q], qptr[q + 1]
+        if always or pays(offsets, qterms[a:z]):
+            _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, qterms[a:z],
+                   qweights[a:z], k1p1, c1, c2, has_allow, allow, out_s[q], out_i[q])
+            continue
+        n = 0
+        for j in range(a, z):
+            n = _bm25_add(offsets, docs, tfs, doclen, qterms[j], qweights[j], k1p1, c1, c2,
+                          has_allow, allow, scores, seen, touched, n)
+        _select(scores, seen, touched, n, out_s.shape[1], out_s[q], out_i[q])
