@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from test_multivector import clustered_tokens
 
@@ -73,7 +74,8 @@ def retrieve(kind, segs, live, queries, params, k=K):
         kinds={"x": kind}, segments=[SimpleNamespace(indexes={"x": s}) for s in segs],
         live=live, cache={"x": {}},
         bases=np.concatenate([[0], np.cumsum([s.n_rows for s in segs])]).astype(np.int64),
-        ids_of=lambda keys: [str(int(k)) for k in keys])  # row r is document "r" (layouts)
+        ids_of=lambda keys: [str(int(k)) for k in keys],  # row r is document "r" (layouts)
+        id_array=lambda keys: pa.array([str(int(k)) for k in keys], pa.string()))
     return pipeline.retrieve(snap, queries, "x", k, params, live)
 
 

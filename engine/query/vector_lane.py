@@ -85,7 +85,7 @@ class Plan:
         scores, keys = self._search(x, k)  # x is C-contiguous: v was, so is a quotient
         listed = scores[0].tolist()
         if len(set(listed)) < len(listed):  # two equal scores (or padding): ids order ties
-            keys = order_ties(scores, keys, snapshot.ids_of)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
         row = keys[0]
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
@@ -107,7 +107,7 @@ class Plan:
             x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
         scores, keys = self._search(np.ascontiguousarray(x), k)
         if scores.shape[1] > 1 and (scores[:, 1:] == scores[:, :-1]).any():
-            keys = order_ties(scores, keys, snapshot.ids_of)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
         valid = keys >= 0  # a prefix of each row: padding comes last
         counts = np.count_nonzero(valid, axis=1).tolist()
         ids = snapshot.ids_of(keys[valid])  # row by row, in one call

@@ -143,6 +143,11 @@ class Segment:
         rows = rows.tolist() if isinstance(rows, np.ndarray) else [int(r) for r in rows]
         return [data[offsets[r]:offsets[r + 1]].tobytes().decode() for r in rows]
 
+    def id_take(self, rows: np.ndarray) -> pa.Array:
+        """The ids of ``rows`` as an Arrow string array (a compute ``take``)."""
+        got = self.table.column("id").take(pa.array(np.asarray(rows, np.int64)))
+        return got.combine_chunks() if isinstance(got, pa.ChunkedArray) else got
+
     def id_column(self) -> pa.ChunkedArray:
         return self.table.column("id")
 

@@ -135,6 +135,21 @@ class Snapshot:
                 out[p] = doc_id
         return out
 
+    def id_array(self, keys: np.ndarray) -> pa.Array:
+        """The ids of ``keys`` as an Arrow string array (one ``take`` per segment the keys
+        touch, no Python strings): what sorts many ids at once, in C++."""
+        keys = np.asarray(keys, np.int64)
+        if len(self.segments) == 1:
+            return self.segments[0].docs.id_take(keys)
+        seg, rows = self.locate(keys)
+        by_seg = np.argsort(seg, kind="stable")
+        cuts = np.flatnonzero(np.diff(seg[by_seg])) + 1
+        parts = [self.segments[int(seg[at[0]])].docs.id_take(rows[at])
+                 for at in np.split(by_seg, cuts)]
+        back = np.empty(len(keys), np.int64)
+        back[by_seg] = np.arange(len(keys))
+        return pa.concat_arrays(parts).take(pa.array(back))
+
     def find(self, ids: list[str]) -> list[tuple[int, int] | None]:
         """(segment ordinal, row) of each live id, or None; later segments win."""
         out: list[tuple[int, int] | None] = [None] * len(ids)
