@@ -71,9 +71,10 @@ def test_the_policy_prunes_queries_dominated_by_a_frequent_term():
     flat = np.concatenate([np.ones(n, np.int64), [0], np.full(n // 2, 2), np.full(n // 2, 3)])
     rows = np.concatenate([np.arange(n), [77_777], np.arange(n // 2), np.arange(n // 2)])
     offsets, docs, tfs = postings.build_csr(flat, rows, None, 4)
-    assert blockmax.pays(offsets, np.array([0, 1]))
-    assert not blockmax.pays(offsets, np.array([2, 3]))  # two lists of equal length
-    assert not blockmax.pays(offsets, np.array([0]))  # under MIN_POSTINGS
+    assert blockmax.pays(offsets, np.array([0, 1]), 3)
+    assert not blockmax.pays(offsets, np.array([0, 1]), 1000)  # k too large
+    assert not blockmax.pays(offsets, np.array([2, 3]), 3)  # two lists of equal length
+    assert not blockmax.pays(offsets, np.array([0]), 3)  # under MIN_POSTINGS
     seg = (offsets, docs, tfs, np.full(n, 10, np.int32))
     for terms in ([0, 1], [2, 3], [0, 1, 2]):
         (s1, r1), (s2, r2) = both(seg, np.array([0, len(terms)], np.int64),
