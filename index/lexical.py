@@ -12,7 +12,7 @@ factory's through ``set_scorer``. Per segment these Arrow IPC files:
 - ``lexical.vocab.arrow``: ``term`` (string, sorted), ``offset`` (int64, first posting of the
   term), ``df`` (int32, rows of this segment containing it);
 - ``lexical.postings.arrow``: ``doc`` (int32 segment row, ascending within a term), ``tf``
-  (int32);
+  (uint8, or uint16/int32 when a count does not fit; int32 in files written before);
 - ``lexical.doclen.arrow``: ``len`` (int32, analyzed tokens per row);
 - ``lexical.forward.arrow``: the forward index the rerank features read (``polyindex.rerank``):
   ``terms`` (large_list<int32>, each row's term ids in text order, title first) and
@@ -66,7 +66,7 @@ FORMAT = 1
 GLOBAL = "lexical:global"
 
 _VOCAB_SCHEMA = {"term": pa.string(), "offset": pa.int64(), "df": pa.int32()}
-_POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": pa.int32()}
+_POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": postings.COUNT_TYPES}
 _DOCLEN_SCHEMA = {"len": pa.int32()}
 _FORWARD_SCHEMA = {"terms": pa.large_list(pa.int32()), "title_len": pa.int32()}  # own reader
 _BLOCKS_SCHEMA = {"last": pa.int32(), "max_tf": pa.int32(), "min_len": pa.int32()}
@@ -131,7 +131,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
     def __init__(self, terms, offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
                  forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                 blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+                 blocks: tuple[np.ndarray, ...] | None = None):
         # The vocabulary (sorted) stays an Arrow string column, memory-mapped: terms are found
         # by binary search over its bytes (``vocabulary.find_terms``), no dict per segment.
         vocab = terms if isinstance(terms, (pa.Array, pa.ChunkedArray)) \
@@ -147,7 +147,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
         self.forward = forward
         # block-max MaxScore: (block offsets per term, last row, max tf, min length) or None
-        self.blocks = None if blocks is None else (blockmax.block_offsets(offsets), *blocks)
+        self.blocks = blocks
         self.offsets = offsets  # (n_terms + 1,) int64
         self.df = df
         self.docs = docs
@@ -217,10 +217,9 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
             scores, rows = postings.run_search(bm25.bm25l_search, base + (scorer.delta,),
                                                self._pool, nq, k, allow)
         elif BLOCKMAX and self.blocks is not None and (qweights >= 0).all():
-            scores, rows = postings.run_search(blockmax.bm25_search,
-                                               base[:4] + self.blocks + base[4:] + (False,),
-                                               self._pool,
-                                               nq, k, allow)
+            args = base[:4] + self.blocks + base[4:] + (False,)  # False: prune where it pays
+            scores, rows = postings.run_search(blockmax.bm25_search, args, self._pool, nq, k,
+                                               allow)
         else:
             scores, rows = postings.run_search(postings.bm25_search, base, self._pool, nq, k,
                                                allow)
@@ -370,7 +369,8 @@ class LexicalKind(IndexKind):
         postings.write_arrow(folder / VOCAB_FILE, {
             "term": pa.array(terms, pa.string()),
             "offset": offsets[:-1], "df": np.diff(offsets).astype(np.int32)})
-        postings.write_arrow(folder / POSTINGS_FILE, {"doc": docs, "tf": tfs})
+        postings.write_arrow(folder / POSTINGS_FILE,
+                             {"doc": docs, "tf": postings.narrow_counts(tfs)})
         postings.write_arrow(folder / DOCLEN_FILE, {"len": lens.astype(np.int32)})
         # Title and text are analyzed as "title text", so a row's first title_len terms are
         # its title's: reranking reads per-field statistics from here without re-analyzing.
@@ -412,10 +412,11 @@ class LexicalKind(IndexKind):
         blocks = None
         if BLOCKS_FILE in info.get("files", ()):
             bt, bl = postings.read_arrow(folder / BLOCKS_FILE, _BLOCKS_SCHEMA)
-            if len(bl["last"]) != blockmax.block_offsets(offsets)[-1]:
+            boff = blockmax.block_offsets(offsets)
+            if len(bl["last"]) != boff[-1]:
                 raise Corrupt(f"{folder}: {BLOCKS_FILE} has {len(bl['last'])} blocks, the "
-                              f"postings make {blockmax.block_offsets(offsets)[-1]}")
-            blocks = (bl["last"], bl["max_tf"], bl["min_len"])
+                              f"postings make {boff[-1]}")
+            blocks = (boff, bl["last"], bl["max_tf"], bl["min_len"])
             keep = keep + (bt,)
         return LexicalSegment(vocab["term"], offsets, vocab["df"], post["doc"],
                               post["tf"], dl["len"], keep=keep, forward=forward, blocks=blocks)

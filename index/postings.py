@@ -73,22 +73,27 @@ def write_arrow(path: Path, columns: dict[str, np.ndarray | list | pa.Array]) ->
         writer.write_table(table)
 
 
-def read_arrow(path: Path, schema: dict[str, pa.DataType]) -> tuple[pa.Table, dict[str, object]]:
+def read_arrow(path: Path, schema: dict[str, pa.DataType | tuple[pa.DataType, ...]]
+               ) -> tuple[pa.Table, dict[str, object]]:
     """Memory-map an Arrow IPC file; numeric columns come back as zero-copy numpy arrays.
 
-    ``schema`` names the expected columns and types; string columns come back as the Arrow
-    column itself. Raises ``Corrupt`` when the file is unreadable or does not match.
+    ``schema`` names the expected columns and their type (or a tuple of the types allowed);
+    string columns come back as the Arrow column itself. Raises ``Corrupt`` when the file is
+    unreadable or does not match.
     """
     try:
         table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
     except (OSError, pa.ArrowException) as exc:
         raise Corrupt(f"{path}: cannot read Arrow file: {exc}") from None
     out: dict[str, object] = {}
-    for name, typ in schema.items():
-        if name not in table.column_names or not table.schema.field(name).type.equals(typ):
-            raise Corrupt(f"{path}: expected column {name!r} of type {typ}, "
-                          f"file schema is {table.schema}")
+    for name, allowed in schema.items():
+        allowed = allowed if isinstance(allowed, tuple) else (allowed,)
+        if name not in table.column_names or not any(
+                table.schema.field(name).type.equals(t) for t in allowed):
+            raise Corrupt(f"{path}: expected column {name!r} of type "
+                          f"{' or '.join(map(str, allowed))}, file schema is {table.schema}")
         col = table.column(name)
+        typ = col.type
         if pa.types.is_string(typ) or pa.types.is_large_string(typ):
             out[name] = col
         elif col.null_count:
@@ -100,6 +105,16 @@ def read_arrow(path: Path, schema: dict[str, pa.DataType]) -> tuple[pa.Table, di
         else:
             out[name] = col.combine_chunks().to_numpy(zero_copy_only=True)
     return table, out
+
+
+def narrow_counts(counts: np.ndarray) -> np.ndarray:
+    """Term frequencies in the narrowest unsigned type that holds them (uint8 nearly always):
+    a posting is then 5 bytes instead of 8, and the kernels compile once per type."""
+    top = int(counts.max()) if len(counts) else 0
+    return counts.astype(np.uint8 if top <= 0xFF else np.uint16 if top <= 0xFFFF else np.int32)
+
+
+COUNT_TYPES = (pa.uint8(), pa.uint16(), pa.int32())  # int32: files written before narrowing
 
 
 # --------------------------------------------------------------------------- buffers

@@ -124,3 +124,31 @@ def test_a_blocks_file_that_disagrees_is_corrupt(tmp_path):
                                                   "min_len": np.zeros(1, np.int32)})
     with pytest.raises(Corrupt, match="blocks"):
         kind.open(tmp_path, info)
+
+
+def test_term_frequencies_are_stored_narrow_and_old_int32_files_still_score_alike(tmp_path):
+    import pyarrow as pa
+
+    from polyindex.index.lexical import POSTINGS_FILE
+    texts = ["apple " * 300 + "pear", "apple pear pear", "plum"] + [f"w{i} apple" for i in range(50)]
+    kind, info = _build(tmp_path, texts)
+    seg = kind.open(tmp_path, info)
+    assert seg.tfs.dtype == np.uint16 and seg.tfs.max() == 300  # one count over 255
+    queries = [Query(text="apple pear"), Query(text="plum apple")]
+    prep = kind.prepare(queries, [seg], [None], {}, {})
+    want = seg.search(prep, 5, {}, None)
+    assert 0 in want[1][0]  # the document with tf 300
+    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / POSTINGS_FILE))).read_all()
+    old = pa.table({"doc": table.column("doc"), "tf": table.column("tf").cast(pa.int32())})
+    del seg, prep, table
+    (tmp_path / POSTINGS_FILE).unlink()
+    with pa.OSFile(str(tmp_path / POSTINGS_FILE), "wb") as sink, \
+            pa.ipc.new_file(sink, old.schema) as writer:
+        writer.write_table(old)
+    seg = kind.open(tmp_path, info)
+    assert seg.tfs.dtype == np.int32
+    got = seg.search(kind.prepare(queries, [seg], [None], {}, {}), 5, {}, None)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    kind, info = _build(tmp_path / "small", ["a b a", "b c"])
+    assert kind.open(tmp_path / "small", info).tfs.dtype == np.uint8
