@@ -212,7 +212,7 @@ def _vocab_ab(coll, texts) -> dict | None:
                     df[i] += int(seg.df[tid])
             else:
                 tids = np.array([tid for _, tid in found], np.int64)
-                for (i, _), c in zip(found, postings.count_live(seg.offsets, seg.docs, tids,
+                for (i, _), c in zip(found, postings.count_live(seg.offsets, seg.P, tids,
                                                                  mask).tolist()):
                     df[i] += c
         return df

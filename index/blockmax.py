@@ -27,22 +27,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from polyindex.index.postings import _bm25_add, _select, _sift_down, _worse
+from polyindex.index.docids import BLOCK, block_offsets, doc_at
+from polyindex.index import postings
+from polyindex.index.postings import _sift_down, _worse
+from polyindex.index.ranges import concat_ranges
 
-BLOCK = 128
 MIN_POSTINGS = 16_384  # below this a query's term-at-a-time cost is too small to prune
 MAX_K = 300  # past this the k-th score rises too late for pruning to pay
 _SLACK = 1e-5  # relative widening of every bound before it is compared with theta
 _NO_ROW = np.iinfo(np.int32).max
-
-
-def block_offsets(offsets: np.ndarray) -> np.ndarray:
-    """Per term, its first block (CSR over blocks, n_terms + 1): a term's postings make
-    ``ceil(df / BLOCK)`` blocks, so this follows from the postings offsets alone."""
-    nb = (np.diff(offsets) + (BLOCK - 1)) // BLOCK
-    out = np.zeros(len(offsets), np.int64)
-    np.cumsum(nb, out=out[1:])
-    return out
 
 
 @numba.njit(cache=True, nogil=True)
@@ -77,19 +70,22 @@ def _tf_part(tf, dl, k1p1, c1, c2):
 
 
 @numba.njit(cache=True, nogil=True)
-def _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, terms, weights,
+def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights,
            k1p1, c1, c2, has_allow, allow, out_s, out_i):
     """One query's top-k (``out_s``/``out_i`` of length k, best first, padded)."""
     m = len(terms)
     k = len(out_s)
+    boff = P[0]
     ub = np.empty(m, np.float64)
     pos = np.empty(m, np.int64)
     end = np.empty(m, np.int64)
+    cur = np.empty(m, np.int64)  # the row at pos (of an essential term), _NO_ROW past its end
     blk = np.empty(m, np.int64)
     for i in range(m):
         t = terms[i]
         pos[i] = offsets[t]
         end[i] = offsets[t + 1]
+        cur[i] = doc_at(P, offsets, t, pos[i]) if pos[i] < end[i] else _NO_ROW
         blk[i] = boff[t]
         best = 0.0
         for bi in range(boff[t], boff[t + 1]):  # block metadata only, no postings
@@ -109,20 +105,21 @@ def _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, terms, weigh
         d = _NO_ROW
         for p in range(first, m):
             i = order[p]
-            if pos[i] < end[i] and docs[pos[i]] < d:
-                d = docs[pos[i]]
+            if cur[i] < d:
+                d = cur[i]
         if d == _NO_ROW:
             break
         got = 0.0
         skip = has_allow and not allow[d]
         for p in range(first, m):
             i = order[p]
-            if pos[i] < end[i] and docs[pos[i]] == d:
+            if cur[i] == d:
                 if not skip:
                     c = weights[i] * _tf_part(np.float64(tfs[pos[i]]), doclen[d], k1p1, c1, c2)
                     contrib[i] = c
                     got += c
                 pos[i] += 1
+                cur[i] = doc_at(P, offsets, terms[i], pos[i]) if pos[i] < end[i] else _NO_ROW
         if skip:
             continue
         full = size == k
@@ -148,12 +145,12 @@ def _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, terms, weigh
                 hi = min(start + BLOCK, end[i])
                 while lo < hi:  # first posting >= d inside the block
                     mid = (lo + hi) >> 1
-                    if docs[mid] < d:
+                    if doc_at(P, offsets, t, mid) < d:
                         lo = mid + 1
                     else:
                         hi = mid
                 pos[i] = lo
-                if lo < end[i] and docs[lo] == d:
+                if lo < end[i] and doc_at(P, offsets, t, lo) == d:
                     c = weights[i] * _tf_part(np.float64(tfs[lo]), doclen[d], k1p1, c1, c2)
                     contrib[i] = c
                     got += c
@@ -221,23 +218,61 @@ def pays(offsets, terms, k) -> bool:
 
 
 @numba.njit(cache=True, nogil=True)
-def bm25_search(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, qptr, qterms,
-                qweights, k1, b, avgdl, always, has_allow, allow, scores, seen, touched, out_s,
-                out_i):
-    """BM25 top-k for a query batch over one segment: block-max MaxScore for the queries it
-    pays for (``pays``, or every query with ``always``), term-at-a-time (``postings``, with
-    the pooled buffers) for the rest; the same answer either way (weights must be >= 0)."""
+def pruned_queries(offsets, qptr, qterms, k):
+    """Per query of a batch, whether ``pays`` picks pruning for it."""
+    out = np.zeros(len(qptr) - 1, np.bool_)
+    for q in range(len(qptr) - 1):
+        out[q] = pays(offsets, qterms[qptr[q]:qptr[q + 1]], k)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def bm25_search(offsets, P, tfs, doclen, last, max_tf, min_len, qptr, qterms, qweights, k1, b,
+                avgdl, has_allow, allow, out_s, out_i):
+    """BM25 top-k for a query batch over one segment by block-max MaxScore; the same answer
+    as ``postings.bm25_search`` (weights must be >= 0). ``search`` picks which queries."""
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
     c2 = k1 * b / avgdl
     for q in range(len(qptr) - 1):
         a, z = qptr[q], qptr[q + 1]
-        if always or pays(offsets, qterms[a:z], out_s.shape[1]):
-            _query(offsets, docs, tfs, doclen, boff, last, max_tf, min_len, qterms[a:z],
-                   qweights[a:z], k1p1, c1, c2, has_allow, allow, out_s[q], out_i[q])
-            continue
-        n = 0
-        for j in range(a, z):
-            n = _bm25_add(offsets, docs, tfs, doclen, qterms[j], qweights[j], k1p1, c1, c2,
-                          has_allow, allow, scores, seen, touched, n)
-        _select(scores, seen, touched, n, out_s.shape[1], out_s[q], out_i[q])
+        _query(offsets, P, tfs, doclen, last, max_tf, min_len, qterms[a:z], qweights[a:z],
+               k1p1, c1, c2, has_allow, allow, out_s[q], out_i[q])
+
+
+def search(offsets, P, tfs, doclen, blocks, qptr, qterms, qweights, k1, b, avgdl, pool, k,
+           allow, always=False):
+    """A batch's top-k: the queries pruning pays for (``pays``; every query with ``always``)
+    by block-max MaxScore, the rest term-at-a-time (``postings.bm25_search``), each kernel
+    over its own sub-batch. (One kernel doing both ran its term-at-a-time half 2x slower:
+    numba compiled the shared scan worse inside it.)"""
+    nq = len(qptr) - 1
+    prune = np.ones(nq, np.bool_) if always else pruned_queries(offsets, qptr, qterms, k)
+    head = (offsets, P, tfs, doclen)
+    tail = (k1, b, avgdl)
+    if not prune.any():
+        return postings.run_search(postings.bm25_search, head + (qptr, qterms, qweights) + tail,
+                                   pool, nq, k, allow)
+    scores = np.empty((nq, k), np.float32)
+    rows = np.empty((nq, k), np.int64)
+    mask = postings._NO_ALLOW if allow is None else allow
+    if prune.all():
+        bm25_search(*head, *blocks, qptr, qterms, qweights, *tail, allow is not None, mask,
+                    scores, rows)
+        return scores, rows
+    for pick, pruned in ((prune, True), (~prune, False)):
+        at = np.flatnonzero(pick)
+        sizes = qptr[at + 1] - qptr[at]
+        sub_ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        flat = concat_ranges(qptr[at], qptr[at + 1])
+        args = (sub_ptr, qterms[flat], qweights[flat])
+        if pruned:
+            s_out = np.empty((len(at), k), np.float32)
+            r_out = np.empty((len(at), k), np.int64)
+            bm25_search(*head, *blocks, *args, *tail, allow is not None, mask, s_out, r_out)
+        else:
+            s_out, r_out = postings.run_search(postings.bm25_search, head + args + tail, pool,
+                                               len(at), k, allow)
+        scores[at] = s_out
+        rows[at] = r_out
+    return scores, rows

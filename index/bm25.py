@@ -30,7 +30,8 @@ import numba
 import numpy as np
 
 from polyindex.errors import InvalidArgument
-from polyindex.index.postings import _find, _select
+from polyindex.index.docids import block_of, doc_at, find, row_in_block
+from polyindex.index.postings import _select
 
 VARIANTS = ("bm25", "lucene", "robertson", "atire", "bm25l", "bm25+")
 ALIASES = {"bm25plus": "bm25+", "bm25-plus": "bm25+", "bm25-l": "bm25l"}
@@ -139,33 +140,36 @@ def parse_body(body: str, where: str) -> Scorer:
 # saturates the length-normalized count, so it has its own pair, built the same way.
 
 @numba.njit(cache=True, nogil=True)
-def bm25l_search(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, delta,
+def bm25l_search(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, delta,
                  has_allow, allow, scores, seen, touched, out_s, out_i):
     """BM25L top-k for a query batch over one segment, without the absent-term constant:
     each posting adds ``w * (tfc(tf) - tfc(0))``."""
     k1p1 = k1 + 1.0
     z = k1p1 * delta / (k1 + delta)
     k = out_s.shape[1]
+    boff, lo, wide, shift = P[0], P[3], P[4], P[5]
     for q in range(len(qptr) - 1):
         n = 0
         for j in range(qptr[q], qptr[q + 1]):
             t = qterms[j]
             w = qweights[j]
-            for p in range(offsets[t], offsets[t + 1]):
-                d = docs[p]
-                if has_allow and not allow[d]:
-                    continue
-                c = tfs[p] / (1.0 - b + b * doclen[d] / avgdl)
-                scores[d] += w * (k1p1 * (c + delta) / (k1 + c + delta) - z)
-                if seen[d] == 0:
-                    seen[d] = 1
-                    touched[n] = d
-                    n += 1
+            for bi in range(boff[t], boff[t + 1]):
+                s, e, wa, f = block_of(P, offsets, t, bi)
+                for p in range(s, e):
+                    d = row_in_block(lo, wide, shift, wa, f, s, p)
+                    if has_allow and not allow[d]:
+                        continue
+                    c = tfs[p] / (1.0 - b + b * doclen[d] / avgdl)
+                    scores[d] += w * (k1p1 * (c + delta) / (k1 + c + delta) - z)
+                    if seen[d] == 0:
+                        seen[d] = 1
+                        touched[n] = d
+                        n += 1
         _select(scores, seen, touched, n, k, out_s[q], out_i[q])
 
 
 @numba.njit(cache=True, nogil=True)
-def bm25l_score_rows(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, delta,
+def bm25l_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, delta,
                      rows, out):
     """BM25L scores of given rows, as ``bm25l_search`` adds them; NaN out of range."""
     k1p1 = k1 + 1.0
@@ -180,9 +184,8 @@ def bm25l_score_rows(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, 
             acc = np.float32(0.0)
             for j in range(qptr[q], qptr[q + 1]):
                 t = qterms[j]
-                hi = offsets[t + 1]
-                pos = _find(docs, offsets[t], hi, row)
-                if pos < hi and docs[pos] == row:
+                pos = find(P, offsets, t, row)
+                if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
                     c = tfs[pos] / (1.0 - b + b * doclen[row] / avgdl)
                     acc = np.float32(acc + qweights[j] * (k1p1 * (c + delta) / (k1 + c + delta) - z))
             out[q, r] = acc

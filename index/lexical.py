@@ -11,16 +11,22 @@ factory's through ``set_scorer``. Per segment these Arrow IPC files:
 
 - ``lexical.vocab.arrow``: ``term`` (string, sorted), ``offset`` (int64, first posting of the
   term), ``df`` (int32, rows of this segment containing it);
-- ``lexical.postings.arrow``: ``doc`` (int32 segment row, ascending within a term), ``tf``
-  (uint8, or uint16/int32 when a count does not fit; int32 in files written before);
+- ``lexical.postings.arrow``: ``lo`` (uint16: each posting's row, block-relative, see
+  ``polyindex.index.docids``; rows ascend within a term) and ``tf`` (uint8, or uint16/int32
+  when a count does not fit). Files written before hold ``doc`` (int32 rows) and an int32
+  ``tf``, and open as they are;
+- ``lexical.wide.arrow``: ``high`` (uint16), the high 16 bits of the rows of the blocks that
+  span 2^16 rows or more (their low bits are in ``lo``);
 - ``lexical.doclen.arrow``: ``len`` (int32, analyzed tokens per row);
 - ``lexical.forward.arrow``: the forward index the rerank features read (``polyindex.rerank``):
   ``terms`` (large_list<int32>, each row's term ids in text order, title first) and
   ``title_len`` (int32, how many of them come from the title). Optional: segments built
   before it existed open without it (``LexicalSegment.forward`` is None).
-- ``lexical.blocks.arrow``: per block of 128 postings of a term (``polyindex.index.blockmax``)
-  its ``last`` row, ``max_tf`` and ``min_len`` (int32 each), for block-max MaxScore top-k.
-  Optional too: segments without it are scored term-at-a-time, with the same answer.
+- ``lexical.blocks.arrow``: per block of 128 postings of a term its ``last`` row, ``max_tf``
+  and ``min_len`` (int32 each; the bounds of block-max MaxScore, ``polyindex.index.blockmax``),
+  ``first`` row (int32) and ``wide_at`` (int64, where its rows start in the wide file, -1
+  for a block of 16-bit rows). Segments written before may lack it (scored term-at-a-time,
+  the same answer) or hold only the bounds.
 
 Corpus statistics are collection-wide (``prepare`` sums them over the snapshot's live rows),
 so a document scores the same whatever segment it is in. Default term score (Lucene idf):
@@ -39,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import blockmax, bm25, postings, prf, vocabulary
+from polyindex.index import blockmax, bm25, docids, postings, prf, vocabulary
 from polyindex.index.analyzer import Analyzer
 from polyindex.index.bm25 import Scorer
 from polyindex.index.masks import MaskCache
@@ -59,6 +65,7 @@ POSTINGS_FILE = "lexical.postings.arrow"
 DOCLEN_FILE = "lexical.doclen.arrow"
 FORWARD_FILE = "lexical.forward.arrow"
 BLOCKS_FILE = "lexical.blocks.arrow"
+WIDE_FILE = "lexical.wide.arrow"
 FORMAT = 1
 # Snapshot cache entry of a shard of a larger collection: an object with ``n_docs``, ``avgdl``
 # and ``doc_freqs(terms)`` over the whole collection (polyindex.rerank.stats.TermTable), so a
@@ -66,10 +73,13 @@ FORMAT = 1
 GLOBAL = "lexical:global"
 
 _VOCAB_SCHEMA = {"term": pa.string(), "offset": pa.int64(), "df": pa.int32()}
-_POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": postings.COUNT_TYPES}
+_POSTINGS_SCHEMA = {"lo": pa.uint16(), "tf": postings.COUNT_TYPES}
+_LEGACY_POSTINGS_SCHEMA = {"doc": pa.int32(), "tf": postings.COUNT_TYPES}  # written before
 _DOCLEN_SCHEMA = {"len": pa.int32()}
 _FORWARD_SCHEMA = {"terms": pa.large_list(pa.int32()), "title_len": pa.int32()}  # own reader
-_BLOCKS_SCHEMA = {"last": pa.int32(), "max_tf": pa.int32(), "min_len": pa.int32()}
+_BOUNDS_SCHEMA = {"last": pa.int32(), "max_tf": pa.int32(), "min_len": pa.int32()}
+_BLOCKS_SCHEMA = {**_BOUNDS_SCHEMA, "first": pa.int32(), "wide_at": pa.int64()}
+_WIDE_SCHEMA = {"high": pa.uint16()}
 # POLYINDEX_BLOCKMAX=0 scores every query term-at-a-time (same answer; for comparisons)
 BLOCKMAX = os.environ.get("POLYINDEX_BLOCKMAX", "1") != "0"
 
@@ -128,7 +138,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
     analyzer = _ANALYZER
 
-    def __init__(self, terms, offsets: np.ndarray, df: np.ndarray, docs: np.ndarray,
+    def __init__(self, terms, offsets: np.ndarray, df: np.ndarray, P: tuple,
                  tfs: np.ndarray, doclen: np.ndarray, keep: tuple = (),
                  forward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                  blocks: tuple[np.ndarray, ...] | None = None):
@@ -146,11 +156,11 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.n_terms = len(vocab)
         # (row offsets int64 (n_rows + 1), title_len int32, term ids int32) or None
         self.forward = forward
-        # block-max MaxScore: (block offsets per term, last row, max tf, min length) or None
+        # block-max MaxScore: (last row, max tf, min length) per block, or None
         self.blocks = blocks
         self.offsets = offsets  # (n_terms + 1,) int64
         self.df = df
-        self.docs = docs
+        self.P = P  # the postings' rows (``docids``: block offsets, first, wide_at, lo, wide)
         self.tfs = tfs
         self.doclen = doclen
         self.n_rows = len(doclen)
@@ -211,15 +221,15 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         if k == 0 or len(qterms) == 0:
             return empty_result(nq, k)
         allow = postings.check_allow(allow, self.n_rows, "lexical search")
-        base = (self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms, qweights,
+        base = (self.offsets, self.P, self.tfs, self.doclen, qptr, qterms, qweights,
                 scorer.k1, scorer.b, prepared.avgdl)
         if scorer.variant == "bm25l":
             scores, rows = postings.run_search(bm25.bm25l_search, base + (scorer.delta,),
                                                self._pool, nq, k, allow)
         elif BLOCKMAX and self.blocks is not None and (qweights >= 0).all():
-            args = base[:4] + self.blocks + base[4:] + (False,)  # False: prune where it pays
-            scores, rows = postings.run_search(blockmax.bm25_search, args, self._pool, nq, k,
-                                               allow)
+            scores, rows = blockmax.search(*base[:4], self.blocks, qptr, qterms, qweights,
+                                           scorer.k1, scorer.b, prepared.avgdl, self._pool, k,
+                                           allow)
         else:
             scores, rows = postings.run_search(postings.bm25_search, base, self._pool, nq, k,
                                                allow)
@@ -233,7 +243,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
         qptr, qterms, qweights = self._query_terms(prepared, scorer.weight_scale)
         out = np.empty((len(prepared.terms), len(rows)), np.float32)
-        args = (self.offsets, self.docs, self.tfs, self.doclen, qptr, qterms, qweights,
+        args = (self.offsets, self.P, self.tfs, self.doclen, qptr, qterms, qweights,
                 scorer.k1, scorer.b, prepared.avgdl)
         if scorer.variant == "bm25l":
             bm25.bm25l_score_rows(*args, scorer.delta, rows, out)
@@ -283,6 +293,48 @@ def _forward_arrays(folder: Path, table: pa.Table, doclen: np.ndarray, n_terms: 
             or (len(ids) and (ids.min() < 0 or ids.max() >= n_terms)))):
         raise Corrupt(f"{folder}: {FORWARD_FILE} disagrees with the lexical index")
     return row_ptr, title_len, ids
+
+
+def _read_postings(folder: Path, info: dict, vocab: dict, n_rows: int, scan: bool):
+    """(tables to keep, doc ids ``P``, tfs, block bounds or None, offsets) of a segment's
+    postings: 16-bit block-relative ids (``lo`` column, with the blocks and wide files), or a
+    plain int32 ``doc`` column (segments written before)."""
+    files = info.get("files", ())
+    names = pa.ipc.open_file(pa.memory_map(str(folder / POSTINGS_FILE))).schema.names \
+        if (folder / POSTINGS_FILE).exists() else ()
+    compact = "lo" in names
+    pt, post = postings.read_arrow(folder / POSTINGS_FILE,
+                                   _POSTINGS_SCHEMA if compact else _LEGACY_POSTINGS_SCHEMA)
+    n_post = len(post["tf"])
+    offsets = np.append(vocab["offset"], np.int64(n_post))
+    counts = np.diff(offsets)
+    if ("n_rows" in info and info["n_rows"] != n_rows) or (counts < 0).any() \
+            or (len(offsets) > 1 and offsets[0] != 0) or (counts != vocab["df"]).any():
+        raise Corrupt(f"{folder}: lexical index files are inconsistent "
+                      f"(rows {n_rows}, info {info.get('n_rows')}, postings {n_post})")
+    boff = docids.block_offsets(offsets)
+    keep, blocks = (pt,), None
+    if BLOCKS_FILE in files or compact:
+        bt, bl = postings.read_arrow(folder / BLOCKS_FILE,
+                                     _BLOCKS_SCHEMA if compact else _BOUNDS_SCHEMA)
+        if len(bl["last"]) != boff[-1]:
+            raise Corrupt(f"{folder}: {BLOCKS_FILE} has {len(bl['last'])} blocks, the "
+                          f"postings make {boff[-1]}")
+        blocks = (bl["last"], bl["max_tf"], bl["min_len"])
+        keep += (bt,)
+    if compact:
+        wt, wide = postings.read_arrow(folder / WIDE_FILE, _WIDE_SCHEMA)
+        keep += (wt,)
+        P = (boff, bl["first"], bl["wide_at"], post["lo"], wide["high"], docids.SHIFT)
+        if not docids.blocks_valid(P, offsets, n_rows):  # what every read trusts: always
+            raise Corrupt(f"{folder}: {BLOCKS_FILE} points outside the postings or the rows")
+    else:
+        P = docids.legacy(offsets, post["doc"])
+    if scan and n_post:
+        rows = docids.decode(P, offsets)
+        if rows.min() < 0 or rows.max() >= n_rows:
+            raise Corrupt(f"{folder}: lexical postings name rows outside 0..{n_rows - 1}")
+    return keep, P, post["tf"], blocks, offsets
 
 
 @register
@@ -369,8 +421,9 @@ class LexicalKind(IndexKind):
         postings.write_arrow(folder / VOCAB_FILE, {
             "term": pa.array(terms, pa.string()),
             "offset": offsets[:-1], "df": np.diff(offsets).astype(np.int32)})
-        postings.write_arrow(folder / POSTINGS_FILE,
-                             {"doc": docs, "tf": postings.narrow_counts(tfs)})
+        first, wide_at, lo, wide = docids.encode(offsets, docs)
+        postings.write_arrow(folder / POSTINGS_FILE, {"lo": lo, "tf": postings.narrow_counts(tfs)})
+        postings.write_arrow(folder / WIDE_FILE, {"high": wide})
         postings.write_arrow(folder / DOCLEN_FILE, {"len": lens.astype(np.int32)})
         # Title and text are analyzed as "title text", so a row's first title_len terms are
         # its title's: reranking reads per-field statistics from here without re-analyzing.
@@ -381,45 +434,31 @@ class LexicalKind(IndexKind):
             "title_len": title_len})
         last, max_tf, min_len = blockmax.build_blocks(offsets, docs, tfs, lens.astype(np.int32))
         postings.write_arrow(folder / BLOCKS_FILE, {"last": last, "max_tf": max_tf,
-                                                    "min_len": min_len})
+                                                    "min_len": min_len, "first": first,
+                                                    "wide_at": wide_at})
         return {"format": FORMAT, "n_rows": n, "n_terms": len(terms), "n_postings": int(len(docs)),
                 "total_len": int(lens.sum()),
-                "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE, BLOCKS_FILE]}
+                "files": [VOCAB_FILE, POSTINGS_FILE, DOCLEN_FILE, FORWARD_FILE, BLOCKS_FILE,
+                          WIDE_FILE]}
 
     def open(self, folder: Path, info: dict, docs=None) -> LexicalSegment:
         folder = Path(folder)
         check_format(folder, info, "lexical", FORMAT)
         vt, vocab = postings.read_arrow(folder / VOCAB_FILE, _VOCAB_SCHEMA)
-        pt, post = postings.read_arrow(folder / POSTINGS_FILE, _POSTINGS_SCHEMA)
         dt, dl = postings.read_arrow(folder / DOCLEN_FILE, _DOCLEN_SCHEMA)
-        n_rows, n_post = len(dl["len"]), len(post["doc"])
-        offsets = np.append(vocab["offset"], np.int64(n_post))
-        counts = np.diff(offsets)
+        n_rows = len(dl["len"])
         # Scans of every posting only for files no checksum vouches for (format 1): a file
         # whose xxh3 matched is the writer's own, and a scan would make every page of the
         # postings resident at open (~100 bytes a document).
         scan = docs is None or not docs.checksummed
-        if ("n_rows" in info and info["n_rows"] != n_rows) or (counts < 0).any() \
-                or (len(offsets) > 1 and offsets[0] != 0) or (counts != vocab["df"]).any() \
-                or (scan and n_post and (post["doc"].min() < 0 or post["doc"].max() >= n_rows)):
-            raise Corrupt(f"{folder}: lexical index files are inconsistent "
-                          f"(rows {n_rows}, info {info.get('n_rows')}, postings {n_post})")
-        forward, keep = None, (vt, pt, dt)
+        keep, P, tfs, blocks, offsets = _read_postings(folder, info, vocab, n_rows, scan)
+        forward, keep = None, (vt, dt) + keep
         if (folder / FORWARD_FILE).exists():
             ft = _read_forward(folder / FORWARD_FILE)
             forward = _forward_arrays(folder, ft, dl["len"], len(offsets) - 1, scan)
             keep = keep + (ft,)
-        blocks = None
-        if BLOCKS_FILE in info.get("files", ()):
-            bt, bl = postings.read_arrow(folder / BLOCKS_FILE, _BLOCKS_SCHEMA)
-            boff = blockmax.block_offsets(offsets)
-            if len(bl["last"]) != boff[-1]:
-                raise Corrupt(f"{folder}: {BLOCKS_FILE} has {len(bl['last'])} blocks, the "
-                              f"postings make {boff[-1]}")
-            blocks = (boff, bl["last"], bl["max_tf"], bl["min_len"])
-            keep = keep + (bt,)
-        return LexicalSegment(vocab["term"], offsets, vocab["df"], post["doc"],
-                              post["tf"], dl["len"], keep=keep, forward=forward, blocks=blocks)
+        return LexicalSegment(vocab["term"], offsets, vocab["df"], P, tfs, dl["len"],
+                              keep=keep, forward=forward, blocks=blocks)
 
     # -- queries -------------------------------------------------------------------------
     def _collection_stats(self, segments: Sequence[LexicalSegment],
@@ -448,7 +487,7 @@ class LexicalKind(IndexKind):
         qoff, qdata = vocabulary.encode_terms(terms)
         total = np.zeros(len(terms), np.int64)
         for seg, mask in zip(segments, live):
-            vocabulary.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.docs,
+            vocabulary.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.P,
                                    seg.df, mask is not None,
                                    postings._NO_ALLOW if mask is None else mask, total)
         return total.tolist()

@@ -2,7 +2,9 @@
 
 A posting index over one segment is CSR by term: ``offsets`` (n_terms + 1, int64) cuts the
 ``docs`` (int32, ascending within a term) and ``vals`` (per-posting value: a term frequency
-for BM25, a weight for learned sparse vectors) arrays into one run per term.
+for BM25, a weight for learned sparse vectors) arrays into one run per term. The BM25 kernels
+read the lexical kind's doc ids through ``docids.doc_at`` (16-bit, block-relative); the
+sparse-vector kernels read a plain ``docs`` array.
 
 Files are Arrow IPC files, memory-mapped on read and exposed as zero-copy (read-only) numpy
 arrays. Scoring is term-at-a-time in numba kernels: postings of the query terms are added into
@@ -22,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt
+from polyindex.index.docids import BLOCK, doc_at, find
 
 _NO_ALLOW = np.ones(0, dtype=np.bool_)
 
@@ -209,29 +212,42 @@ def topk_rows(scores, rows, k):
 
 
 @numba.njit(cache=True, nogil=True)
-def _bm25_add(offsets, docs, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
+def _bm25_add(offsets, P, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
               scores, seen, touched, n):
     """Add one term's BM25 contributions: w * tf * (k1 + 1) / (tf + c1 + c2 * dl)."""
-    for j in range(offsets[t], offsets[t + 1]):
-        d = docs[j]
-        if has_allow and not allow[d]:
-            continue
-        tf = np.float64(tfs[j])
-        scores[d] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
-        if seen[d] == 0:
-            seen[d] = 1
-            touched[n] = d
-            n += 1
+    boff, first, wide_at, lo, wide, shift = P
+    for b in range(boff[t], boff[t + 1]):  # a block's metadata once, then its rows
+        s = offsets[t] + (b - boff[t]) * BLOCK
+        e = min(s + BLOCK, offsets[t + 1])
+        wa = wide_at[b]
+        f = np.int64(first[b]) if wa < 0 else np.int64(0)
+        f16 = f & 0xFFFF
+        for j in range(s, e):
+            if wa < 0:  # rows ascend and span < 2^16 from f (see docids)
+                d = f + ((np.int64(lo[j]) - f16) & 0xFFFF)
+            elif shift:
+                d = (np.int64(wide[wa + j - s]) << 16) | np.int64(lo[j])
+            else:
+                d = np.int64(wide[wa + j - s])
+            if has_allow and not allow[d]:
+                continue
+            tf = np.float64(tfs[j])
+            scores[d] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
+            if seen[d] == 0:
+                seen[d] = 1
+                touched[n] = d
+                n += 1
     return n
 
 
 @numba.njit(cache=True, nogil=True)
-def bm25_search(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
+def bm25_search(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
                 has_allow, allow, scores, seen, touched, out_s, out_i):
     """BM25 top-k for a query batch over one segment (term-at-a-time).
 
-    ``qterms[qptr[q]:qptr[q+1]]`` are query q's segment-local term ids, ``qweights`` their
-    weights (idf x query term count); ``out_s``/``out_i`` are (nq, k) outputs.
+    ``P``: the segment's doc ids (``polyindex.index.docids``); ``qterms[qptr[q]:qptr[q+1]]``
+    are query q's segment-local term ids, ``qweights`` their weights (idf x query term
+    count); ``out_s``/``out_i`` are (nq, k) outputs.
     """
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
@@ -240,7 +256,7 @@ def bm25_search(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl
     for q in range(len(qptr) - 1):
         n = 0
         for j in range(qptr[q], qptr[q + 1]):
-            n = _bm25_add(offsets, docs, tfs, doclen, qterms[j], qweights[j], k1p1, c1, c2,
+            n = _bm25_add(offsets, P, tfs, doclen, qterms[j], qweights[j], k1p1, c1, c2,
                           has_allow, allow, scores, seen, touched, n)
         _select(scores, seen, touched, n, k, out_s[q], out_i[q])
 
@@ -258,7 +274,7 @@ def _find(docs, lo, hi, row):
 
 
 @numba.njit(cache=True, nogil=True)
-def bm25_score_rows(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
+def bm25_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
                     rows, out):
     """BM25 scores of given rows (binary search per term); NaN for rows out of range.
 
@@ -277,9 +293,8 @@ def bm25_score_rows(offsets, docs, tfs, doclen, qptr, qterms, qweights, k1, b, a
             acc = np.float32(0.0)  # float32 accumulation, as in the score buffer of search
             for j in range(qptr[q], qptr[q + 1]):
                 t = qterms[j]
-                hi = offsets[t + 1]
-                pos = _find(docs, offsets[t], hi, row)
-                if pos < hi and docs[pos] == row:
+                pos = find(P, offsets, t, row)
+                if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
                     tf = np.float64(tfs[pos])
                     acc = np.float32(acc + qweights[j] * tf * k1p1 / (tf + c1 + c2 * doclen[row]))
             out[q, r] = acc
@@ -327,14 +342,14 @@ def dot_score_rows(offsets, docs, vals, n_rows, qptr, qterms, qweights, rows, ou
 
 
 @numba.njit(cache=True, nogil=True)
-def count_live(offsets, docs, terms, live):
+def count_live(offsets, P, terms, live):
     """Per term, how many of its postings are on live rows (df over live docs)."""
     out = np.zeros(len(terms), np.int64)
     for i in range(len(terms)):
         t = terms[i]
         c = 0
         for j in range(offsets[t], offsets[t + 1]):
-            if live[docs[j]]:
+            if live[doc_at(P, offsets, t, j)]:
                 c += 1
         out[i] = c
     return out

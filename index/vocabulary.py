@@ -6,6 +6,8 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from polyindex.index.docids import doc_at
+
 # A segment's vocabulary is its sorted Arrow string column, memory-mapped: terms are found by
 # binary search over the column's offsets and UTF-8 bytes (byte order is code point order, the
 # order ``sorted`` gives Python strings), not through a dict of Python strings per segment.
@@ -91,7 +93,7 @@ def query_terms(voff, vdata, qoff, qdata, qweights, qptr, scale):
 
 
 @numba.njit(cache=True, nogil=True)
-def add_doc_freqs(voff, vdata, qoff, qdata, offsets, docs, df, has_live, live, total):
+def add_doc_freqs(voff, vdata, qoff, qdata, offsets, P, df, has_live, live, total):
     """``total[i]`` += the segment's document frequency of term i (over live rows when
     ``has_live``); terms absent from the vocabulary add nothing."""
     for i in range(len(qoff) - 1):
@@ -101,7 +103,7 @@ def add_doc_freqs(voff, vdata, qoff, qdata, offsets, docs, df, has_live, live, t
         if has_live:
             c = 0
             for j in range(offsets[t], offsets[t + 1]):
-                if live[docs[j]]:
+                if live[doc_at(P, offsets, t, j)]:
                     c += 1
             total[i] += c
         else:

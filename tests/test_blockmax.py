@@ -7,19 +7,24 @@ import numpy as np
 import pytest
 
 from polyindex.errors import Corrupt
-from polyindex.index import blockmax, postings
-from polyindex.index.lexical import BLOCKS_FILE, LexicalKind
+from polyindex.index import blockmax, docids, postings
+from polyindex.index.lexical import BLOCKS_FILE, POSTINGS_FILE, WIDE_FILE, LexicalKind
 from polyindex.index.protocol import BuildBatch, Query
 
 
-def zipf_segment(rng, n: int, vocab: int, max_len: int = 40):
-    """CSR postings of n rows of Zipf words (lengths vary, so length bounds matter)."""
+def zipf_segment(rng, n: int, vocab: int, max_len: int = 40, stride: int = 1):
+    """CSR postings of n rows of Zipf words (lengths vary, so length bounds matter); with
+    ``stride`` the words sit on every stride-th row of n * stride (empty rows between), so
+    blocks span past 2^16 rows and cross its multiples."""
     p = 1.0 / np.arange(1, vocab + 1) ** 1.1
     p /= p.sum()
     lens = rng.integers(1, max_len + 1, n)
     flat = rng.choice(vocab, size=int(lens.sum()), p=p)
-    offsets, docs, tfs = postings.build_csr(flat, np.repeat(np.arange(n), lens), None, vocab)
-    return offsets, docs, tfs, lens.astype(np.int32)
+    rows = np.repeat(np.arange(n) * stride, lens)
+    offsets, docs, tfs = postings.build_csr(flat, rows, None, vocab)
+    doclen = np.zeros(n * stride, np.int32)
+    doclen[np.arange(n) * stride] = lens
+    return offsets, docs, tfs, doclen
 
 
 def both(seg, ptr, terms, weights, k, k1, b, avgdl, allow, always=True):
@@ -30,12 +35,13 @@ def both(seg, ptr, terms, weights, k, k1, b, avgdl, allow, always=True):
     mask = allow if has else postings._NO_ALLOW
     nq = len(ptr) - 1
     taat = (np.empty((nq, k), np.float32), np.empty((nq, k), np.int64))
-    postings.bm25_search(offsets, docs, tfs, doclen, ptr, terms, weights, k1, b, avgdl, has,
+    plain = docids.legacy(offsets, docs)  # int32 rows, as segments written before
+    postings.bm25_search(offsets, plain, tfs, doclen, ptr, terms, weights, k1, b, avgdl, has,
                          mask, *postings.BufferPool(len(doclen)).get(), *taat)
-    blocks = (blockmax.block_offsets(offsets), *blockmax.build_blocks(offsets, docs, tfs, doclen))
-    pruned = (np.empty((nq, k), np.float32), np.empty((nq, k), np.int64))
-    blockmax.bm25_search(offsets, docs, tfs, doclen, *blocks, ptr, terms, weights, k1, b, avgdl,
-                         always, has, mask, *postings.BufferPool(len(doclen)).get(), *pruned)
+    compact = (docids.block_offsets(offsets), *docids.encode(offsets, docs), docids.SHIFT)
+    blocks = blockmax.build_blocks(offsets, docs, tfs, doclen)
+    pruned = blockmax.search(offsets, compact, tfs, doclen, blocks, ptr, terms, weights, k1, b,
+                             avgdl, postings.BufferPool(len(doclen)), k, allow, always=always)
     return taat, pruned
 
 
@@ -44,7 +50,7 @@ def test_same_rows_order_and_score_bits_as_term_at_a_time(seed):
     rng = np.random.default_rng(seed)
     for _ in range(25):
         n, vocab = int(rng.integers(1, 4000)), int(rng.integers(2, 400))
-        seg = zipf_segment(rng, n, vocab)
+        seg = zipf_segment(rng, n, vocab, stride=int(rng.choice([1, 1, 7, 300])))
         df = np.diff(seg[0])
         ptr, terms, weights = [0], [], []
         for _q in range(4):
@@ -57,7 +63,7 @@ def test_same_rows_order_and_score_bits_as_term_at_a_time(seed):
             ptr.append(len(terms))
         k = int(rng.choice([1, 2, 10, 100, 1000, 10_000]))
         k1, b = float(rng.choice([0.0, 0.9, 1.5])), float(rng.choice([0.0, 0.4, 0.75, 1.0]))
-        allow = rng.random(n) < 0.6 if rng.random() < 0.4 else None
+        allow = rng.random(len(seg[3])) < 0.6 if rng.random() < 0.4 else None
         (s1, r1), (s2, r2) = both(seg, np.array(ptr, np.int64), np.array(terms, np.int64),
                                   np.array(weights), k, k1, b, float(rng.uniform(5, 30)), allow)
         np.testing.assert_array_equal(r2, r1)
@@ -84,6 +90,15 @@ def test_the_policy_prunes_queries_dominated_by_a_frequent_term():
         np.testing.assert_array_equal(s2, s1)
         if terms == [0, 1]:
             assert r2[0, 0] == 77_777
+    # one batch mixing pruned and term-at-a-time queries: each answer lands in its own row
+    batch = [[2, 3], [0, 1], [0, 1, 2], [3]]
+    ptr = np.concatenate([[0], np.cumsum([len(t) for t in batch])]).astype(np.int64)
+    terms = np.array([t for ts in batch for t in ts], np.int64)
+    weights = np.linspace(5.0, 0.2, len(terms))
+    assert blockmax.pruned_queries(offsets, ptr, terms, 3).tolist() == [False, True, False, True]
+    (s1, r1), (s2, r2) = both(seg, ptr, terms, weights, 3, 1.5, 0.75, 10.0, None, always=False)
+    np.testing.assert_array_equal(r2, r1)
+    np.testing.assert_array_equal(s2, s1)
 
 
 def _build(tmp_path, texts):
@@ -94,7 +109,9 @@ def _build(tmp_path, texts):
 
 
 @pytest.mark.parametrize("variant", ["bm25", "lucene", "robertson", "atire", "bm25+", "bm25l"])
-def test_segments_with_and_without_blocks_answer_alike(tmp_path, variant):
+def test_pruned_and_term_at_a_time_answer_alike_through_the_kind(tmp_path, variant,
+                                                                   monkeypatch):
+    from polyindex.index import lexical
     rng = np.random.default_rng(1)
     words = [f"w{i}" for i in range(300)]
     p = 1.0 / np.arange(1, 301)
@@ -102,19 +119,17 @@ def test_segments_with_and_without_blocks_answer_alike(tmp_path, variant):
     texts = [" ".join(rng.choice(words, int(rng.integers(3, 60)), p=p)) for _ in range(3000)]
     kind, info = _build(tmp_path, texts)
     assert BLOCKS_FILE in info["files"] and (tmp_path / BLOCKS_FILE).exists()
-    with_blocks = kind.open(tmp_path, info)
-    old = dict(info, files=[f for f in info["files"] if f != BLOCKS_FILE])
-    without = kind.open(tmp_path, old)  # a segment written before the file existed
-    assert with_blocks.blocks is not None and without.blocks is None
+    seg = kind.open(tmp_path, info)
+    assert seg.blocks is not None
     queries = [Query(text=" ".join(rng.choice(words, 3))) for _ in range(40)]
-    for seg in (with_blocks, without):
-        prep = kind.prepare(queries, [seg], [None], {"variant": variant}, {})
-        for k in (1, 10, 500):
-            got = seg.search(prep, k, {"variant": variant}, None)
-            if seg is with_blocks:
-                ref = without.search(prep, k, {"variant": variant}, None)
-                np.testing.assert_array_equal(got[1], ref[1])
-                np.testing.assert_array_equal(got[0], ref[0])
+    prep = kind.prepare(queries, [seg], [None], {"variant": variant}, {})
+    for k in (1, 10, 500):
+        monkeypatch.setattr(lexical, "BLOCKMAX", False)
+        ref = seg.search(prep, k, {"variant": variant}, None)
+        monkeypatch.setattr(lexical, "BLOCKMAX", True)
+        got = seg.search(prep, k, {"variant": variant}, None)
+        np.testing.assert_array_equal(got[1], ref[1])
+        np.testing.assert_array_equal(got[0], ref[0])
 
 
 def test_a_blocks_file_that_disagrees_is_corrupt(tmp_path):
@@ -126,29 +141,56 @@ def test_a_blocks_file_that_disagrees_is_corrupt(tmp_path):
         kind.open(tmp_path, info)
 
 
-def test_term_frequencies_are_stored_narrow_and_old_int32_files_still_score_alike(tmp_path):
-    import pyarrow as pa
+def test_doc_ids_round_trip_narrow_wide_and_across_multiples_of_2_16():
+    rng = np.random.default_rng(5)
+    share_wide = {}
+    for stride in (1, 3, 200, 5000):
+        offsets, docs, _, _ = zipf_segment(rng, 3000, 50, stride=stride)
+        P = (docids.block_offsets(offsets), *docids.encode(offsets, docs), docids.SHIFT)
+        np.testing.assert_array_equal(docids.decode(P, offsets), docs)
+        assert docids.blocks_valid(P, offsets, 3000 * stride)
+        share_wide[stride] = (P[2] >= 0).mean()
+        for t in range(len(offsets) - 1):  # random access (binary search) agrees with numpy
+            run = docs[offsets[t]:offsets[t + 1]]
+            for row in rng.integers(0, 3000 * stride, 5):
+                assert docids.find(P, offsets, t, row) - offsets[t] == np.searchsorted(run, row)
+    # 3,000 rows: every block narrow; the wider the rows are spread, the more blocks wide
+    assert share_wide[1] == share_wide[3] == 0 < share_wide[200] < share_wide[5000] < 1
+    narrow = int(np.flatnonzero(P[2] < 0)[0])
+    first = P[1].copy()
+    first[narrow] = 3000 * 5000  # a first row past the segment
+    assert not docids.blocks_valid((P[0], first, *P[2:]), offsets, 3000 * 5000)
+    assert not docids.blocks_valid((*P[:5], 0), offsets, 3000 * 5000)  # not the 16-bit layout
+    wide_at = P[2].copy()
+    wide_at[int(np.flatnonzero(P[2] >= 0)[-1])] = len(P[4]) - 1  # a run past the wide array
+    assert not docids.blocks_valid((P[0], P[1], wide_at, *P[3:]), offsets, 3000 * 5000)
 
-    from polyindex.index.lexical import POSTINGS_FILE
+
+def test_segments_written_with_int32_rows_and_counts_still_open_and_score_alike(tmp_path):
+    import pyarrow as pa
     texts = ["apple " * 300 + "pear", "apple pear pear", "plum"] + [f"w{i} apple" for i in range(50)]
     kind, info = _build(tmp_path, texts)
     seg = kind.open(tmp_path, info)
     assert seg.tfs.dtype == np.uint16 and seg.tfs.max() == 300  # one count over 255
     queries = [Query(text="apple pear"), Query(text="plum apple")]
     prep = kind.prepare(queries, [seg], [None], {}, {})
-    want = seg.search(prep, 5, {}, None)
-    assert 0 in want[1][0]  # the document with tf 300
-    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / POSTINGS_FILE))).read_all()
-    old = pa.table({"doc": table.column("doc"), "tf": table.column("tf").cast(pa.int32())})
-    del seg, prep, table
+    want = seg.search(prep, 5, {}, None), seg.score(prep, np.arange(5))
+    assert 0 in want[0][1][0]  # the document with tf 300
+    rows = docids.decode(seg.P, seg.offsets)
+    old = pa.table({"doc": pa.array(rows, pa.int32()), "tf": pa.array(seg.tfs, pa.int32())})
+    del seg, prep
     (tmp_path / POSTINGS_FILE).unlink()
-    with pa.OSFile(str(tmp_path / POSTINGS_FILE), "wb") as sink, \
-            pa.ipc.new_file(sink, old.schema) as writer:
-        writer.write_table(old)
-    seg = kind.open(tmp_path, info)
-    assert seg.tfs.dtype == np.int32
-    got = seg.search(kind.prepare(queries, [seg], [None], {}, {}), 5, {}, None)
-    np.testing.assert_array_equal(got[1], want[1])
-    np.testing.assert_array_equal(got[0], want[0])
+    (tmp_path / WIDE_FILE).unlink()
+    postings.write_arrow(tmp_path / POSTINGS_FILE, {"doc": old.column("doc").chunk(0),
+                                                    "tf": old.column("tf").chunk(0)})
+    for files in ([f for f in info["files"] if f != WIDE_FILE],  # bounds kept
+                  [f for f in info["files"] if f not in (WIDE_FILE, BLOCKS_FILE)]):
+        seg = kind.open(tmp_path, dict(info, files=files))
+        assert seg.tfs.dtype == np.int32 and (seg.blocks is None) == (BLOCKS_FILE not in files)
+        prep = kind.prepare(queries, [seg], [None], {}, {})
+        got = seg.search(prep, 5, {}, None), seg.score(prep, np.arange(5))
+        np.testing.assert_array_equal(got[0][1], want[0][1])
+        np.testing.assert_array_equal(got[0][0], want[0][0])
+        np.testing.assert_array_equal(got[1], want[1])
     kind, info = _build(tmp_path / "small", ["a b a", "b c"])
     assert kind.open(tmp_path / "small", info).tfs.dtype == np.uint8

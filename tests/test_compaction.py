@@ -380,7 +380,7 @@ def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypat
         fresh.add([{"id": d.id, "title": d.title, "text": d.text} for d in docs])
         built = fresh.snapshot().segments[0].docs.folder
         for name in ("lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
-                     "lexical.forward.arrow", "lexical.blocks.arrow"):
+                     "lexical.forward.arrow", "lexical.blocks.arrow", "lexical.wide.arrow"):
             a = pa.ipc.open_file(pa.memory_map(str(merged / name))).read_all()
             b = pa.ipc.open_file(pa.memory_map(str(built / name))).read_all()
             assert a.equals(b), name

@@ -29,8 +29,8 @@ KINDS = ["lexical", "dense:IVF4,Flat", "sparse:UHD4096,k=16,epochs=1", "tree:bra
 PROFILES = ["lexical", "dense", "sparse", "tree", "multivector"]
 SEGMENT_FILES = sorted([
     "docs.arrow", "ids.index.arrow", "lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
-    "lexical.forward.arrow", "lexical.blocks.arrow", "dense.faiss", "sparse.terms.arrow",
-    "sparse.postings.arrow",
+    "lexical.forward.arrow", "lexical.blocks.arrow", "lexical.wide.arrow", "dense.faiss",
+    "sparse.terms.arrow", "sparse.postings.arrow",
     "tree.nodes.arrow", "tree.docs.arrow", "multivector.tokens.arrow", "multivector.docs.arrow",
     "multivector.ivf.arrow"])
 ARTIFACT_FILES = sorted(["dense/dense.template.faiss", "sparse/sparse.projector.npz",

@@ -277,7 +277,7 @@ def test_save_open_round_trip(tmp_path):
     for name in info["files"]:  # deterministic build
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
     again = k.open(tmp_path / "b", info)
-    assert again.n_rows == 50 and not again.docs.flags.writeable  # memory-mapped, read-only
+    assert again.n_rows == 50 and not again.P[3].flags.writeable  # memory-mapped, read-only
     qs = ["w1 w2", "title 7 alpha", "gamma"]
     pa_, pb = query(k, [seg], qs), query(k, [again], qs)
     for x, y in zip(seg.search(pa_, 12, {}, None), again.search(pb, 12, {}, None)):
