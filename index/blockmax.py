@@ -29,7 +29,7 @@ import numpy as np
 
 from polyindex.index.docids import BLOCK, block_offsets, doc_at
 from polyindex.index import postings
-from polyindex.index.postings import _sift_down, _worse
+from polyindex.index.postings import _sift_down, _worse, sort_heap
 from polyindex.index.ranges import concat_ranges
 
 MIN_POSTINGS = 16_384  # below this a query's term-at-a-time cost is too small to prune
@@ -182,17 +182,10 @@ def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights,
         if size == k:
             while first < m and prefix[first] <= theta:
                 first += 1
-    if size < k:
+    if size < k:  # never filled: not a heap yet
         for q in range(size // 2 - 1, -1, -1):
             _sift_down(out_s, out_i, q, size)
-    for e in range(size - 1, 0, -1):  # heap sort: best first
-        s, r = out_s[0], out_i[0]
-        out_s[0], out_i[0] = out_s[e], out_i[e]
-        out_s[e], out_i[e] = s, r
-        _sift_down(out_s, out_i, 0, e)
-    for j in range(size, k):
-        out_s[j] = -np.inf
-        out_i[j] = -1
+    sort_heap(out_s, out_i, size, k)
 
 
 @numba.njit(cache=True, nogil=True)

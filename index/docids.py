@@ -1,19 +1,17 @@
 """Doc ids of a lexical segment's postings in 16 bits: block-relative, random access kept.
 
 A term's postings are cut into blocks of ``BLOCK`` (the blocks ``index/blockmax.py`` bounds).
-A block whose rows span fewer than 65,536 stores each row's low 16 bits (``lo``, uint16, one
-per posting) and its first row (``first``, int32, one per block): since the rows ascend and
-span less than 2^16, a row's high bits are the first row's, plus one where its low bits fall
-below the first row's (the run crossed a multiple of 65,536). A wider block (a rare term in
-a large segment) has its rows' high bits in ``wide`` from ``wide_at[block]``; ``-1`` there
-marks a narrow block. A posting is then 2 bytes of id instead of 4 for the postings
-of frequent terms, which are nearly all of them.
+Every posting stores its row's low 16 bits (``lo``, uint16). A block whose rows span fewer
+than 65,536 also stores its first row (``first``, int32, one per block): rows ascend, so a
+row is the first row plus the difference of their low bits modulo 2^16. A wider block (a
+rare term in a large segment) keeps its rows' high 16 bits in ``wide`` (uint16) from
+``wide_at[block]``; ``-1`` there marks a narrow block. A posting's row then costs 2 bytes
+instead of 4 in the narrow blocks that hold nearly every posting, and 4 in the others.
 
 ``P = (boff, first, wide_at, lo, wide, shift)`` is what the numba kernels take; ``doc_at``
-reads one row. A wide block keeps its rows' high 16 bits in ``wide`` (uint16; ``shift`` 16),
-the low ones in ``lo`` like any block, so no posting pays twice. Segments written before (a
-plain int32 ``doc`` column) are the case where every block is wide, ``wide`` is that column
-and ``shift`` 0 (``legacy``): one code path for both.
+reads one row, ``block_of`` + ``row_in_block`` a block's rows in turn. Segments written
+before (a plain int32 ``doc`` column) are the case where every block is wide, ``wide`` is
+that column and ``shift`` 0 (``legacy``): one code path for both.
 """
 from __future__ import annotations
 
@@ -134,7 +132,8 @@ def blocks_valid(P, offsets, n_rows):
     first row in [0, n_rows), a wide block's run inside ``wide`` (a block's work, not a
     posting's: checked at every open, since the kernels do not bounds-check)."""
     boff, first, wide_at, lo, wide, shift = P
-    if shift != 16 or len(first) != boff[-1] or len(wide_at) != boff[-1] or len(lo) != offsets[-1]:
+    if shift != SHIFT or len(first) != boff[-1] or len(wide_at) != boff[-1] \
+            or len(lo) != offsets[-1]:
         return False
     for t in range(len(offsets) - 1):
         for b in range(boff[t], boff[t + 1]):

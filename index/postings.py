@@ -112,7 +112,7 @@ def read_arrow(path: Path, schema: dict[str, pa.DataType | tuple[pa.DataType, ..
 
 def narrow_counts(counts: np.ndarray) -> np.ndarray:
     """Term frequencies in the narrowest unsigned type that holds them (uint8 nearly always):
-    a posting is then 5 bytes instead of 8, and the kernels compile once per type."""
+    one byte a posting instead of 4, and the kernels compile once per type."""
     top = int(counts.max()) if len(counts) else 0
     return counts.astype(np.uint8 if top <= 0xFF else np.uint16 if top <= 0xFFFF else np.int32)
 
@@ -165,6 +165,20 @@ def _sift_down(hs, hi, pos, size):
 
 
 @numba.njit(cache=True, nogil=True)
+def sort_heap(out_s, out_i, m, k):
+    """The size-m heap (worst at the root) in ``out_s``/``out_i`` sorted best first, and the
+    slots from m to k padded with ``-inf`` / ``-1``."""
+    for end in range(m - 1, 0, -1):
+        s, i = out_s[0], out_i[0]
+        out_s[0], out_i[0] = out_s[end], out_i[end]
+        out_s[end], out_i[end] = s, i
+        _sift_down(out_s, out_i, 0, end)
+    for j in range(m, k):
+        out_s[j] = -np.inf
+        out_i[j] = -1
+
+
+@numba.njit(cache=True, nogil=True)
 def _select(scores, seen, touched, n, k, out_s, out_i):
     """Top-k of the ``n`` touched rows into ``out_s``/``out_i`` (sorted); resets the buffers."""
     m = min(k, n)
@@ -181,14 +195,7 @@ def _select(scores, seen, touched, n, k, out_s, out_i):
             out_s[0] = s
             out_i[0] = d
             _sift_down(out_s, out_i, 0, m)
-    for end in range(m - 1, 0, -1):  # heap sort: best first
-        s, i = out_s[0], out_i[0]
-        out_s[0], out_i[0] = out_s[end], out_i[end]
-        out_s[end], out_i[end] = s, i
-        _sift_down(out_s, out_i, 0, end)
-    for j in range(m, k):
-        out_s[j] = -np.inf
-        out_i[j] = -1
+    sort_heap(out_s, out_i, m, k)
     for j in range(n):
         d = touched[j]
         scores[d] = 0.0
