@@ -160,7 +160,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.blocks = blocks
         self.offsets = offsets  # (n_terms + 1,) int64
         self.df = df
-        self.P = P  # the postings' rows (``docids``: block offsets, first, wide_at, lo, wide)
+        self.P = P  # the postings' rows (``docids.doc_at``: boff, first, wide_at, lo, wide, shift)
         self.tfs = tfs
         self.doclen = doclen
         self.n_rows = len(doclen)
@@ -300,9 +300,10 @@ def _read_postings(folder: Path, info: dict, vocab: dict, n_rows: int, scan: boo
     postings: 16-bit block-relative ids (``lo`` column, with the blocks and wide files), or a
     plain int32 ``doc`` column (segments written before)."""
     files = info.get("files", ())
-    names = pa.ipc.open_file(pa.memory_map(str(folder / POSTINGS_FILE))).schema.names \
-        if (folder / POSTINGS_FILE).exists() else ()
-    compact = "lo" in names
+    try:
+        compact = "lo" in pa.ipc.open_file(pa.memory_map(str(folder / POSTINGS_FILE))).schema.names
+    except (OSError, pa.ArrowException):
+        compact = False  # read_arrow below says what is wrong with the file
     pt, post = postings.read_arrow(folder / POSTINGS_FILE,
                                    _POSTINGS_SCHEMA if compact else _LEGACY_POSTINGS_SCHEMA)
     n_post = len(post["tf"])

@@ -168,7 +168,8 @@ def test_doc_ids_round_trip_narrow_wide_and_across_multiples_of_2_16():
 
 def test_segments_written_with_int32_rows_and_counts_still_open_and_score_alike(tmp_path):
     import pyarrow as pa
-    texts = ["apple " * 300 + "pear", "apple pear pear", "plum"] + [f"w{i} apple" for i in range(50)]
+    texts = ["apple " * 300 + "pear", "apple pear pear", "plum"] + [f"w{i} apple"
+                                                                   for i in range(50)]
     kind, info = _build(tmp_path, texts)
     seg = kind.open(tmp_path, info)
     assert seg.tfs.dtype == np.uint16 and seg.tfs.max() == 300  # one count over 255
