@@ -7,9 +7,9 @@ vector stored once as a memory-mapped column). Each size is built once (``add()`
 ``segment_size`` chunks, then ``compact()``), then measured in a fresh process: RSS after
 opening, peak RSS during a query load (``--queries`` lexical, dense and hybrid queries),
 p50 and p99 latency per profile, and lexical top-10 latency with block-max MaxScore and
-term-at-a-time (alternating, same process). The ratio of RSS at the largest size to RSS at the smallest, and
-the growth fitted over sizes (RSS = a + b x docs), are printed; the issue's goal is RSS at
-10M at most 4x RSS at 1M. Writes bench/results/bench_scale.json.
+term-at-a-time (alternating, same process). The ratio of RSS at the largest size to RSS at
+the smallest, and the growth fitted over sizes (RSS = a + b x docs), are printed; the
+issue's goal is RSS at 10M at most 4x RSS at 1M. Writes bench/results/bench_scale.json.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from polyindex.index.docids import BLOCK, block_offsets, doc_at
+from polyindex.index.docids import BLOCK, doc_at, find
 from polyindex.index import postings
 from polyindex.index.postings import _sift_down, _worse, sort_heap
 from polyindex.index.ranges import concat_ranges
@@ -75,7 +75,7 @@ def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights,
     """One query's top-k (``out_s``/``out_i`` of length k, best first, padded)."""
     m = len(terms)
     k = len(out_s)
-    boff = P[0]
+    boff, _, _, _, _, _ = P
     ub = np.empty(m, np.float64)
     pos = np.empty(m, np.int64)
     end = np.empty(m, np.int64)
@@ -141,14 +141,7 @@ def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights,
                     alive = False  # the block's bound: its postings need no reading
                     break
                 start = offsets[t] + (bi - boff[t]) * BLOCK
-                lo = max(pos[i], start)
-                hi = min(start + BLOCK, end[i])
-                while lo < hi:  # first posting >= d inside the block
-                    mid = (lo + hi) >> 1
-                    if doc_at(P, offsets, t, mid) < d:
-                        lo = mid + 1
-                    else:
-                        hi = mid
+                lo = find(P, offsets, t, d, max(pos[i], start), min(start + BLOCK, end[i]))
                 pos[i] = lo
                 if lo < end[i] and doc_at(P, offsets, t, lo) == d:
                     c = weights[i] * _tf_part(np.float64(tfs[lo]), doclen[d], k1p1, c1, c2)
@@ -237,35 +230,33 @@ def search(offsets, P, tfs, doclen, blocks, qptr, qterms, qweights, k1, b, avgdl
            allow, always=False):
     """A batch's top-k: the queries pruning pays for (``pays``; every query with ``always``)
     by block-max MaxScore, the rest term-at-a-time (``postings.bm25_search``), each kernel
-    over its own sub-batch. (One kernel doing both ran its term-at-a-time half 2x slower:
-    numba compiled the shared scan worse inside it.)"""
+    over its own sub-batch (one kernel doing both measured 2x slower on its term-at-a-time
+    half)."""
     nq = len(qptr) - 1
     prune = np.ones(nq, np.bool_) if always else pruned_queries(offsets, qptr, qterms, k)
-    head = (offsets, P, tfs, doclen)
-    tail = (k1, b, avgdl)
-    if not prune.any():
-        return postings.run_search(postings.bm25_search, head + (qptr, qterms, qweights) + tail,
-                                   pool, nq, k, allow)
+    head, tail = (offsets, P, tfs, doclen), (k1, b, avgdl)
     scores = np.empty((nq, k), np.float32)
     rows = np.empty((nq, k), np.int64)
-    mask = postings._NO_ALLOW if allow is None else allow
-    if prune.all():
-        bm25_search(*head, *blocks, qptr, qterms, qweights, *tail, allow is not None, mask,
-                    scores, rows)
-        return scores, rows
-    for pick, pruned in ((prune, True), (~prune, False)):
-        at = np.flatnonzero(pick)
-        sizes = qptr[at + 1] - qptr[at]
-        sub_ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        flat = concat_ranges(qptr[at], qptr[at + 1])
-        args = (sub_ptr, qterms[flat], qweights[flat])
+    for pruned in (True, False):
+        at = np.flatnonzero(prune == pruned)
+        if len(at) == nq:  # the whole batch (a single query always): no sub-batch to cut
+            args = (qptr, qterms, qweights)
+        elif len(at):
+            flat = concat_ranges(qptr[at], qptr[at + 1])
+            sub_ptr = np.concatenate([[0], np.cumsum(qptr[at + 1] - qptr[at])]).astype(np.int64)
+            args = (sub_ptr, qterms[flat], qweights[flat])
+        else:
+            continue
         if pruned:
             s_out = np.empty((len(at), k), np.float32)
             r_out = np.empty((len(at), k), np.int64)
-            bm25_search(*head, *blocks, *args, *tail, allow is not None, mask, s_out, r_out)
+            bm25_search(*head, *blocks, *args, *tail, allow is not None,
+                        postings._NO_ALLOW if allow is None else allow, s_out, r_out)
         else:
             s_out, r_out = postings.run_search(postings.bm25_search, head + args + tail, pool,
                                                len(at), k, allow)
+        if len(at) == nq:
+            return s_out, r_out
         scores[at] = s_out
         rows[at] = r_out
     return scores, rows

@@ -147,7 +147,7 @@ def bm25l_search(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, 
     k1p1 = k1 + 1.0
     z = k1p1 * delta / (k1 + delta)
     k = out_s.shape[1]
-    boff, lo, wide, shift = P[0], P[3], P[4], P[5]
+    boff, _, _, lo, wide, shift = P
     for q in range(len(qptr) - 1):
         n = 0
         for j in range(qptr[q], qptr[q + 1]):
@@ -184,7 +184,7 @@ def bm25l_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avg
             acc = np.float32(0.0)
             for j in range(qptr[q], qptr[q + 1]):
                 t = qterms[j]
-                pos = find(P, offsets, t, row)
+                pos = find(P, offsets, t, row, offsets[t], offsets[t + 1])
                 if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
                     c = tfs[pos] / (1.0 - b + b * doclen[row] / avgdl)
                     acc = np.float32(acc + qweights[j] * (k1p1 * (c + delta) / (k1 + c + delta) - z))

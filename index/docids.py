@@ -96,27 +96,28 @@ def doc_at(P, offsets, t, j):
 def row_in_block(lo, wide, shift, w, f, s, j):
     """The row of posting j of the block that starts at posting s (its ``wide_at`` w, its
     first row f): sequential reads look up a block's metadata once (``block_of``), then call
-    this with P's arrays unpacked (a tuple read in the loop made the scan 2x slower)."""
-    if w >= 0:
-        v = np.int64(wide[w + j - s])
-        return (v << 16) | np.int64(lo[j]) if shift else v
-    # rows ascend and span < 2^16 from f: the distance is the low bits' difference mod 2^16
-    return f + ((np.int64(lo[j]) - (f & 0xFFFF)) & 0xFFFF)
+    this with P's arrays unpacked. Unpack ``P`` whole (``a, _, _, b, c, d = P``): reading
+    it by index (``P[3]``) made numba's scan 2x slower."""
+    if w < 0:  # rows ascend and span < 2^16 from f: the distance is the low bits' difference
+        return f + ((np.int64(lo[j]) - (f & 0xFFFF)) & 0xFFFF)
+    if shift:
+        return (np.int64(wide[w + j - s]) << 16) | np.int64(lo[j])
+    return np.int64(wide[w + j - s])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def block_of(P, offsets, t, b):
     """(first posting, end, wide_at, first row) of term t's block b (a global block index)."""
-    boff, first, wide_at = P[0], P[1], P[2]
+    boff, first, wide_at, _, _, _ = P
     s = offsets[t] + (b - boff[t]) * BLOCK
     w = wide_at[b]
     return s, min(s + BLOCK, offsets[t + 1]), w, np.int64(first[b]) if w < 0 else np.int64(0)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def find(P, offsets, t, row):
-    """First posting of term t whose row is >= ``row`` (``offsets[t + 1]`` if none)."""
-    lo, hi = offsets[t], offsets[t + 1]
+def find(P, offsets, t, row, lo, hi):
+    """First posting of term t in [lo, hi) whose row is >= ``row`` (hi if none); the whole
+    term is ``lo, hi = offsets[t], offsets[t + 1]``."""
     while lo < hi:
         mid = (lo + hi) >> 1
         if doc_at(P, offsets, t, mid) < row:
@@ -124,6 +125,19 @@ def find(P, offsets, t, row):
         else:
             hi = mid
     return lo
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def count_live(P, offsets, t, live):
+    """How many of term t's postings are on live rows (its df over live documents)."""
+    boff, _, _, lo, wide, shift = P
+    c = 0
+    for b in range(boff[t], boff[t + 1]):
+        s, e, w, f = block_of(P, offsets, t, b)
+        for j in range(s, e):
+            if live[row_in_block(lo, wide, shift, w, f, s, j)]:
+                c += 1
+    return c
 
 
 @numba.njit(cache=True, nogil=True)
@@ -151,7 +165,7 @@ def blocks_valid(P, offsets, n_rows):
 def decode(P, offsets):
     """Every posting's row (int32), terms in order: checks of unsummed files, and tests."""
     out = np.empty(offsets[-1], np.int32)
-    boff, lo, wide, shift = P[0], P[3], P[4], P[5]
+    boff, _, _, lo, wide, shift = P
     for t in range(len(offsets) - 1):
         for b in range(boff[t], boff[t + 1]):
             s, e, w, f = block_of(P, offsets, t, b)

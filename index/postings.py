@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt
-from polyindex.index.docids import BLOCK, doc_at, find
+from polyindex.index import docids
+from polyindex.index.docids import block_of, doc_at, find, row_in_block
 
 _NO_ALLOW = np.ones(0, dtype=np.bool_)
 
@@ -222,20 +223,11 @@ def topk_rows(scores, rows, k):
 def _bm25_add(offsets, P, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
               scores, seen, touched, n):
     """Add one term's BM25 contributions: w * tf * (k1 + 1) / (tf + c1 + c2 * dl)."""
-    boff, first, wide_at, lo, wide, shift = P
+    boff, _, _, lo, wide, shift = P
     for b in range(boff[t], boff[t + 1]):  # a block's metadata once, then its rows
-        s = offsets[t] + (b - boff[t]) * BLOCK
-        e = min(s + BLOCK, offsets[t + 1])
-        wa = wide_at[b]
-        f = np.int64(first[b]) if wa < 0 else np.int64(0)
-        f16 = f & 0xFFFF
+        s, e, wa, f = block_of(P, offsets, t, b)
         for j in range(s, e):
-            if wa < 0:  # rows ascend and span < 2^16 from f (see docids)
-                d = f + ((np.int64(lo[j]) - f16) & 0xFFFF)
-            elif shift:
-                d = (np.int64(wide[wa + j - s]) << 16) | np.int64(lo[j])
-            else:
-                d = np.int64(wide[wa + j - s])
+            d = row_in_block(lo, wide, shift, wa, f, s, j)
             if has_allow and not allow[d]:
                 continue
             tf = np.float64(tfs[j])
@@ -300,7 +292,7 @@ def bm25_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgd
             acc = np.float32(0.0)  # float32 accumulation, as in the score buffer of search
             for j in range(qptr[q], qptr[q + 1]):
                 t = qterms[j]
-                pos = find(P, offsets, t, row)
+                pos = find(P, offsets, t, row, offsets[t], offsets[t + 1])
                 if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
                     tf = np.float64(tfs[pos])
                     acc = np.float32(acc + qweights[j] * tf * k1p1 / (tf + c1 + c2 * doclen[row]))
@@ -353,12 +345,7 @@ def count_live(offsets, P, terms, live):
     """Per term, how many of its postings are on live rows (df over live docs)."""
     out = np.zeros(len(terms), np.int64)
     for i in range(len(terms)):
-        t = terms[i]
-        c = 0
-        for j in range(offsets[t], offsets[t + 1]):
-            if live[doc_at(P, offsets, t, j)]:
-                c += 1
-        out[i] = c
+        out[i] = docids.count_live(P, offsets, terms[i], live)
     return out
 
 

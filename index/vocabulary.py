@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from polyindex.index.docids import doc_at
+from polyindex.index.docids import count_live
 
 # A segment's vocabulary is its sorted Arrow string column, memory-mapped: terms are found by
 # binary search over the column's offsets and UTF-8 bytes (byte order is code point order, the
@@ -101,11 +101,7 @@ def add_doc_freqs(voff, vdata, qoff, qdata, offsets, P, df, has_live, live, tota
         if t < 0:
             continue
         if has_live:
-            c = 0
-            for j in range(offsets[t], offsets[t + 1]):
-                if live[doc_at(P, offsets, t, j)]:
-                    c += 1
-            total[i] += c
+            total[i] += count_live(P, offsets, t, live)
         else:
             total[i] += df[t]
 

@@ -153,7 +153,8 @@ def test_doc_ids_round_trip_narrow_wide_and_across_multiples_of_2_16():
         for t in range(len(offsets) - 1):  # random access (binary search) agrees with numpy
             run = docs[offsets[t]:offsets[t + 1]]
             for row in rng.integers(0, 3000 * stride, 5):
-                assert docids.find(P, offsets, t, row) - offsets[t] == np.searchsorted(run, row)
+                got = docids.find(P, offsets, t, row, offsets[t], offsets[t + 1])
+                assert got - offsets[t] == np.searchsorted(run, row)
     # 3,000 rows: every block narrow; the wider the rows are spread, the more blocks wide
     assert share_wide[1] == share_wide[3] == 0 < share_wide[200] < share_wide[5000] < 1
     narrow = int(np.flatnonzero(P[2] < 0)[0])

@@ -124,14 +124,19 @@ class Snapshot:
         seg = np.searchsorted(self.bases, keys, side="right") - 1
         return seg, keys - self.bases[seg]
 
+    def _by_segment(self, keys: np.ndarray):
+        """(segment ordinal, positions in ``keys``, rows) per segment the keys touch."""
+        seg, rows = self.locate(keys)
+        for s in np.unique(seg).tolist():
+            at = np.flatnonzero(seg == s)
+            yield s, at, rows[at]
+
     def ids_of(self, keys: np.ndarray) -> list[str]:
         if len(self.segments) == 1:
             return self.segments[0].docs.ids_at(keys)
-        seg, rows = self.locate(keys)
         out: list = [None] * len(keys)
-        for s in np.unique(seg).tolist():  # one Arrow take per segment the keys touch
-            at = np.flatnonzero(seg == s)
-            for p, doc_id in zip(at.tolist(), self.segments[s].docs.ids_at(rows[at])):
+        for s, at, rows in self._by_segment(keys):  # one read per segment the keys touch
+            for p, doc_id in zip(at.tolist(), self.segments[s].docs.ids_at(rows)):
                 out[p] = doc_id
         return out
 
@@ -141,13 +146,12 @@ class Snapshot:
         keys = np.asarray(keys, np.int64)
         if len(self.segments) == 1:
             return self.segments[0].docs.id_take(keys)
-        seg, rows = self.locate(keys)
-        by_seg = np.argsort(seg, kind="stable")
-        cuts = np.flatnonzero(np.diff(seg[by_seg])) + 1
-        parts = [self.segments[int(seg[at[0]])].docs.id_take(rows[at])
-                 for at in np.split(by_seg, cuts)]
+        parts, where = [], []
+        for s, at, rows in self._by_segment(keys):
+            parts.append(self.segments[s].docs.id_take(rows))
+            where.append(at)
         back = np.empty(len(keys), np.int64)
-        back[by_seg] = np.arange(len(keys))
+        back[np.concatenate(where)] = np.arange(len(keys))
         return pa.concat_arrays(parts).take(pa.array(back))
 
     def find(self, ids: list[str]) -> list[tuple[int, int] | None]:
