@@ -6,14 +6,26 @@ a command.
 """
 from __future__ import annotations
 
+import glob
+import logging
 import os
+import signal
 
 from polyindex.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "Ray is not installed: pip install 'polyindex[ray]' (or pip install 'ray[data]')"
 
 # Bounded so a test or a laptop does not hand Ray a third of its RAM by default.
 DEFAULT_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
+# A local start whose raylet never registers (Ray waits a fixed 30 s, then raises a bare
+# Exception) is tried again from scratch. Seen twice in ~20 starts inside a long pytest run
+# (no raylet log was ever written: the process died or hung before its logging began) and
+# never in 30 starts from a fresh process; the next start in the same process succeeded.
+START_ATTEMPTS = 3
+RAYLET_TIMEOUT = "timed out during startup"
 
 
 def require_ray():
@@ -56,7 +68,45 @@ def start(address: str | None = None, *, num_cpus: int | None = None,
         return ray
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
-                 object_store_memory=object_store_bytes, log_to_driver=False)
-    return ray
+        return ray
+    for attempt in range(1, START_ATTEMPTS + 1):
+        before = _ray_children(ray)
+        try:
+            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                     object_store_memory=object_store_bytes, log_to_driver=False)
+            return ray
+        except Exception as e:  # Ray raises a bare Exception for this one
+            if RAYLET_TIMEOUT not in str(e) or attempt == START_ATTEMPTS:
+                raise
+            log.warning("Ray's raylet did not start (attempt %d of %d); starting Ray again",
+                        attempt, START_ATTEMPTS)
+            # ray.init lost the half-started node (its GCS, monitor, the stuck raylet), so
+            # they are stopped here rather than left until this process exits.
+            for pid in _ray_children(ray) - before:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            ray.shutdown()
+
+
+def _ray_children(ray) -> set[int]:
+    """Pids of this process's children that run Ray's own binaries or modules (Linux;
+    an empty set where /proc does not list children)."""
+    home = os.path.dirname(ray.__file__)
+    pids = set()
+    for listing in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(listing) as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if home.encode() in f.read():
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
