@@ -44,12 +44,13 @@ ALLOWED_BYTES = 64 << 20      # per segment
 class Allowed:
     """An allow mask's derived forms over one segment, built on first use."""
 
-    __slots__ = ("mask", "n", "_bits", "_sel", "_rows")
+    __slots__ = ("mask", "n", "_bits", "_sel", "_rows", "direct")
 
     def __init__(self, mask: np.ndarray):
         self.mask = mask
         self.n = int(np.count_nonzero(mask))
         self._bits = self._sel = self._rows = None
+        self.direct: dict = {}  # ``direct``'s answers, by search parameters
 
     def selector(self):
         if self._sel is None:
@@ -113,6 +114,54 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
         s2, r2 = exact(seg, np.ascontiguousarray(x[short]), k, allow, n_allowed, al)
         scores[short], rows[short] = s2, r2
     return scores, rows
+
+
+class Direct:
+    """What ``search`` does for one (segment, frozen mask) at every k up to ``max_k``, worked
+    out once for the vector lane: one faiss call with ``params`` (the allow bitmap and the
+    budget ``search`` would use). A query that gets fewer than ``min(k, n)`` hits is
+    searched again by ``search`` (which widens), so the answer is ``search``'s, bit for
+    bit, without its per-call Python (a new selector parameters object, the wrapper)."""
+
+    __slots__ = ("params", "max_k", "n", "_keep")
+
+    def __init__(self, params, max_k: int, n: int, al: Allowed):
+        self.params, self.max_k, self.n = params, max_k, n
+        # the selector in params points into the bitmap: both kept (not the Allowed, which
+        # keeps this: no cycle for the garbage collector)
+        self._keep = (al._sel, al._bits)
+
+
+def direct(seg, allow: np.ndarray, kwargs: dict, exact_below: int):
+    """``"skip"`` (nothing allowed), ``"plain"`` (every row: search without a mask), a
+    ``Direct``, or None (exact scoring or an unusual index: call ``search``); kept with the
+    mask's ``Allowed`` when the mask is frozen."""
+    al = allowed(seg, allow)
+    key = (tuple(sorted(kwargs.items())), exact_below)
+    got = al.direct.get(key, al)
+    if got is al:
+        got = _direct(seg, al, kwargs, exact_below)
+        if len(al.direct) < 8:
+            al.direct[key] = got
+    return got
+
+
+def _direct(seg, al: Allowed, kwargs: dict, exact_below: int):
+    n, n_allowed = seg.n_rows, al.n
+    if n_allowed == 0:
+        return "skip"
+    if n_allowed == n:
+        return "plain"
+    if n_allowed <= exact_below and 2 * n_allowed <= n:
+        return None  # search scores these exactly
+    knob, base, limit = _budget(seg.index, kwargs)
+    if knob is None:  # a flat index: the selector scan is exact at any k
+        return Direct(seg._search_parameters({**kwargs, "sel": al.selector()}),
+                      n_allowed - 1, n_allowed, al)
+    value = min(limit, max(base, math.ceil(base * n / n_allowed)))
+    # past max_k search would raise the budget to k, or score exactly (k >= n_allowed)
+    return Direct(seg._search_parameters({**kwargs, knob: value, "sel": al.selector()}),
+                  min(value, n_allowed - 1), n_allowed, al)
 
 
 def _budget(index, kwargs: dict) -> tuple[str | None, int, int]:

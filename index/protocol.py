@@ -195,6 +195,10 @@ class SegmentIndex(ABC):
     def score(self, prepared: Any, row_ids: np.ndarray) -> np.ndarray:
         """Scores of the given rows (shape (nq, len(row_ids)), NaN where not scorable)."""
 
+    def prepare_live(self, live: np.ndarray) -> None:
+        """Work out, off the query path, what searches under a new frozen live mask will
+        need (a writer calls it for the masks its writes make). Nothing by default."""
+
 
 class IndexKind(ABC):
     """Collection-level index kind (one per representation of a collection)."""

@@ -102,3 +102,43 @@ def test_profiles_the_lane_does_not_take_still_answer(eng):
     got = coll.query(vector=x[2], k=5, profile="dense", filter={"n": {"lt": 10}})
     assert got and all(int(h.id[1:]) < 10 for h in got)
     assert coll.query(vector=x[2], k=3, profile="dense", explain=True)[0].explain is not None
+
+
+def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monkeypatch):
+    """A segment that lost a share of its rows is searched with the allow bitmap in one faiss
+    call; k past the budget (and a query that comes back short of hits) takes the segment's
+    own (widening) search: every answer is that search's."""
+    from polyindex.index import dense_filtered
+    calls = []
+    real = dense_filtered.search
+
+    def counted(seg, x, k, params, allow):
+        calls.append(len(x))
+        return real(seg, x, k, params, allow)
+
+    monkeypatch.setattr(dense_filtered, "search", counted)
+    x, q = vecs(2000, d=8), vecs(40, d=8, seed=2)
+    coll = eng.create_collection("v", ["dense:HNSW8,Flat"], model=None)
+    coll.save_profile("ef4", {"retrieve": [{"index": "dense", "k": 10, "params": "efSearch=4"}]})
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(2000)])
+    # the nearest rows of every query deleted: a small budget finds few allowed ones
+    near = np.argsort(-(q @ x.T), axis=1)[:, :20]
+    coll.delete([f"d{i}" for i in np.unique(near)])
+    seg = coll.snapshot().segments[0].indexes["dense"]
+    plan = vector_lane.plan(coll.snapshot(), "ef4",
+                            lambda: coll._profile("ef4"))
+    masked = [p[4] for p in plan.parts if p[4] is not None]
+    assert len(masked) == 1 and masked[0].n == int(coll.snapshot().live[0].sum())
+    assert 0.5 * seg.n_rows < masked[0].n < seg.n_rows
+    for k in (1, 3, masked[0].max_k, masked[0].max_k + 1, 50):
+        for v in q:
+            assert same(coll.query(vector=v, k=k, profile="ef4"), general(coll, v, k, "ef4"))
+    assert lane_used(coll, "ef4")
+    # up to max_k one direct call (none of these queries comes back short), past it the
+    # segment's own search
+    calls.clear()
+    for v in q:
+        coll.query(vector=v, k=masked[0].max_k, profile="ef4")
+    assert calls == []
+    coll.query(vector=q[0], k=masked[0].max_k + 1, profile="ef4")
+    assert calls == [1]

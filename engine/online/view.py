@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from polyindex.index.masks import freeze
 from polyindex.index.protocol import DocTokens
 from polyindex.storage import build_worker, idindex
 from polyindex.storage.manifest import SegmentEntry
@@ -43,7 +44,9 @@ class Buffer:
         self.vectors: dict[str, np.ndarray] = {}
         self.deleted: set[str] = set()
         self.segments: list[OpenedSegment] = []
-        self.live: list[np.ndarray] = []
+        # None while every row of the segment is live: a query then searches its index
+        # directly, with no mask to derive a bitmap from on each new snapshot
+        self.live: list[np.ndarray | None] = []
         self.where: dict[str, tuple[int, int]] = {}
         self.started: float | None = None
         self.through = 0  # WAL sequence number of the last write in this buffer
@@ -58,7 +61,7 @@ class Buffer:
     def add_segment(self, seg: OpenedSegment, docs: Sequence[Document], vectors) -> None:
         s = len(self.segments)
         self.segments.append(seg)
-        self.live.append(np.ones(len(docs), dtype=bool))
+        self.live.append(None)
         for row, d in enumerate(docs):
             self._forget(d.id)
             self.where[d.id] = (s, row)
@@ -79,8 +82,11 @@ class Buffer:
     def _forget(self, doc_id: str) -> None:
         old = self.where.pop(doc_id, None)
         if old is not None:
-            self.live[old[0]] = self.live[old[0]].copy()  # snapshots keep the old mask
-            self.live[old[0]][old[1]] = False
+            seg, row = old
+            mask = self.live[seg]  # a new array: published snapshots keep the old mask
+            mask = np.ones(self.segments[seg].docs.n_rows, bool) if mask is None else mask.copy()
+            mask[row] = False
+            self.live[seg] = mask
 
 
 class BufferedView:
@@ -182,7 +188,10 @@ class BufferedView:
                 self.overlay[i] = np.zeros(under[i].docs.n_rows, dtype=bool)
             self.overlay[i][rows] = True
             mask = base_live[i]
-            self.combined[i] = ~self.overlay[i] if mask is None else mask & ~self.overlay[i]
+            live = freeze(~self.overlay[i] if mask is None else mask & ~self.overlay[i])
+            self.combined[i] = live
+            for index in under[i].indexes.values():
+                index.prepare_live(live)
 
     def _under(self) -> list[OpenedSegment]:
         return self.base.segments + (self.frozen.segments if self.frozen else [])

@@ -5,8 +5,9 @@ A vector database's commonest call, one query at a time, spent ~40 us of Python 
 60-200 us HNSW search in ``pipeline.run`` (checks, a ``Query``, the kind's ``prepare``, the
 faiss wrapper, fusion of one list): 0.6-0.8x raw FAISS's queries/s (issue 18). Here what
 depends only on the snapshot and the profile (the segments' faiss indexes, search
-parameters, bases) is worked out once per snapshot (``plan``), so a query is the vector's
-check and normalization, one faiss call per segment and the hits.
+parameters, bases; for a tombstoned segment its allow bitmap and budget, from
+``dense_filtered.direct``) is worked out once per snapshot (``plan``), so a query is the
+vector's check and normalization, one faiss call per segment and the hits.
 
 The answer is ``pipeline.run``'s, bit for bit (the same normalization arithmetic, the same
 per-segment calls and merge, ties put in id order by the same function): a test compares the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from polyindex.index import dense
+from polyindex.index import dense, dense_filtered
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
 from polyindex.query.pipeline import order_ties
@@ -49,18 +50,32 @@ class Plan:
         fparams = dense._faiss_params(params)
         kwargs = {key: dense.SEARCH_PARAMS[key](v) for key, v in fparams.items()
                   if key != "exact_below"}
-        # per segment (base, direct faiss index + parameters) or (base, general search)
+        exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
+        # per segment (base, faiss index, its parameters, the segment's own search, and
+        # for a tombstoned segment the Direct that says when that search must answer)
         self.parts = []
         for base, seg, live in zip(snapshot.bases, segments, snapshot.live):
             if seg.n_rows == 0:
                 continue
-            if live is None and seg.presence is None and _plain_cpu(seg):
-                sp = seg._search_parameters(kwargs) if kwargs else None
-                self.parts.append((base, seg.index, sp, None))
-            else:  # tombstones, missing vectors, a GPU: the segment's own search
+            general = None
+            if live is not None:
                 freeze(live)
-                self.parts.append((base, None, None,
-                                   lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live)))
+                general = (lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live))
+            if seg.presence is not None or not _plain_cpu(seg):  # the segment's own search
+                self.parts.append((base, None, None, general or (
+                    lambda x, k, seg=seg: seg.search(x, k, fparams, None)), None))
+                continue
+            how = "plain" if live is None else dense_filtered.direct(seg, live, kwargs,
+                                                                     exact_below)
+            if how == "skip":
+                continue
+            if how == "plain":
+                sp = seg._search_parameters(kwargs) if kwargs else None
+                self.parts.append((base, seg.index, sp, None, None))
+            elif how is None:
+                self.parts.append((base, None, None, general, None))
+            else:  # tombstones: one direct call with the allow bitmap
+                self.parts.append((base, seg.index, how.params, general, how))
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
         if type(vector) is np.ndarray and vector.dtype == np.float32:
@@ -131,8 +146,8 @@ class Plan:
         return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
 
     def _one(self, part, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        base, index, sp, general = part
-        if general is not None:
+        base, index, sp, general, masked = part
+        if index is None or (masked is not None and k > masked.max_k):
             scores, rows = general(x, k)
         else:
             nq = len(x)
@@ -150,6 +165,11 @@ class Plan:
                 scores = -scores
             if (rows[0, -1] if nq == 1 else rows[:, -1].min()) < 0:  # padding comes last
                 scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
+                if masked is not None:  # short of hits: the segment's search widens
+                    short = np.flatnonzero((rows >= 0).sum(1) < min(k, masked.n))
+                    if len(short):
+                        s2, r2 = general(np.ascontiguousarray(x[short]), k)
+                        scores[short], rows[short] = s2, r2
         if base:
             rows = np.where(rows >= 0, rows + base, -1)
         return scores, rows
