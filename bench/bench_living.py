@@ -90,6 +90,11 @@ def warm(work: Path, corpus: "Corpus") -> None:
             coll.seal()
             for p in PROFILES:
                 time_queries(coll, corpus.queries(3, seed=99), p)
+        # block-max pruning compiles on the first query long enough to prune (16,384
+        # postings, blockmax.MIN_POSTINGS): the commonest word over 17,000 documents
+        coll.add(corpus.docs(list(range(1_000, 18_000)), 0))
+        for p in ("lexical", "hybrid"):
+            time_queries(coll, [(str(corpus.vocab[0]), corpus.queries(1, seed=98)[0][1])], p)
     shutil.rmtree(work / "warm", ignore_errors=True)
 
 

@@ -211,6 +211,11 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
             return None
         return np.array([sum(ws) * z for ws in prepared.weights], np.float64)
 
+    def prepare_live(self, live: np.ndarray) -> None:
+        """The live rows and their total length under a new mask (collection statistics),
+        counted by the write that made the mask, not by the next query."""
+        self.live_stats.get(live, lambda: _live_stats(self, live))
+
     def search(self, prepared: LexicalPrepared, k: int, params: dict[str, str],
                allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         scorer = self._scorer(prepared, params)
