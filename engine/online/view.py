@@ -190,8 +190,12 @@ class BufferedView:
             mask = base_live[i]
             live = freeze(~self.overlay[i] if mask is None else mask & ~self.overlay[i])
             self.combined[i] = live
-            for index in under[i].indexes.values():
-                index.prepare_live(live)
+            for name, index in under[i].indexes.items():
+                try:
+                    index.prepare_live(live)
+                except Exception as e:  # noqa: BLE001 - the next query builds it instead
+                    log.warning("%s: preparing %s for a new live mask failed: %s",
+                                self.coll.name, name, e)
 
     def _under(self) -> list[OpenedSegment]:
         return self.base.segments + (self.frozen.segments if self.frozen else [])
