@@ -138,3 +138,32 @@ def test_dense_buffer_merges_and_seals_with_stored_vectors(tmp_path):
     after = [(h.id, round(h.score, 5)) for h in coll.query("space launch", profile="dense", k=4)]
     assert before == after  # sealed vectors are the buffered ones, not re-encoded differently
     eng.close()
+
+
+def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
+    """A rewrite hides a sealed row under a new live mask: the write itself counts the
+    mask's lexical statistics and builds its dense allow bitmap and search parameters, so
+    the first query after it finds them (and answers as a fresh search would)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    eng = polyindex.open(tmp_path / "data", online=True)
+    try:
+        coll = eng.create_collection("c", ["lexical", "dense:metric=l2,HNSW8,Flat"],
+                                     model=None)
+        coll.add([{"id": f"d{i}", "text": f"alpha w{i % 7}", "vector": x[i]} for i in range(300)])
+        coll.seal()
+        coll.add([{"id": "d5", "text": "beta", "vector": x[5]}])  # hides sealed row 5
+        snap = coll.snapshot()
+        live = snap.live[0]
+        assert live is not None and not live[5] and live.sum() == 299
+        lexical, dense = snap.segments[0].indexes["lexical"], snap.segments[0].indexes["dense"]
+        count, total = lexical.live_stats.get(live, lambda: pytest.fail("not prepared"))
+        assert count == 299 and total == int(lexical.doclen.sum()) - int(lexical.doclen[5])
+        prepared = dense.__dict__["_allowed"].get((live,))
+        assert prepared is not None and prepared.n == 299 and prepared.direct
+        hits = coll.query(vector=x[5], k=3, profile="dense")
+        assert hits[0].id == "d5" and len({h.id for h in hits}) == 3
+        assert coll.count() == 300
+    finally:
+        eng.close()
