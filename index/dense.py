@@ -261,7 +261,7 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
             scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
         return scores, rows
 
-    def prepare_live(self, live):
+    def prepare_live(self, live, before=None, hidden=None):
         """The allow bitmap and the direct search parameters (default budget) of a new live
         mask, so the first query after a write does not build them."""
         if self.presence is None and not self.on_gpu:

@@ -211,10 +211,18 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
             return None
         return np.array([sum(ws) * z for ws in prepared.weights], np.float64)
 
-    def prepare_live(self, live: np.ndarray) -> None:
+    def prepare_live(self, live: np.ndarray, before: np.ndarray | None = None,
+                     hidden: np.ndarray | None = None) -> None:
         """The live rows and their total length under a new mask (collection statistics),
-        counted by the write that made the mask, not by the next query."""
-        self.live_stats.get(live, lambda: _live_stats(self, live))
+        worked out by the write that made the mask, not by the next query: from the
+        previous mask's numbers less the rows it hid (the batch's work), where those are
+        known; else counted over the mask."""
+        was = (self.n_rows, self.total_len) if before is None else self.live_stats.peek(before)
+        if was is None or hidden is None:
+            self.live_stats.get(live, lambda: _live_stats(self, live))
+        else:
+            self.live_stats.put(live, (was[0] - len(hidden),
+                                       was[1] - int(self.doclen[hidden].sum(dtype=np.int64))))
 
     def search(self, prepared: LexicalPrepared, k: int, params: dict[str, str],
                allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -107,6 +107,13 @@ class MaskCache:
             self._lru.put((mask,), value)
         return value
 
+    def peek(self, mask: np.ndarray):
+        """The value kept for this mask, or None."""
+        return self._lru.get((mask,))
+
+    def put(self, mask: np.ndarray, value) -> None:
+        self._lru.put((mask,), value)
+
 
 class _IdentitySet:
     """Objects (by identity, held weakly) with a flag; lock-free lookups (one dict get), as

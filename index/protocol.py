@@ -195,9 +195,13 @@ class SegmentIndex(ABC):
     def score(self, prepared: Any, row_ids: np.ndarray) -> np.ndarray:
         """Scores of the given rows (shape (nq, len(row_ids)), NaN where not scorable)."""
 
-    def prepare_live(self, live: np.ndarray) -> None:
+    def prepare_live(self, live: np.ndarray, before: np.ndarray | None = None,
+                     hidden: np.ndarray | None = None) -> None:
         """Work out, off the query path, what searches under a new frozen live mask will
-        need (a writer calls it for the masks its writes make). Nothing by default."""
+        need (a writer calls it for the masks its writes make). ``before`` is the mask it
+        replaces (None: every row live) and ``hidden`` the rows live under ``before`` but
+        not under ``live``, from which an index may update what it kept for ``before``
+        instead of counting again. Nothing by default."""
 
 
 class IndexKind(ABC):

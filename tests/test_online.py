@@ -164,6 +164,16 @@ def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
         assert prepared is not None and prepared.n == 299 and prepared.direct
         hits = coll.query(vector=x[5], k=3, profile="dense")
         assert hits[0].id == "d5" and len({h.id for h in hits}) == 3
-        assert coll.count() == 300
+        # later writes derive the statistics from the previous mask's: a new hidden row
+        # counts, a row hidden already (d5 deleted now) does not
+        from polyindex.index.lexical import _live_stats
+        coll.add([{"id": "d7", "text": "gamma", "vector": x[7]}])
+        coll.delete(["d5", "d9"])
+        live = coll.snapshot().live[0]
+        assert live.sum() == 297 and not live[[5, 7, 9]].any()
+        got = lexical.live_stats.get(live, lambda: pytest.fail("not prepared"))
+        assert got == _live_stats(lexical, live)
+        assert coll.count() == 298
+        assert [h.id for h in coll.query("gamma", profile="lexical")] == ["d7"]
     finally:
         eng.close()

@@ -186,13 +186,16 @@ class BufferedView:
                 continue
             if self.overlay[i] is None:
                 self.overlay[i] = np.zeros(under[i].docs.n_rows, dtype=bool)
+            before = self.combined[i]
+            rows = np.unique(rows)
+            hidden = rows if before is None else rows[before[rows]]  # live until now
             self.overlay[i][rows] = True
             mask = base_live[i]
             live = freeze(~self.overlay[i] if mask is None else mask & ~self.overlay[i])
             self.combined[i] = live
             for name, index in under[i].indexes.items():
                 try:
-                    index.prepare_live(live)
+                    index.prepare_live(live, before, hidden)
                 except Exception as e:  # noqa: BLE001 - the next query builds it instead
                     log.warning("%s: preparing %s for a new live mask failed: %s",
                                 self.coll.name, name, e)
