@@ -65,6 +65,11 @@ def test_kill_server_during_upserts(tmp_path, frontend, seed):
 
     t = threading.Thread(target=writer)
     t.start()
+    # the kill lands a random time after the first acknowledgement (a busy machine can take
+    # longer than the shortest random wait to acknowledge the server's first write)
+    deadline = time.monotonic() + 60
+    while not acked and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(rng.uniform(0.3, 2.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
