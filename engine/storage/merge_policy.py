@@ -29,9 +29,9 @@ def _live(s: SegmentEntry) -> int:
 
 @dataclass(frozen=True)
 class TieredPolicy:
-    # segments of one tier merged at once. tantivy uses 8; 4 keeps a written collection at
-    # 4-6 segments instead of 13-17 (bench_living: p99 during writes 2.0 / 2.3 / 9.0 ms for
-    # lexical / dense / hybrid against 2.3 / 2.7 / 11.6 with 8, the same write rate)
+    # segments of one tier merged at once. tantivy uses 8; 4 keeps a collection being written
+    # at 4-9 segments instead of 13-17, which every query pays for (hybrid's p99 during
+    # bench_living's writes 5.2-10.4 ms against 9.9-11.6), for 40% more rows merged
     factor: int = 4
     floor_rows: int = 20_000      # segments smaller than this are all tier 0
     max_rows: int = 5_000_000     # background merges stop growing segments here
