@@ -109,7 +109,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--update", type=float, default=0.2)
     ap.add_argument("--delete", type=float, default=0.1)
-    ap.add_argument("--probe-every", type=int, default=50)
+    # 10, not 50: 50 batches of 100 are exactly one seal (5,000 docs), so every probe fell at
+    # the same point of the seal cycle; 10 samples the whole cycle (5x the probes)
+    ap.add_argument("--probe-every", type=int, default=10)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--settle", type=float, default=600.0)
     ap.add_argument("--compact", action="store_true", help="compact() after the settle")
@@ -139,6 +141,7 @@ def main() -> None:
         time_queries(reference, probes, p)
     during: dict[str, list[float]] = {p: [] for p in PROFILES}
     during_fresh: dict[str, list[float]] = {p: [] for p in PROFILES}
+    moments: list[dict] = []  # every probe round: when, how big, how many segments, the times
     live_ids = set()
     n_batches = 0
     t_start = time.perf_counter()
@@ -152,12 +155,19 @@ def main() -> None:
         n_batches += 1
         if n_batches % args.probe_every == 0:
             first = n_batches // args.probe_every % 2  # alternate which goes first
+            snap = coll.snapshot()
+            moment = {"batch": n_batches, "rows": int(snap.bases[-1]),
+                      "sealed_rows": int(coll.sealed_snapshot().bases[-1]),
+                      "segments": len(snap.segments)}
             for p in PROFILES:
                 for which in ((0, 1) if first else (1, 0)):
                     if which == 0:
-                        during[p].extend(time_queries(coll, probes, p))
+                        moment[p] = time_queries(coll, probes, p)
+                        during[p].extend(moment[p])
                     else:
-                        during_fresh[p].extend(time_queries(reference, probes, p))
+                        moment[p + "_fresh"] = time_queries(reference, probes, p)
+                        during_fresh[p].extend(moment[p + "_fresh"])
+            moments.append(moment)
         if n_batches % 200 == 0:
             el = time.perf_counter() - t_start
             console.print(f"  {n_batches:,} batches, {len(live_ids):,} live, "
@@ -200,6 +210,8 @@ def main() -> None:
                             "living_p50_ms": pct(during[p], 50),
                             "fresh_p50_same_moments_ms": pct(during_fresh[p], 50)}
                         for p in PROFILES}
+    result["moments"] = moments
+    result["during_by_size"] = by_size(moments)
     console.print(table("p99 during the workload: living vs fresh, timed at the same moments",
                         ["profile", "living p99 ms", "fresh p99 ms", "ratio (<=3)",
                          "living p50 ms", "fresh p50 ms"],
@@ -207,6 +219,11 @@ def main() -> None:
                           f"{r['ratio_p99']:.2f}x", f"{r['living_p50_ms']:.2f}",
                           f"{r['fresh_p50_same_moments_ms']:.2f}"]
                          for p, r in result["during"].items()]))
+    console.print(table("p99 during the workload by the collection's size at the probe",
+                        ["stored rows", "rounds"] + [f"{p} ratio" for p in PROFILES],
+                        [[f"{name} ({'<' if name == 'small' else '>='} dense auto HNSW)",
+                          str(r["rounds"])] + [f"{r[p]['ratio_p99']:.2f}x" for p in PROFILES]
+                         for name, r in result["during_by_size"].items()]))
     result["after_settle"] = compare(args, "after the background merges settled", final,
                                      queries, during)
     if args.compact:
@@ -214,6 +231,23 @@ def main() -> None:
             result["compact"] = eng.collection("c").compact()
         result["after_compact"] = compare(args, "after compact()", final, queries, during)
     save_results("bench_living", result)
+
+
+def by_size(moments: list[dict]) -> dict:
+    """p99 during the workload split by the living collection's stored rows at the probe
+    (under or past dense.AUTO_HNSW_ROWS: below it every segment is scanned exactly)."""
+    from polyindex.index.dense import AUTO_HNSW_ROWS
+    out = {}
+    for name, keep in (("small", lambda m: m["sealed_rows"] < AUTO_HNSW_ROWS),
+                       ("past", lambda m: m["sealed_rows"] >= AUTO_HNSW_ROWS)):
+        ms = [m for m in moments if keep(m)]
+        out[name] = {"rounds": len(ms)}
+        for p in PROFILES:
+            liv = [x for m in ms for x in m[p]]
+            fr = [x for m in ms for x in m[p + "_fresh"]]
+            out[name][p] = {"living_p99_ms": pct(liv, 99), "fresh_p99_ms": pct(fr, 99),
+                            "ratio_p99": pct(liv, 99) / pct(fr, 99) if fr else float("nan")}
+    return out
 
 
 def build_fresh(args, upd: np.ndarray, final: list[int]) -> None:

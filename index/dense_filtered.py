@@ -100,7 +100,7 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
     knob, base, limit = _budget(seg.index, kwargs)
     if knob is None:  # a flat index: the selector scan is already exact
         return seg.faiss_search(x, k, {**kwargs, "sel": sel})
-    value = min(limit, max(base, k, math.ceil(base * n / n_allowed)))
+    value = masked_budget(knob, base, limit, n, n_allowed, k)
     scores, rows = seg.faiss_search(x, k, {**kwargs, knob: value, "sel": sel})
     want = min(k, n_allowed)
     short = np.flatnonzero((rows >= 0).sum(1) < want)
@@ -158,10 +158,19 @@ def _direct(seg, al: Allowed, kwargs: dict, exact_below: int):
     if knob is None:  # a flat index: the selector scan is exact at any k
         return Direct(seg._search_parameters({**kwargs, "sel": al.selector()}),
                       n_allowed - 1, n_allowed, al)
-    value = min(limit, max(base, math.ceil(base * n / n_allowed)))
-    # past max_k search would raise the budget to k, or score exactly (k >= n_allowed)
+    value = masked_budget(knob, base, limit, n, n_allowed, 1)
+    # from k = n_allowed search scores exactly; an HNSW budget grows with k past efSearch
+    max_k = min(base, n_allowed - 1) if knob == "efSearch" else n_allowed - 1
     return Direct(seg._search_parameters({**kwargs, knob: value, "sel": al.selector()}),
-                  min(value, n_allowed - 1), n_allowed, al)
+                  max_k, n_allowed, al)
+
+
+def masked_budget(knob: str, base: int, limit: int, n: int, n_allowed: int, k: int) -> int:
+    """The unmasked search's budget (HNSW: efSearch raised to k, as ``DenseSegment.at_least_k``
+    searches; IVF: nprobe, which has nothing to do with k) divided by the selectivity."""
+    if knob == "efSearch":
+        base = max(base, k)
+    return min(limit, max(base, math.ceil(base * n / n_allowed)))
 
 
 def _budget(index, kwargs: dict) -> tuple[str | None, int, int]:

@@ -41,7 +41,7 @@ LANE_CACHE = "query:vector-lane"  # in ``Snapshot.cache`` (whose other keys are 
 class Plan:
     """One snapshot's dense stage, ready to search."""
 
-    __slots__ = ("dim", "cosine", "l2", "parts")
+    __slots__ = ("dim", "cosine", "l2", "parts", "kwargs")
 
     def __init__(self, snapshot, kind, segments, params: dict[str, str]):
         self.dim = segments[0].index.d
@@ -51,8 +51,10 @@ class Plan:
         kwargs = {key: dense.SEARCH_PARAMS[key](v) for key, v in fparams.items()
                   if key != "exact_below"}
         exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
-        # per segment (base, faiss index, its parameters, the segment's own search, and
-        # for a tombstoned segment the Direct that says when that search must answer)
+        # per segment (base, faiss index, its parameters, the segment's own search, for a
+        # tombstoned segment the Direct that says when that search must answer, and for an
+        # intact HNSW segment (its efSearch, the segment): past that k the parameters with
+        # efSearch = k, as its own search uses)
         self.parts = []
         for base, seg, live in zip(snapshot.bases, segments, snapshot.live):
             if seg.n_rows == 0:
@@ -63,19 +65,21 @@ class Plan:
                 general = (lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live))
             if seg.presence is not None or not _plain_cpu(seg):  # the segment's own search
                 self.parts.append((base, None, None, general or (
-                    lambda x, k, seg=seg: seg.search(x, k, fparams, None)), None))
+                    lambda x, k, seg=seg: seg.search(x, k, fparams, None)), None, None))
                 continue
             how = "plain" if live is None else dense_filtered.direct(seg, live, kwargs,
                                                                      exact_below)
             if how == "skip":
                 continue
             if how == "plain":
-                sp = seg._search_parameters(kwargs) if kwargs else None
-                self.parts.append((base, seg.index, sp, None, None))
+                grow = None if seg.hnsw_ef is None else (
+                    kwargs.get("efSearch", seg.hnsw_ef), seg)
+                self.parts.append((base, seg.index, seg.params_for(kwargs), None, None, grow))
             elif how is None:
-                self.parts.append((base, None, None, general, None))
+                self.parts.append((base, None, None, general, None, None))
             else:  # tombstones: one direct call with the allow bitmap
-                self.parts.append((base, seg.index, how.params, general, how))
+                self.parts.append((base, seg.index, how.params, general, how, None))
+        self.kwargs = kwargs
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
         if type(vector) is np.ndarray and vector.dtype == np.float32:
@@ -146,10 +150,12 @@ class Plan:
         return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
 
     def _one(self, part, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        base, index, sp, general, masked = part
+        base, index, sp, general, masked, grow = part
         if index is None or (masked is not None and k > masked.max_k):
             scores, rows = general(x, k)
         else:
+            if grow is not None and k > grow[0]:  # HNSW explores at least k, as its search
+                sp = grow[1].params_for(grow[1].at_least_k(self.kwargs, k))
             nq = len(x)
             scores = np.empty((nq, k), np.float32)
             rows = np.empty((nq, k), np.int64)
