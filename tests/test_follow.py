@@ -190,3 +190,27 @@ def test_wal_records_carry_exact_embeddings():
     docs_, stored, deleted = net_changes(records)
     assert list(docs_) == ["y"] and docs_["y"].text == "three" and deleted == {"x"}
     assert np.array_equal(stored["y"], a[2])
+
+
+def test_wal_records_carry_user_vectors_and_tokens_exactly_in_either_form(tmp_path):
+    """The writer stores a document's vectors and token matrix as base64 float32; records
+    written before (JSON lists of numbers) still replay to the same arrays."""
+    rng = np.random.default_rng(1)
+    v, toks = rng.standard_normal(8).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    new = [(1, {"op": "upsert", "docs": [["x", "", "", {}, {"img": encode_array(v)},
+                                          encode_array(toks)]]})]
+    old = [(1, {"op": "upsert", "docs": [["x", "", "", {}, {"img": v.tolist()}, toks.tolist()]]})]
+    for records in (new, old):
+        doc = net_changes(records)[0]["x"]
+        assert np.array_equal(doc.vectors["img"], v) and np.array_equal(doc.tokens, toks)
+        doc.vectors["img"][0] = 0.0  # writable, whichever form it came from
+    # what the writer appends, read back from its WAL file
+    eng = polyindex.open(tmp_path / "d", online=True)
+    coll = eng.create_collection("v", ["dense@img:dim=8"], model=None)
+    coll.add([{"id": "x", "vectors": {"img": v}}])
+    wal = sorted((tmp_path / "d" / "v" / "wal").glob("wal-*.log"))
+    assert wal and b'"f4"' in wal[-1].read_bytes() and str(float(v[0])).encode() not in \
+        wal[-1].read_bytes()
+    eng.close()
+    again = polyindex.open(tmp_path / "d").collection("v")
+    assert np.array_equal(again.get(["x"], with_vectors=True)[0].vectors["img"], v)

@@ -238,10 +238,9 @@ def net_changes(records: Iterable[tuple[int, dict]]):
                 docs.pop(i, None)
                 stored.pop(i, None)
                 # [id, title, text, metadata] + [vectors] + [token matrix] (online.writes)
-                docs[i] = Document(i, t, x, m, {f: np.asarray(a, np.float32)
-                                                for f, a in v[0].items()} if v and v[0]
-                                   else None,
-                                   np.asarray(v[1], np.float32) if len(v) > 1 else None)
+                docs[i] = Document(i, t, x, m, {f: record_array(a) for f, a in v[0].items()}
+                                   if v and v[0] else None,
+                                   record_array(v[1]) if len(v) > 1 else None)
                 if emb is not None:
                     stored[i] = emb[row]
                 deleted.discard(i)
@@ -257,6 +256,14 @@ def encode_array(a: np.ndarray) -> dict:
     """A float32 matrix as JSON: exact, about 5.3 bytes per value (base64)."""
     a = np.ascontiguousarray(a, dtype="<f4")
     return {"shape": list(a.shape), "f4": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def record_array(a) -> np.ndarray:
+    """A document's vector or token matrix from a WAL record: ``encode_array``'s form, or a
+    JSON list of numbers (records written before stop 31)."""
+    if isinstance(a, dict):
+        return decode_array(a).copy()  # writable, as the list form gives
+    return np.asarray(a, np.float32)
 
 
 def decode_array(d: dict) -> np.ndarray:

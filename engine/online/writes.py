@@ -62,11 +62,15 @@ class OnlineWrites(BufferedView):
     # -- writes ----------------------------------------------------------------------------
     def upsert(self, docs: list[Document], embeddings: np.ndarray | None = None) -> int:
         # [id, title, text, metadata] + [vectors] when the document has vectors or tokens,
-        # + [token matrix] when it has tokens (multivector:source=user)
+        # + [token matrix] when it has tokens (multivector:source=user). Arrays as base64
+        # float32 (``encode_array``), not JSON numbers: a batch of 100 384-d vectors took
+        # 26 ms of a 49 ms write to encode as numbers (and 5x the WAL bytes).
         record = {"op": "upsert", "docs": [[d.id, d.title, d.text, d.metadata] +
-                                           ([{f: v.tolist() for f, v in (d.vectors or {}).items()}]
+                                           ([{f: encode_array(v)
+                                              for f, v in (d.vectors or {}).items()}]
                                             if d.vectors or d.tokens is not None else []) +
-                                           ([d.tokens.tolist()] if d.tokens is not None else [])
+                                           ([encode_array(d.tokens)] if d.tokens is not None
+                                            else [])
                                            for d in docs]}
         # before the WAL: an encoder failure acknowledges nothing
         vectors = embeddings if embeddings is not None and self.needs_vectors else \
