@@ -97,10 +97,11 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
     if n_allowed <= k or (n_allowed <= exact_below and 2 * n_allowed <= n):
         return exact(seg, x, k, allow, n_allowed, al)
     sel = al.selector()
+    kwargs = seg.at_least_k(kwargs, k)  # the unmasked search's budget at this k
     knob, base, limit = _budget(seg.index, kwargs)
     if knob is None:  # a flat index: the selector scan is already exact
         return seg.faiss_search(x, k, {**kwargs, "sel": sel})
-    value = masked_budget(knob, base, limit, n, n_allowed, k)
+    value = masked_budget(base, limit, n, n_allowed)
     scores, rows = seg.faiss_search(x, k, {**kwargs, knob: value, "sel": sel})
     want = min(k, n_allowed)
     short = np.flatnonzero((rows >= 0).sum(1) < want)
@@ -158,18 +159,17 @@ def _direct(seg, al: Allowed, kwargs: dict, exact_below: int):
     if knob is None:  # a flat index: the selector scan is exact at any k
         return Direct(seg._search_parameters({**kwargs, "sel": al.selector()}),
                       n_allowed - 1, n_allowed, al)
-    value = masked_budget(knob, base, limit, n, n_allowed, 1)
+    value = masked_budget(base, limit, n, n_allowed)
     # from k = n_allowed search scores exactly; an HNSW budget grows with k past efSearch
     max_k = min(base, n_allowed - 1) if knob == "efSearch" else n_allowed - 1
     return Direct(seg._search_parameters({**kwargs, knob: value, "sel": al.selector()}),
                   max_k, n_allowed, al)
 
 
-def masked_budget(knob: str, base: int, limit: int, n: int, n_allowed: int, k: int) -> int:
-    """The unmasked search's budget (HNSW: efSearch raised to k, as ``DenseSegment.at_least_k``
-    searches; IVF: nprobe, which has nothing to do with k) divided by the selectivity."""
-    if knob == "efSearch":
-        base = max(base, k)
+def masked_budget(base: int, limit: int, n: int, n_allowed: int) -> int:
+    """The unmasked search's budget (HNSW: efSearch, already raised to k by
+    ``DenseSegment.at_least_k``; IVF: nprobe, which has nothing to do with k) divided by the
+    selectivity."""
     return min(limit, max(base, math.ceil(base * n / n_allowed)))
 
 
