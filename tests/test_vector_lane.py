@@ -142,3 +142,48 @@ def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monke
     assert calls == []
     coll.query(vector=q[0], k=masked[0].max_k + 1, profile="ef4")
     assert calls == [1]
+
+
+@pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
+def test_an_online_buffer_is_one_exact_scan_equal_to_its_segments(tmp_path, metric):
+    """An online collection's buffer segments (one per write) are searched by the lane as one
+    stacked matrix (``index.dense_stack``): the same hits and score bits as the general path,
+    which searches each segment, with rows hidden inside the buffer and under it, after the
+    buffer's own merge, and once every buffered row is gone."""
+    import polyindex
+    from polyindex.index.dense_stack import StackSearch
+    x, q = vecs(900, seed=3), vecs(8, seed=4)
+    x[501] = x[502]  # an exact tie inside the buffer
+    with polyindex.open(tmp_path, online=True) as eng:
+        coll = eng.create_collection("v", [f"dense:metric={metric}"], model=None)
+        coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300)])
+        coll.seal()  # a sealed segment under the buffer
+
+        def check(buffer_segments):
+            snap = coll.snapshot()
+            plan = vector_lane.plan(snap, "dense", lambda: coll._profile("dense"))
+            stacked = [p for p in plan.parts if isinstance(p[1], StackSearch)]
+            assert len(stacked) == (1 if buffer_segments else 0)
+            # a part for each sealed segment with live rows, one for the whole buffer
+            n_sealed = len(coll.sealed_snapshot().segments)
+            assert len(snap.segments) > n_sealed + buffer_segments
+            assert len(plan.parts) == len(stacked) + sum(
+                m is None or bool(m.any()) for m in snap.live[:n_sealed])
+            for v in list(q) + [x[501], x[10]]:
+                for k in (1, 10, 60):
+                    assert same(coll.query(vector=v, k=k, profile="dense"),
+                                general(coll, v, k, "dense"))
+            assert lane_used(coll, "dense")
+
+        for b in range(6):  # writes of 50: rewrites of sealed rows and of buffered ones
+            ids = list(range(300 + 50 * b, 350 + 50 * b)) + [b, 300 + b]
+            coll.add([{"id": f"d{i}", "vector": x[(i + 7 * b) % 900]} for i in ids])
+        coll.delete(["d301", "d1", "d420"])
+        check(True)
+        for b in range(6, 12):  # past MAX_BUFFER_SEGMENTS: the buffer merged into one
+            coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300 + 50 * b, 350 + 50 * b)])
+        check(True)
+        # every buffered document deleted: the stack's rows all hidden, the part dropped
+        coll.delete([f"d{i}" for i in range(300, 900)] + [f"d{b}" for b in range(6)])
+        assert coll.count() == 300 - 6
+        check(False)

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from polyindex.index.dense_stack import Stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import DocTokens
 from polyindex.storage import build_worker, idindex
@@ -48,6 +49,7 @@ class Buffer:
         # directly, with no mask to derive a bitmap from on each new snapshot
         self.live: list[np.ndarray | None] = []
         self.where: dict[str, tuple[int, int]] = {}
+        self.stack = Stack()  # the segments' dense vectors as one matrix (the vector lane's)
         self.started: float | None = None
         self.through = 0  # WAL sequence number of the last write in this buffer
 
@@ -62,6 +64,7 @@ class Buffer:
         s = len(self.segments)
         self.segments.append(seg)
         self.live.append(None)
+        self.stack.add(seg)
         for row, d in enumerate(docs):
             self._forget(d.id)
             self.where[d.id] = (s, row)
@@ -221,8 +224,14 @@ class BufferedView:
 
     def _publish(self) -> None:
         segments = self._under() + self.active.segments
+        stacks, at = {}, len(self.base.segments)
+        for buf in ([self.frozen] if self.frozen else []) + [self.active]:
+            stack = buf.stack.view()
+            if stack is not None and stack[0] == len(buf.segments):
+                stacks[at] = stack
+            at += len(buf.segments)
         self.view = Snapshot(self.base.manifest, self.coll.kinds, segments,
-                             self.combined + list(self.active.live))
+                             self.combined + list(self.active.live), stacks)
 
 
 def net_changes(records: Iterable[tuple[int, dict]]):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from polyindex.index import dense, dense_filtered
+from polyindex.index import dense, dense_filtered, dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
 from polyindex.query.pipeline import order_ties
@@ -56,7 +56,16 @@ class Plan:
         # intact HNSW segment (its efSearch, the segment): past that k the parameters with
         # efSearch = k, as its own search uses)
         self.parts = []
-        for base, seg, live in zip(snapshot.bases, segments, snapshot.live):
+        skip_to = 0
+        for i, (base, seg, live) in enumerate(zip(snapshot.bases, segments, snapshot.live)):
+            if i < skip_to:
+                continue
+            stacked = self._stacked(snapshot, segments, i)
+            if stacked is not None:  # an online buffer's Flat segments: one exact scan
+                skip_to = i + stacked[0]
+                if stacked[1] is not None:
+                    self.parts.append((base, stacked[1], None, None, None, None))
+                continue
             if seg.n_rows == 0:
                 continue
             general = None
@@ -80,6 +89,27 @@ class Plan:
             else:  # tombstones: one direct call with the allow bitmap
                 self.parts.append((base, seg.index, how.params, general, how, None))
         self.kwargs = kwargs
+
+    @staticmethod
+    def _stacked(snapshot, segments, i: int):
+        """(segments covered, their ``StackSearch`` or None when no row is live) where the
+        snapshot stacks the segments from ``i`` on, each a plain CPU Flat index; else None."""
+        got = snapshot.stacks.get(i)
+        if got is None:
+            return None
+        count, matrix, metric = got
+        covered = segments[i:i + count]
+        if len(covered) < count or not all(_plain_cpu(s) and s.presence is None
+                                           for s in covered):
+            return None
+        masks = snapshot.live[i:i + count]
+        live = None
+        if any(m is not None for m in masks):
+            live = np.concatenate([np.ones(s.n_rows, bool) if m is None else m
+                                   for s, m in zip(covered, masks)])
+            if not live.any():
+                return count, None
+        return count, dense_stack.StackSearch(matrix, metric, live)
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
         if type(vector) is np.ndarray and vector.dtype == np.float32:
