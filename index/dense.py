@@ -122,6 +122,12 @@ def _faiss_params(params: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in params.items() if k not in prf.DENSE_KEYS}
 
 
+def faiss_kwargs(params: dict[str, str]) -> dict:
+    """The typed faiss search arguments of a stage's params (``nprobe``, ``efSearch``)."""
+    return {key: SEARCH_PARAMS[key](v) for key, v in _faiss_params(params).items()
+            if key != "exact_below"}
+
+
 def _check_params(params: dict[str, str]) -> None:
     unknown = set(params) - set(SEARCH_PARAMS) - set(prf.DENSE_KEYS)
     if unknown:
@@ -301,9 +307,7 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
                 k > FAISS_GPU_MAX_K or int(params.get("nprobe", 0)) > FAISS_GPU_MAX_K)):
             return self.torch_search(vectors, k, params, allow)
         if allow is None:
-            kwargs = {key: SEARCH_PARAMS[key](v) for key, v in params.items()
-                      if key != "exact_below"}
-            return self.faiss_search(vectors, k, kwargs)
+            return self.faiss_search(vectors, k, faiss_kwargs(params))
         return dense_filtered.search(self, vectors, k, params, allow)
 
     def torch_search(self, vectors, k, params, allow):

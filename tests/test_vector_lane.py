@@ -144,46 +144,135 @@ def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monke
     assert calls == [1]
 
 
+def exact_top(live: dict, v, k, metric):
+    """Brute force over the live documents: [(id, score)] best first, ties in id order."""
+    ids = sorted(live)
+    x = np.stack([live[i] for i in ids]).astype(np.float64)
+    q = np.asarray(v, np.float64)
+    if metric == "cosine":
+        x, q = x / np.linalg.norm(x, axis=1)[:, None], q / np.linalg.norm(q)
+    s = -((x - q) ** 2).sum(1) if metric == "l2" else x @ q
+    order = sorted(range(len(ids)), key=lambda j: (-s[j], ids[j]))[:k]
+    return [(ids[j], s[j]) for j in order]
+
+
+def stack_parts(plan):
+    return [p for p in plan.parts if p[1] is None and p[3] is not None
+            and "dense_stack" in p[3].__code__.co_names]
+
+
 @pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
 def test_an_online_buffer_is_one_exact_scan_equal_to_its_segments(tmp_path, metric):
-    """An online collection's buffer segments (one per write) are searched by the lane as one
-    stacked matrix (``index.dense_stack``): the same hits and score bits as the general path,
-    which searches each segment, with rows hidden inside the buffer and under it, after the
+    """An online collection's buffer segments (one per write) are searched as one stacked
+    matrix (``index.dense_stack``) by the lane and the general path alike: the exact top-k
+    of the live documents, with rows hidden inside the buffer and under it, after the
     buffer's own merge, and once every buffered row is gone."""
     import polyindex
-    from polyindex.index.dense_stack import StackSearch
     x, q = vecs(900, seed=3), vecs(8, seed=4)
     x[501] = x[502]  # an exact tie inside the buffer
+    live = {}
     with polyindex.open(tmp_path, online=True) as eng:
         coll = eng.create_collection("v", [f"dense:metric={metric}"], model=None)
-        coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300)])
+
+        def add(rows):
+            coll.add([{"id": f"d{i}", "vector": v} for i, v in rows])
+            live.update({f"d{i}": v for i, v in rows})
+
+        def delete(ids):
+            coll.delete(ids)
+            for i in ids:
+                live.pop(i, None)
+
+        add([(i, x[i]) for i in range(300)])
         coll.seal()  # a sealed segment under the buffer
 
-        def check(buffer_segments):
+        def check(buffered):
             snap = coll.snapshot()
             plan = vector_lane.plan(snap, "dense", lambda: coll._profile("dense"))
-            stacked = [p for p in plan.parts if isinstance(p[1], StackSearch)]
-            assert len(stacked) == (1 if buffer_segments else 0)
-            # a part for each sealed segment with live rows, one for the whole buffer
             n_sealed = len(coll.sealed_snapshot().segments)
-            assert len(snap.segments) > n_sealed + buffer_segments
-            assert len(plan.parts) == len(stacked) + sum(
+            assert len(snap.segments) > n_sealed + buffered
+            # a part for each sealed segment with live rows, one for the whole buffer
+            assert len(stack_parts(plan)) == buffered
+            assert len(plan.parts) == buffered + sum(
                 m is None or bool(m.any()) for m in snap.live[:n_sealed])
             for v in list(q) + [x[501], x[10]]:
                 for k in (1, 10, 60):
-                    assert same(coll.query(vector=v, k=k, profile="dense"),
-                                general(coll, v, k, "dense"))
+                    hits = coll.query(vector=v, k=k, profile="dense")
+                    assert same(hits, general(coll, v, k, "dense"))
+                    want = exact_top(live, v, k, metric)
+                    assert np.allclose([h.score for h in hits], [s for _, s in want],
+                                       rtol=1e-4, atol=1e-3)
+                    # ties at the k-th place may keep either (documents sharing a vector)
+                    assert {i for i, s in want if s > want[-1][1] + 1e-3} <= {h.id for h in hits}
             assert lane_used(coll, "dense")
 
         for b in range(6):  # writes of 50: rewrites of sealed rows and of buffered ones
             ids = list(range(300 + 50 * b, 350 + 50 * b)) + [b, 300 + b]
-            coll.add([{"id": f"d{i}", "vector": x[(i + 7 * b) % 900]} for i in ids])
-        coll.delete(["d301", "d1", "d420"])
+            add([(i, x[(i + 7 * b) % 900]) for i in ids])
+        delete(["d301", "d1", "d420"])
         check(True)
         for b in range(6, 12):  # past MAX_BUFFER_SEGMENTS: the buffer merged into one
-            coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(300 + 50 * b, 350 + 50 * b)])
+            add([(i, x[i]) for i in range(300 + 50 * b, 350 + 50 * b)])
         check(True)
         # every buffered document deleted: the stack's rows all hidden, the part dropped
-        coll.delete([f"d{i}" for i in range(300, 900)] + [f"d{b}" for b in range(6)])
-        assert coll.count() == 300 - 6
+        delete([f"d{i}" for i in range(300, 900)] + [f"d{b}" for b in range(6)])
+        assert coll.count() == len(live) == 300 - 6
         check(False)
+
+
+def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp_path,
+                                                                            monkeypatch):
+    """In a collection past the dense ``auto`` HNSW size the buffer indexer grows an HNSW over
+    the buffer's rows (``online.buffer_index``): searches through it and the exact rest
+    agree between the lane and the general path, find the exact top-10 (recall), never
+    return a deleted or replaced row, keep the graph through the buffer's merge, and honour
+    a filter."""
+    import time
+
+    import polyindex
+    from polyindex.index import dense
+    from polyindex.online import buffer_index
+    monkeypatch.setattr(dense, "AUTO_HNSW_ROWS", 400)
+    monkeypatch.setattr(buffer_index, "FIRST_ROWS", 200)
+    monkeypatch.setattr(buffer_index, "STEP_ROWS", 200)
+    monkeypatch.setattr("polyindex.online.writes.SEAL_DOCS", 100_000)
+    x, q = vecs(3000, d=24, seed=5), vecs(30, d=24, seed=6)
+    live = {}
+    with polyindex.open(tmp_path, online=True) as eng:
+        coll = eng.create_collection("v", ["dense"], model=None, fields={"n": "int"})
+
+        def add(ids, shift=0):
+            coll.add([{"id": f"d{i}", "vector": x[(i + shift) % 3000], "metadata": {"n": i}}
+                      for i in ids])
+            live.update({f"d{i}": x[(i + shift) % 3000] for i in ids})
+
+        add(range(0, 500))
+        coll.seal()
+        for s in range(500, 1700, 100):  # 12 writes: the buffer merges past 8 segments
+            add(range(s, s + 100))
+        add(range(600, 700), shift=1111)  # replaced rows in the buffer
+        coll.delete([f"d{i}" for i in range(800, 850)])
+        for i in range(800, 850):
+            live.pop(f"d{i}")
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            view = next(iter(coll.snapshot().stacks.values()), None)
+            if view is not None and view.graph is not None and view.indexed >= 1000:
+                break
+            time.sleep(0.05)
+        assert view is not None and view.graph is not None and view.indexed >= 1000
+        found = 0
+        for v in q:
+            for k in (1, 10, 50):
+                hits = coll.query(vector=v, k=k, profile="dense")
+                assert same(hits, general(coll, v, k, "dense"))
+                assert len(hits) == k and all(h.id in live for h in hits)
+                got = {h.id: h.score for h in hits}
+                want = dict(exact_top(live, v, k, "ip"))
+                assert all(abs(got[i] - want[i]) < 1e-3 for i in got.keys() & want.keys())
+                if k == 10:
+                    found += len(got.keys() & want.keys())
+        assert found >= 0.9 * 10 * len(q)  # recall@10 over the whole collection
+        odd = coll.query(vector=q[0], k=20, profile="dense", filter={"n": {"gte": 1200}})
+        assert len(odd) == 20 and all(int(h.id[1:]) >= 1200 for h in odd)

@@ -190,6 +190,7 @@ class WalFollower(BufferedView):
                 "wal_seq": max(self.active.through, self.base.manifest.wal_through)}
 
     def close(self) -> None:
+        self.indexer.stop()  # before the locks: its last publish takes the view's lock
         with self._catch_lock, self.lock:
             self.closed = True
             self._cleanup()

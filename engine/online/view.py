@@ -24,8 +24,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from polyindex.index.dense_stack import Stack
+from polyindex.index.dense import DenseKind
+from polyindex.index.dense_stack import FIELD, Stack
 from polyindex.index.masks import freeze
+from polyindex.online import buffer_index
 from polyindex.index.protocol import DocTokens
 from polyindex.storage import build_worker, idindex
 from polyindex.storage.manifest import SegmentEntry
@@ -60,11 +62,13 @@ class Buffer:
         """Ids whose older rows this buffer hides (upserted or deleted here)."""
         return list(self.docs.keys() | self.deleted)
 
-    def add_segment(self, seg: OpenedSegment, docs: Sequence[Document], vectors) -> None:
+    def add_segment(self, seg: OpenedSegment, docs: Sequence[Document], vectors,
+                    stack: bool = True) -> None:
         s = len(self.segments)
         self.segments.append(seg)
         self.live.append(None)
-        self.stack.add(seg)
+        if stack:
+            self.stack.add(seg)
         for row, d in enumerate(docs):
             self._forget(d.id)
             self.where[d.id] = (s, row)
@@ -111,6 +115,10 @@ class BufferedView:
         self.base: Snapshot = coll.sealed_snapshot()
         self.overlay: list[np.ndarray | None] = []
         self.combined: list[np.ndarray | None] = []
+        kind = coll.kinds.get(FIELD)
+        # the dense `auto` rule's graph for the buffer too (``online.buffer_index``)
+        self.graph_auto = isinstance(kind, DenseKind) and kind._auto()
+        self.indexer = buffer_index.BufferIndexer(self)
         self._rehide_all()
         self.view: Snapshot = self.base
 
@@ -149,6 +157,7 @@ class BufferedView:
             except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
                 log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
         self._publish()
+        self.indexer.poke()
 
     def _apply_delete(self, ids) -> None:
         self.active.delete(ids)
@@ -170,8 +179,16 @@ class BufferedView:
         merged.deleted, merged.started, merged.through = set(old.deleted), old.started, old.through
         if docs:
             vectors = np.stack([old.vectors[d.id] for d in docs]) if self.needs_vectors else None
-            merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors)
+            merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors,
+                               stack=False)
             merged.deleted = set(old.deleted)
+            # the same rows under new keys: the stacked vectors and their graph carry over
+            starts = np.cumsum([0] + [s.docs.n_rows for s in old.segments])
+            new_key = np.full(int(starts[-1]), -1, np.int64)
+            new_key[[starts[old.where[d.id][0]] + old.where[d.id][1] for d in docs]] = \
+                np.arange(len(docs))
+            merged.stack = old.stack
+            merged.stack.remap(new_key, len(docs))
         self.active = merged
         remove_segments(old.segments)
 
@@ -222,12 +239,31 @@ class BufferedView:
         elif hidden:
             self._hide(hidden)
 
+    # -- the buffer's graph (``online.buffer_index``) ------------------------------------------
+    def graph_job(self, peek: bool = False):
+        """(stack, its matrix, rows to index through) when the active buffer's graph should
+        grow, else None."""
+        with self.lock:
+            stack = self.active.stack
+            if not buffer_index.wanted(self, stack, int(self.base.bases[-1])):
+                return None
+            return True if peek else (stack, stack.matrix(), stack.rows)
+
+    def publish_graph(self, stack, graph, upto: int) -> None:
+        with self.lock:
+            if upto <= stack.indexed or (stack is not self.active.stack and (
+                    self.frozen is None or stack is not self.frozen.stack)):
+                return  # sealed or merged away meanwhile
+            stack.graph, stack.indexed = graph, upto
+            self._publish()
+
     def _publish(self) -> None:
         segments = self._under() + self.active.segments
         stacks, at = {}, len(self.base.segments)
         for buf in ([self.frozen] if self.frozen else []) + [self.active]:
             stack = buf.stack.view()
-            if stack is not None and stack[0] == len(buf.segments):
+            if stack is not None and stack.segments == len(buf.segments) and \
+                    stack.keys == sum(s.docs.n_rows for s in buf.segments):
                 stacks[at] = stack
             at += len(buf.segments)
         self.view = Snapshot(self.base.manifest, self.coll.kinds, segments,

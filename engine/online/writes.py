@@ -223,6 +223,7 @@ class OnlineWrites(BufferedView):
         writes for the next open (the error is raised after the log is closed)."""
         self._stop.set()
         self._thread.join()
+        self.indexer.stop()
         try:
             self.seal()
             if self.frozen is None and not self.active.empty():
@@ -237,6 +238,7 @@ class OnlineWrites(BufferedView):
         is sealed and every later call answers NotFound."""
         self._stop.set()
         self._thread.join()
+        self.indexer.stop()
         with self.seal_lock, self.lock:
             self.closed = True
             self.wal.close()

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from polyindex.index import dense, dense_stack
 from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.query.filters import allow_mask
@@ -90,7 +91,19 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     if implements(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []
-    for base, seg_index, mask in zip(snapshot.bases, seg_indexes, allow):
+    stacks = _stacks(snapshot, index, seg_indexes, params)
+    skip_to = 0
+    for i, (base, seg_index, mask) in enumerate(zip(snapshot.bases, seg_indexes, allow)):
+        if i < skip_to:
+            continue
+        if i in stacks:  # an online buffer's segments as one stack, as the vector lane's
+            view, kwargs = stacks[i]
+            skip_to = i + view.segments
+            prep = _stack_prepared(snapshot, index, i, view, seg_indexes, allow)
+            scores, keys = dense_stack.search(prep, prepared, k, kwargs)
+            all_scores.append(scores)
+            all_keys.append(np.where(keys >= 0, keys + base, -1) if base else keys)
+            continue
         if is_nothing(mask):  # the filter's column range excludes every row of the segment
             scores, keys = empty_result(nq, k)
             all_scores.append(scores)
@@ -106,6 +119,32 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     scores = np.where(keys >= 0, scores, -np.inf)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+
+
+def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:
+    """{first segment ordinal: (stack view, faiss search kwargs)} of the snapshot's stacked
+    buffer segments this stage searches as one (``index.dense_stack``), as the vector lane
+    takes them."""
+    if not getattr(snapshot, "stacks", None) or index != dense_stack.FIELD:
+        return {}
+    kwargs = dense.faiss_kwargs(params)
+    return {i: (view, kwargs) for i, view in snapshot.stacks.items()
+            if len(seg_indexes[i:i + view.segments]) == view.segments
+            and all(map(dense_stack.stackable, seg_indexes[i:i + view.segments]))}
+
+
+def _stack_prepared(snapshot, index, i, view, seg_indexes, allow):
+    """The stack's rows allowed by ``allow``, ready to search: kept in the snapshot's cache
+    when ``allow`` is its live masks (no filter), made per query under a filter."""
+    end = i + view.segments
+    if allow is not snapshot.live:
+        return dense_stack.prepare(view, dense_stack.key_mask(seg_indexes[i:end], allow[i:end]))
+    cache = snapshot.cache.setdefault(index, {})
+    got = cache.get(("stack", i))
+    if got is None or got.view is not view:
+        got = cache[("stack", i)] = dense_stack.prepare(
+            view, dense_stack.key_mask(seg_indexes[i:end], allow[i:end]))
+    return got
 
 
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,

@@ -48,8 +48,7 @@ class Plan:
         self.cosine = kind.metric == "cosine"
         self.l2 = kind.metric == "l2"
         fparams = dense._faiss_params(params)
-        kwargs = {key: dense.SEARCH_PARAMS[key](v) for key, v in fparams.items()
-                  if key != "exact_below"}
+        kwargs = dense.faiss_kwargs(params)
         exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
         # per segment (base, faiss index, its parameters, the segment's own search, for a
         # tombstoned segment the Direct that says when that search must answer, and for an
@@ -60,11 +59,11 @@ class Plan:
         for i, (base, seg, live) in enumerate(zip(snapshot.bases, segments, snapshot.live)):
             if i < skip_to:
                 continue
-            stacked = self._stacked(snapshot, segments, i)
-            if stacked is not None:  # an online buffer's Flat segments: one exact scan
+            stacked = self._stacked(snapshot, segments, i, kwargs)
+            if stacked is not None:  # an online buffer's segments: one stack
                 skip_to = i + stacked[0]
                 if stacked[1] is not None:
-                    self.parts.append((base, stacked[1], None, None, None, None))
+                    self.parts.append(stacked[1])
                 continue
             if seg.n_rows == 0:
                 continue
@@ -90,26 +89,22 @@ class Plan:
                 self.parts.append((base, seg.index, how.params, general, how, None))
         self.kwargs = kwargs
 
-    @staticmethod
-    def _stacked(snapshot, segments, i: int):
-        """(segments covered, their ``StackSearch`` or None when no row is live) where the
-        snapshot stacks the segments from ``i`` on, each a plain CPU Flat index; else None."""
-        got = snapshot.stacks.get(i)
-        if got is None:
+    def _stacked(self, snapshot, segments, i: int, kwargs: dict):
+        """(segments covered, the part searching them as one stack, or None when no row is
+        live) where the snapshot stacks an online buffer's segments from ``i`` on; else
+        None. The part is ``dense_stack.search``, as the general path's."""
+        view = snapshot.stacks.get(i)
+        if view is None:
             return None
-        count, matrix, metric = got
-        covered = segments[i:i + count]
-        if len(covered) < count or not all(_plain_cpu(s) and s.presence is None
-                                           for s in covered):
+        covered = segments[i:i + view.segments]
+        if len(covered) < view.segments or not all(map(dense_stack.stackable, covered)):
             return None
-        masks = snapshot.live[i:i + count]
-        live = None
-        if any(m is not None for m in masks):
-            live = np.concatenate([np.ones(s.n_rows, bool) if m is None else m
-                                   for s, m in zip(covered, masks)])
-            if not live.any():
-                return count, None
-        return count, dense_stack.StackSearch(matrix, metric, live)
+        prep = dense_stack.prepare(view, dense_stack.key_mask(
+            covered, snapshot.live[i:i + view.segments]))
+        if prep.empty:
+            return view.segments, None
+        return view.segments, (snapshot.bases[i], None, None, (
+            lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
         if type(vector) is np.ndarray and vector.dtype == np.float32:
