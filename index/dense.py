@@ -201,6 +201,8 @@ class DenseSegment(SegmentIndex):  # and StoredVectors
         # an HNSW index's own efSearch (None: not HNSW); searches explore at least k
         self.hnsw_ef = base.hnsw.efSearch if isinstance(base, faiss.IndexHNSW) else None
         self._params: dict[tuple, object] = {}  # faiss SearchParameters by search params
+        # the vector lane's part of a plan by search params: (live mask it was made for, part)
+        self.lane_parts: dict[tuple, tuple] = {}
 
     def matrix(self) -> np.ndarray | None:
         """Every row's vector as one (n, d) float32 view: the segment's stored column

@@ -34,12 +34,12 @@ GRAPH_EF_CONSTRUCTION = 40
 GRAPH_MIN_SHARE = 0.5
 
 
-def stackable(index) -> bool:
-    """Is a buffer segment's dense index searched through its buffer's stack? (Plain CPU,
-    no missing vectors: what the stack holds stands for all of its rows.)"""
+def stackable(covered) -> bool:
+    """Are these buffer segments' dense indexes searched through their buffer's stack? (A
+    stack holds only plain CPU ``Flat`` rows with every vector present, ``flat_rows``; the
+    torch kernels, when asked for, search each segment instead.)"""
     from polyindex.cuda.device import torch_kernels
-    return (getattr(index, "presence", 1) is None and not index.on_gpu
-            and not torch_kernels(index.device))
+    return bool(covered) and not torch_kernels(covered[0].device)
 
 
 def flat_rows(index) -> np.ndarray | None:
@@ -130,6 +130,17 @@ class Stack:
             return None
         return StackView(self.segments, self.keys, self._m[:self.rows], self._rel[:self.rows],
                          self.metric, self.graph, self.indexed)
+
+
+def cached_prepare(snapshot, i: int, view: StackView, segments, masks) -> "Prepared":
+    """``prepare`` for the snapshot's stack at ordinal ``i`` with its own live masks, kept in
+    the snapshot's cache: the online writer makes it as it publishes the snapshot, so the
+    first query after a write does not."""
+    cache = snapshot.cache.setdefault(FIELD, {})
+    got = cache.get(("stack", i))
+    if got is None or got.view is not view:
+        got = cache[("stack", i)] = prepare(view, key_mask(segments, masks))
+    return got
 
 
 def key_mask(segments, masks) -> np.ndarray | None:

@@ -189,11 +189,13 @@ def test_an_online_buffer_is_one_exact_scan_equal_to_its_segments(tmp_path, metr
         def check(buffered):
             snap = coll.snapshot()
             plan = vector_lane.plan(snap, "dense", lambda: coll._profile("dense"))
-            n_sealed = len(coll.sealed_snapshot().segments)
-            assert len(snap.segments) > n_sealed + buffered
-            # a part for each sealed segment with live rows, one for the whole buffer
-            assert len(stack_parts(plan)) == buffered
-            assert len(plan.parts) == buffered + sum(
+            n_sealed = len(snap.segments) - sum(v.segments for v in snap.stacks.values())
+            assert snap.stacks and len(snap.segments) > n_sealed + buffered
+            # a part for each sealed segment with live rows, one for each buffer with live
+            # rows (the active one, and a frozen one while the sealer commits it)
+            stacked = len(stack_parts(plan))
+            assert 1 <= stacked <= len(snap.stacks) if buffered else stacked == 0
+            assert len(plan.parts) == stacked + sum(
                 m is None or bool(m.any()) for m in snap.live[:n_sealed])
             for v in list(q) + [x[501], x[10]]:
                 for k in (1, 10, 60):

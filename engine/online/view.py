@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from polyindex.index.dense import DenseKind
-from polyindex.index.dense_stack import FIELD, Stack
+from polyindex.index.dense_stack import FIELD, Stack, cached_prepare
 from polyindex.index.masks import freeze
 from polyindex.online import buffer_index
 from polyindex.index.protocol import DocTokens
@@ -266,8 +266,12 @@ class BufferedView:
                     stack.keys == sum(s.docs.n_rows for s in buf.segments):
                 stacks[at] = stack
             at += len(buf.segments)
-        self.view = Snapshot(self.base.manifest, self.coll.kinds, segments,
-                             self.combined + list(self.active.live), stacks)
+        view = Snapshot(self.base.manifest, self.coll.kinds, segments,
+                        self.combined + list(self.active.live), stacks)
+        for i, stack in stacks.items():  # the stacks' live rows and bitmaps, for the queries
+            covered = [s.indexes[FIELD] for s in segments[i:i + stack.segments]]
+            cached_prepare(view, i, stack, covered, view.live[i:i + stack.segments])
+        self.view = view
 
 
 def net_changes(records: Iterable[tuple[int, dict]]):

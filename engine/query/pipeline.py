@@ -99,7 +99,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
         if i in stacks:  # an online buffer's segments as one stack, as the vector lane's
             view, kwargs = stacks[i]
             skip_to = i + view.segments
-            prep = _stack_prepared(snapshot, index, i, view, seg_indexes, allow)
+            prep = _stack_prepared(snapshot, i, view, seg_indexes, allow)
             scores, keys = dense_stack.search(prep, prepared, k, kwargs)
             all_scores.append(scores)
             all_keys.append(np.where(keys >= 0, keys + base, -1) if base else keys)
@@ -130,21 +130,17 @@ def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:
     kwargs = dense.faiss_kwargs(params)
     return {i: (view, kwargs) for i, view in snapshot.stacks.items()
             if len(seg_indexes[i:i + view.segments]) == view.segments
-            and all(map(dense_stack.stackable, seg_indexes[i:i + view.segments]))}
+            and dense_stack.stackable(seg_indexes[i:i + view.segments])}
 
 
-def _stack_prepared(snapshot, index, i, view, seg_indexes, allow):
-    """The stack's rows allowed by ``allow``, ready to search: kept in the snapshot's cache
-    when ``allow`` is its live masks (no filter), made per query under a filter."""
+def _stack_prepared(snapshot, i, view, seg_indexes, allow):
+    """The stack's rows allowed by ``allow``, ready to search: the snapshot's own (made as
+    the writer published it) when ``allow`` is its live masks, made per query under a
+    filter."""
     end = i + view.segments
-    if allow is not snapshot.live:
-        return dense_stack.prepare(view, dense_stack.key_mask(seg_indexes[i:end], allow[i:end]))
-    cache = snapshot.cache.setdefault(index, {})
-    got = cache.get(("stack", i))
-    if got is None or got.view is not view:
-        got = cache[("stack", i)] = dense_stack.prepare(
-            view, dense_stack.key_mask(seg_indexes[i:end], allow[i:end]))
-    return got
+    if allow is snapshot.live:
+        return dense_stack.cached_prepare(snapshot, i, view, seg_indexes[i:end], allow[i:end])
+    return dense_stack.prepare(view, dense_stack.key_mask(seg_indexes[i:end], allow[i:end]))
 
 
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,

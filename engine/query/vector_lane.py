@@ -16,9 +16,12 @@ general path, which gives the error its message.
 """
 from __future__ import annotations
 
+import os
+
 import faiss
 import numpy as np
 
+from polyindex.cuda.device import KERNELS_ENV
 from polyindex.index import dense, dense_filtered, dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
@@ -55,11 +58,14 @@ class Plan:
         # intact HNSW segment (its efSearch, the segment): past that k the parameters with
         # efSearch = k, as its own search uses)
         self.parts = []
+        # the placement rule (``_plain_cpu``) reads this setting: a cached part must too
+        key = (tuple(sorted(fparams.items())), os.environ.get(KERNELS_ENV, ""))
+        stacks = snapshot.stacks
         skip_to = 0
         for i, (base, seg, live) in enumerate(zip(snapshot.bases, segments, snapshot.live)):
             if i < skip_to:
                 continue
-            stacked = self._stacked(snapshot, segments, i, kwargs)
+            stacked = self._stacked(snapshot, segments, i, kwargs) if i in stacks else None
             if stacked is not None:  # an online buffer's segments: one stack
                 skip_to = i + stacked[0]
                 if stacked[1] is not None:
@@ -67,26 +73,18 @@ class Plan:
                 continue
             if seg.n_rows == 0:
                 continue
-            general = None
-            if live is not None:
-                freeze(live)
-                general = (lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live))
-            if seg.presence is not None or not _plain_cpu(seg):  # the segment's own search
-                self.parts.append((base, None, None, general or (
-                    lambda x, k, seg=seg: seg.search(x, k, fparams, None)), None, None))
-                continue
-            how = "plain" if live is None else dense_filtered.direct(seg, live, kwargs,
-                                                                     exact_below)
-            if how == "skip":
-                continue
-            if how == "plain":
-                grow = None if seg.hnsw_ef is None else (
-                    kwargs.get("efSearch", seg.hnsw_ef), seg)
-                self.parts.append((base, seg.index, seg.params_for(kwargs), None, None, grow))
-            elif how is None:
-                self.parts.append((base, None, None, general, None, None))
-            else:  # tombstones: one direct call with the allow bitmap
-                self.parts.append((base, seg.index, how.params, general, how, None))
+            # A segment's part depends on its live mask and the params only: made once and
+            # kept on the segment, so the plan of each new snapshot after a write (~0.3 ms
+            # for ~10 segments made afresh) only looks up the segments the write left alone.
+            cached = seg.lane_parts.get(key)
+            if cached is not None and cached[0] is live:
+                part = cached[1]
+            else:
+                part = _segment_part(seg, live, fparams, kwargs, exact_below)
+                if key in seg.lane_parts or len(seg.lane_parts) < 8:
+                    seg.lane_parts[key] = (live, part)
+            if part is not None:
+                self.parts.append((base,) + part)
         self.kwargs = kwargs
 
     def _stacked(self, snapshot, segments, i: int, kwargs: dict):
@@ -97,10 +95,10 @@ class Plan:
         if view is None:
             return None
         covered = segments[i:i + view.segments]
-        if len(covered) < view.segments or not all(map(dense_stack.stackable, covered)):
+        if len(covered) < view.segments or not dense_stack.stackable(covered):
             return None
-        prep = dense_stack.prepare(view, dense_stack.key_mask(
-            covered, snapshot.live[i:i + view.segments]))
+        prep = dense_stack.cached_prepare(snapshot, i, view, covered,
+                                          snapshot.live[i:i + view.segments])
         if prep.empty:
             return view.segments, None
         return view.segments, (snapshot.bases[i], None, None, (
@@ -204,6 +202,29 @@ class Plan:
         if base:
             rows = np.where(rows >= 0, rows + base, -1)
         return scores, rows
+
+
+def _segment_part(seg, live, fparams, kwargs, exact_below):
+    """A segment's part of a plan, less its base: (faiss index, its parameters, the segment's
+    own search, for a tombstoned segment the Direct that says when that search must answer,
+    and for an intact HNSW segment (its efSearch, the segment): past that k the parameters
+    with efSearch = k, as its own search uses); None when no row can answer."""
+    general = None
+    if live is not None:
+        freeze(live)
+        general = (lambda x, k, seg=seg, live=live: seg.search(x, k, fparams, live))
+    if seg.presence is not None or not _plain_cpu(seg):  # the segment's own search
+        return (None, None, general or (
+            lambda x, k, seg=seg: seg.search(x, k, fparams, None)), None, None)
+    how = "plain" if live is None else dense_filtered.direct(seg, live, kwargs, exact_below)
+    if how == "skip":
+        return None
+    if how == "plain":
+        grow = None if seg.hnsw_ef is None else (kwargs.get("efSearch", seg.hnsw_ef), seg)
+        return (seg.index, seg.params_for(kwargs), None, None, grow)
+    if how is None:
+        return (None, None, general, None, None)
+    return (seg.index, how.params, general, how, None)  # tombstones: one direct call
 
 
 def _plain_cpu(seg) -> bool:
