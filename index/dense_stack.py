@@ -219,9 +219,7 @@ def search(prep: Prepared, x: np.ndarray, k: int,
     nq, m = len(x), prep.m
     x = np.ascontiguousarray(x, dtype=np.float32)
     parts = []
-    if prep.empty:
-        pass
-    elif m and prep.n_head:
+    if m and prep.n_head and not prep.empty:
         got = None
         if prep.n_head >= GRAPH_MIN_SHARE * m:
             # every HNSW search here explores at least k (``DenseSegment.at_least_k``)

@@ -81,7 +81,7 @@ class BufferIndexer:
 
 def wanted(view, stack, base_rows: int) -> bool:
     """Does this buffer's stack want its graph grown now?"""
-    if not view.graph_auto or stack.broken or getattr(stack, "broken_graph", False):
+    if not view.graph_auto or stack.broken or stack.broken_graph:
         return False
     if stack.rows < FIRST_ROWS or stack.rows - stack.indexed < STEP_ROWS:
         return False

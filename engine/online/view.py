@@ -27,8 +27,8 @@ import numpy as np
 from polyindex.index.dense import DenseKind
 from polyindex.index.dense_stack import FIELD, Stack, cached_prepare
 from polyindex.index.masks import freeze
-from polyindex.online import buffer_index
 from polyindex.index.protocol import DocTokens
+from polyindex.online import buffer_index
 from polyindex.storage import build_worker, idindex
 from polyindex.storage.manifest import SegmentEntry
 from polyindex.storage.snapshot import OpenedSegment, Snapshot

@@ -6,11 +6,14 @@ A vector database's commonest call, one query at a time, spent ~40 us of Python 
 faiss wrapper, fusion of one list): 0.6-0.8x raw FAISS's queries/s (issue 18). Here what
 depends only on the snapshot and the profile (the segments' faiss indexes, search
 parameters, bases; for a tombstoned segment its allow bitmap and budget, from
-``dense_filtered.direct``) is worked out once per snapshot (``plan``), so a query is the
-vector's check and normalization, one faiss call per segment and the hits.
+``dense_filtered.direct``; an online buffer's segments as one stack, ``dense_stack``) is
+worked out once per snapshot (``plan``; a segment's part is kept on the segment for the next
+snapshot), so a query is the vector's check and normalization, one faiss call per segment
+(two for a buffer's stack: its graph and the rest) and the hits.
 
 The answer is ``pipeline.run``'s, bit for bit (the same normalization arithmetic, the same
-per-segment calls and merge, ties put in id order by the same function): a test compares the
+per-segment calls, the same stack search and merge, ties put in id order by the same
+function): a test compares the
 two. Anything unusual (a bad vector, a zero one, NaN) returns None and the caller takes the
 general path, which gives the error its message.
 """
@@ -53,11 +56,7 @@ class Plan:
         fparams = dense._faiss_params(params)
         kwargs = dense.faiss_kwargs(params)
         exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
-        # per segment (base, faiss index, its parameters, the segment's own search, for a
-        # tombstoned segment the Direct that says when that search must answer, and for an
-        # intact HNSW segment (its efSearch, the segment): past that k the parameters with
-        # efSearch = k, as its own search uses)
-        self.parts = []
+        self.parts = []  # (base,) + a segment's part (``_segment_part``), or a stack's
         # the placement rule (``_plain_cpu``) reads this setting: a cached part must too
         key = (tuple(sorted(fparams.items())), os.environ.get(KERNELS_ENV, ""))
         stacks = snapshot.stacks
