@@ -164,16 +164,11 @@ class BufferedView:
         self._hide(list(ids))
         self._publish()
 
-    def _build(self, docs, vectors, remote: str | None = None) -> OpenedSegment:
-        """A buffer segment, built here or (``remote``: the build process's purpose) there."""
+    def _build(self, docs, vectors, remote: bool = False) -> OpenedSegment:
         folder = self.scratch / f"buf-{next(self._names):08d}"
-        spec = self.spec.stack(docs) if self.spec else None
-        if remote:
-            infos = remote_build(folder, docs, self.coll.config.fields, self.coll.kinds,
-                                 vectors, vectors=spec, purpose=remote)
-        else:
-            infos = build_segment(folder, docs, self.coll.config.fields, self.coll.kinds,
-                                  vectors, vectors=spec)
+        infos = (remote_build if remote else build_segment)(
+            folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
+            vectors=self.spec.stack(docs) if self.spec else None)
         return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
 
     # -- the buffer's own merge (off the write path) -------------------------------------------
@@ -193,8 +188,8 @@ class BufferedView:
     def _merge(self, buf: Buffer, n: int, locs, docs, vectors) -> None:
         seg = None
         try:
-            if docs:  # its own build process: seals would hold it up
-                seg = self._build(docs, vectors, remote="buffer")
+            if docs:
+                seg = self._build(docs, vectors, remote=True)
             with self.lock:
                 if self.active is buf and not getattr(self, "closed", False):
                     self._swap_merged(buf, n, locs, seg)
@@ -230,15 +225,6 @@ class BufferedView:
         new_key[starts[n]:] = np.arange(int(starts[-1] - starts[n])) + merged_n
         buf.stack.remap(new_key, merged_n + int(starts[-1] - starts[n]), len(buf.segments))
         remove_segments(old)
-
-    def merge_backpressure(self) -> None:
-        """Before a write (outside the lock): with twice the segments a merge is started at
-        and that merge still building, wait for it. Unbounded, writes outran the merges and
-        a living collection's buffer grew to 15-19 segments (bench_living: lexical p50
-        during writes 3.6 ms against 1.3-1.7 with the merge in the write)."""
-        thread = self._merging
-        if thread is not None and len(self.active.segments) > 2 * MAX_BUFFER_SEGMENTS:
-            thread.join()
 
     def stop_merging(self) -> None:
         """Wait for a buffer merge in flight (before closing: it builds into the buffer's
@@ -374,8 +360,7 @@ def decode_array(d: dict) -> np.ndarray:
 
 
 def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None,
-                 collection_rows: int = 0, quality=None, pruned=None,
-                 purpose: str = "seal") -> dict:
+                 collection_rows: int = 0, quality=None, pruned=None) -> dict:
     """``build_segment`` in the build process (off this process's GIL: queries beside a seal
     keep their latency), or here when build processes are off."""
     if not build_worker.enabled():
@@ -387,7 +372,7 @@ def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=N
                [d.metadata for d in docs])
     if tokens is None and docs and docs[0].tokens is not None:  # multivector:source=user
         tokens = [DocTokens(d.tokens) for d in docs]
-    return build_worker.run(purpose, "polyindex.storage.writer:build_segment_columns", folder,
+    return build_worker.run("seal", "polyindex.storage.writer:build_segment_columns", folder,
                             columns, fields, kinds, embeddings, tokens, vectors,
                             collection_rows, quality, pruned)
 

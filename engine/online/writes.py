@@ -77,7 +77,6 @@ class OnlineWrites(BufferedView):
             self._encode(docs)
         if vectors is not None:  # followers and a replay reuse them (see online.view)
             record["emb"] = encode_array(vectors)
-        self.merge_backpressure()
         with self.lock:
             self._check_writable(len(docs))
             # Build first: a failure there acknowledges nothing and leaves nothing in the WAL;

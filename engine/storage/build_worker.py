@@ -167,8 +167,8 @@ _workers_lock = threading.Lock()
 
 
 def worker(purpose: str) -> BuildWorker:
-    """This process's worker for ``purpose`` (``seal``, ``merge``, ``buffer``: an online
-    buffer's own merge; a long merge does not hold up a seal, nor a seal the buffer's)."""
+    """This process's worker for ``purpose`` (``seal``, ``merge``: a long merge does not
+    hold up a seal)."""
     with _workers_lock:
         w = _workers.get(purpose)
         if w is None:
