@@ -112,16 +112,15 @@ class Stack:
         self.rows, self.keys = need, self.keys + len(x)
         self.segments += 1
 
-    def remap(self, new_key: np.ndarray, keys: int, segments: int) -> None:
-        """The buffer merged some of its segments into one: old key k is now ``new_key[k]``
-        (-1: not kept), of ``keys`` in ``segments``. Rows and graph stay; only their keys
-        change."""
+    def remap(self, new_key: np.ndarray, keys: int) -> None:
+        """The buffer merged its segments into one of ``keys`` rows: old key k is now
+        ``new_key[k]`` (-1: not kept). Rows and graph stay; only their keys change."""
         if self.broken or self._rel is None:
             return
         rel = self._rel.copy()  # published views keep the old keys
         at = rel[:self.rows] >= 0
         rel[:self.rows][at] = new_key[rel[:self.rows][at]]
-        self._rel, self.keys, self.segments = rel, keys, segments
+        self._rel, self.keys, self.segments = rel, keys, 1
 
     def matrix(self) -> np.ndarray | None:
         return None if self._m is None else self._m[:self.rows]

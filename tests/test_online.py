@@ -131,7 +131,6 @@ def test_dense_buffer_merges_and_seals_with_stored_vectors(tmp_path):
     coll = eng.create_collection("d", ["lexical", "dense"])
     for i in range(12):  # more buffer segments than are kept before merging
         coll.add([{"id": f"d{i}", "text": f"note {i} about {['cats', 'rockets', 'soup'][i % 3]}"}])
-    coll._online.stop_merging()  # the buffer's merge runs beside the writes
     assert len(coll.snapshot().segments) <= 9
     before = [(h.id, round(h.score, 5)) for h in coll.query("space launch", profile="dense", k=4)]
     assert before[0][0] in {"d1", "d4", "d7", "d10"}
@@ -178,57 +177,3 @@ def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
         assert [h.id for h in coll.query("gamma", profile="lexical")] == ["d7"]
     finally:
         eng.close()
-
-
-def test_the_buffer_merges_beside_writes_that_replace_and_delete_its_rows(tmp_path,
-                                                                          monkeypatch):
-    """The buffer's own merge (its segments rebuilt as one) runs off the write path: writes
-    that land while it builds - new documents, rewrites and deletes of the rows it is
-    merging - are all there after the swap, each document once, in every index."""
-    from polyindex.online import view
-    import time
-    started, release = threading.Event(), threading.Event()
-    real = view.remote_build
-
-    def slow(*args, **kwargs):  # the merge's build waits until the test has written more
-        started.set()
-        assert release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(view, "remote_build", slow)
-    monkeypatch.setattr("polyindex.online.writes.SEAL_DOCS", 100_000)
-    rng = __import__("numpy").random.default_rng(0)
-    vec = {f"d{i}": rng.standard_normal(8).astype("float32") for i in range(200)}
-    expected = {}
-    with polyindex.open(tmp_path, online=True) as eng:
-        coll = eng.create_collection("m", ["lexical", "dense:metric=l2"], model=None)
-
-        def add(ids, word):
-            coll.add([{"id": i, "text": f"{word} {i}", "vector": vec[i]} for i in ids])
-            expected.update({i: f"{word} {i}" for i in ids})
-
-        for b in range(9):  # the 9th write starts the merge
-            add([f"d{10 * b + j}" for j in range(10)], "first")
-        assert started.wait(30)
-        segments_before = len(coll.snapshot().segments)
-        add([f"d{i}" for i in range(0, 30, 3)], "second")  # rows the merge is copying
-        coll.delete(["d1", "d2", "d95"])
-        for i in ("d1", "d2", "d95"):
-            expected.pop(i, None)
-        add([f"d{i}" for i in range(100, 120)], "third")
-        release.set()
-        coll._online.stop_merging()
-        snap = coll.snapshot()
-        assert len(snap.segments) < segments_before  # merged: 9 segments became 1
-        assert coll.count() == len(expected)
-        got = coll.get(sorted(expected) + ["d1", "d95"])
-        assert [d.text for d in got[:-2]] == [expected[i] for i in sorted(expected)]
-        assert got[-2:] == [None, None]
-        for word, n in (("second", 10), ("third", 20), ("first", 90 - 10 - 2)):
-            hits = coll.query(word, k=200, profile="lexical")
-            assert sorted(h.id for h in hits) == sorted(i for i, t in expected.items()
-                                                         if t.startswith(word)), word
-            assert len(hits) == n
-        for i in ("d3", "d50", "d110"):  # its own vector finds each document, once
-            hits = coll.query(vector=vec[i], k=len(expected), profile="dense")
-            assert hits[0].id == i and len({h.id for h in hits}) == len(expected)

@@ -191,7 +191,6 @@ class WalFollower(BufferedView):
 
     def close(self) -> None:
         self.indexer.stop()  # before the locks: its last publish takes the view's lock
-        self.stop_merging()
         with self._catch_lock, self.lock:
             self.closed = True
             self._cleanup()

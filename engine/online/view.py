@@ -119,8 +119,6 @@ class BufferedView:
         # the dense `auto` rule's graph for the buffer too (``online.buffer_index``)
         self.graph_auto = isinstance(kind, DenseKind) and kind._auto()
         self.indexer = buffer_index.BufferIndexer(self)
-        self._merging: threading.Thread | None = None  # the buffer's own merge, in flight
-        self._merge_retry_at = 0.0  # after a failed one
         self._rehide_all()
         self.view: Snapshot = self.base
 
@@ -153,9 +151,11 @@ class BufferedView:
     def _add_built(self, seg: OpenedSegment, docs, vectors) -> None:
         self.active.add_segment(seg, docs, vectors)
         self._hide([d.id for d in docs])
-        if len(self.active.segments) > MAX_BUFFER_SEGMENTS and self._merging is None and \
-                time.monotonic() >= self._merge_retry_at:
-            self._start_merge()
+        if len(self.active.segments) > MAX_BUFFER_SEGMENTS:
+            try:
+                self._merge_active()
+            except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
+                log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
         self._publish()
         self.indexer.poke()
 
@@ -171,67 +171,27 @@ class BufferedView:
             vectors=self.spec.stack(docs) if self.spec else None)
         return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
 
-    # -- the buffer's own merge (off the write path) -------------------------------------------
-    def _start_merge(self) -> None:
-        """Many small buffer segments cost every query per-segment work: rebuild the live rows
-        of the active buffer's segments as one, in the build process, while writes go on
-        (a merge in the write took 0.3-0.6 s every 8 writes). Under the view's lock."""
-        buf, n = self.active, len(self.active.segments)
-        locs = [(i, s, r) for i, (s, r) in buf.where.items() if s < n]
-        docs = [buf.docs[i] for i, _, _ in locs]
-        vectors = (np.stack([buf.vectors[i] for i, _, _ in locs])
-                   if self.needs_vectors and docs else None)
-        self._merging = threading.Thread(target=self._merge, args=(buf, n, locs, docs, vectors),
-                                         name=f"buffer-merge-{self.coll.name}", daemon=True)
-        self._merging.start()
+    def _merge_active(self) -> None:
+        """Many small buffer segments cost per-query overhead: rebuild them as one."""
+        old = self.active
+        docs = list(old.docs.values())
+        merged = Buffer()
+        merged.deleted, merged.started, merged.through = set(old.deleted), old.started, old.through
+        if docs:
+            vectors = np.stack([old.vectors[d.id] for d in docs]) if self.needs_vectors else None
+            merged.add_segment(self._build(docs, vectors, remote=True), docs, vectors,
+                               stack=False)
+            merged.deleted = set(old.deleted)
+            # the same rows under new keys: the stacked vectors and their graph carry over
+            starts = np.cumsum([0] + [s.docs.n_rows for s in old.segments])
+            new_key = np.full(int(starts[-1]), -1, np.int64)
+            new_key[[starts[old.where[d.id][0]] + old.where[d.id][1] for d in docs]] = \
+                np.arange(len(docs))
+            merged.stack = old.stack
+            merged.stack.remap(new_key, len(docs))
+        self.active = merged
+        remove_segments(old.segments)
 
-    def _merge(self, buf: Buffer, n: int, locs, docs, vectors) -> None:
-        seg = None
-        try:
-            if docs:
-                seg = self._build(docs, vectors, remote=True)
-            with self.lock:
-                if self.active is buf and not getattr(self, "closed", False):
-                    self._swap_merged(buf, n, locs, seg)
-                    self._publish()
-                    seg = None
-                    return
-        except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
-            log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
-            self._merge_retry_at = time.monotonic() + 5.0
-        finally:
-            if seg is not None:  # sealed (or closed) meanwhile: nothing uses it
-                remove_segments([seg])
-            self._merging = None
-
-    def _swap_merged(self, buf: Buffer, n: int, locs, seg: OpenedSegment | None) -> None:
-        """Put the merged segment in place of the buffer's first ``n`` segments: its rows are
-        those documents' rows at the merge's start; the ones written or deleted since are
-        hidden in it, as they were in the segments it replaces."""
-        old = buf.segments[:n]
-        starts = np.cumsum([0] + [s.docs.n_rows for s in buf.segments])
-        merged_n = len(locs)
-        row_of = {i: r for r, (i, _, _) in enumerate(locs)}
-        live = np.fromiter((buf.where.get(i) == (s, r) for i, s, r in locs), bool, merged_n)
-        head = [seg] if seg is not None else []
-        buf.where = {i: ((0, row_of[i]) if s < n else (s - n + len(head), r))
-                     for i, (s, r) in buf.where.items()}
-        buf.segments = head + buf.segments[n:]
-        buf.live = ([None if live.all() else live] if head else []) + buf.live[n:]
-        # the same rows under new keys: the stacked vectors and their graph carry over
-        new_key = np.full(int(starts[-1]), -1, np.int64)
-        if merged_n:
-            new_key[[int(starts[s]) + r for _, s, r in locs]] = np.arange(merged_n)
-        new_key[starts[n]:] = np.arange(int(starts[-1] - starts[n])) + merged_n
-        buf.stack.remap(new_key, merged_n + int(starts[-1] - starts[n]), len(buf.segments))
-        remove_segments(old)
-
-    def stop_merging(self) -> None:
-        """Wait for a buffer merge in flight (before closing: it builds into the buffer's
-        folder)."""
-        thread = self._merging
-        if thread is not None:
-            thread.join()
 
     # -- snapshots ---------------------------------------------------------------------------
     def _hide(self, ids: list[str], which: range | None = None) -> None:

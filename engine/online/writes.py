@@ -224,7 +224,6 @@ class OnlineWrites(BufferedView):
         self._stop.set()
         self._thread.join()
         self.indexer.stop()
-        self.stop_merging()
         try:
             self.seal()
             if self.frozen is None and not self.active.empty():
@@ -240,7 +239,6 @@ class OnlineWrites(BufferedView):
         self._stop.set()
         self._thread.join()
         self.indexer.stop()
-        self.stop_merging()
         with self.seal_lock, self.lock:
             self.closed = True
             self.wal.close()
