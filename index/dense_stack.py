@@ -57,7 +57,7 @@ def flat_rows(index) -> np.ndarray | None:
     return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: it holds arrays
 class StackView:
     """What a snapshot holds of a stack: ``segments`` buffer segments from its ordinal on,
     whose ``keys`` rows (buffer-relative keys: the first segment's row 0 is key 0) the
