@@ -84,14 +84,14 @@ class Snapshot:
 
     def __init__(self, manifest: Manifest, kinds: dict[str, IndexKind],
                  segments: list[OpenedSegment], live: list[np.ndarray | None],
-                 stacks: dict[int, tuple] | None = None):
+                 stacks: dict | None = None):
         self.manifest = manifest
         self.version = manifest.version
         self.kinds = kinds
         self.segments = segments
         self.live = live
-        # an online buffer's consecutive Flat dense segments as one matrix, by the ordinal of
-        # the first: {first: (segments, matrix, faiss metric)} (``index.dense_stack``)
+        # an online buffer's consecutive Flat dense segments as one stack, by the ordinal of
+        # the first: {first: dense_stack.StackView} (segments covered, matrix, keys, graph)
         self.stacks = stacks or {}
         sizes = [s.docs.n_rows for s in self.segments]
         self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
