@@ -501,9 +501,10 @@ class LexicalKind(IndexKind):
         qoff, qdata = vocabulary.encode_terms(terms)
         total = np.zeros(len(terms), np.int64)
         for seg, mask in zip(segments, live):
+            has = mask is not None
             vocabulary.add_doc_freqs(seg._voff, seg._vdata, qoff, qdata, seg.offsets, seg.P,
-                                   seg.df, mask is not None,
-                                   postings._NO_ALLOW if mask is None else mask, total)
+                                   seg.df, has,
+                                   postings.readonly(mask) if has else postings._NO_ALLOW, total)
         return total.tolist()
 
     def prepare(self, queries: Sequence[Query], segments: Sequence[SegmentIndex],

@@ -196,3 +196,34 @@ def test_segments_written_with_int32_rows_and_counts_still_open_and_score_alike(
         np.testing.assert_array_equal(got[1], want[1])
     kind, info = _build(tmp_path / "small", ["a b a", "b c"])
     assert kind.open(tmp_path / "small", info).tfs.dtype == np.uint8
+
+
+def test_a_wide_segment_or_a_live_mask_of_any_origin_needs_no_new_compile(tmp_path):
+    """Numba compiles a kernel once per argument type, and a read-only array (a mapped file)
+    is another type than a writable one: a segment past 2^16 rows (its wide rows mapped
+    from a file) or a live mask made in memory must reuse what a small segment compiled,
+    or the first query to meet one stops for the compile (3.3-3.9 s in bench_living)."""
+    from polyindex.index import vocabulary
+    texts = [f"apple w{i % 97}" + (" rare" if i % 600 == 0 else "") for i in range(70_000)]
+    kind, info = _build(tmp_path / "narrow", texts[:20_000])
+    narrow = kind.open(tmp_path / "narrow", info)
+    kind, info = _build(tmp_path / "wide", texts)
+    wide = kind.open(tmp_path / "wide", info)
+    assert len(wide.P[4]) > 0 == len(narrow.P[4])  # only the big one has wide blocks
+    queries = [Query(text="apple w3"), Query(text="rare w5")]  # pruned, term-at-a-time
+    kernels = (postings.bm25_search, blockmax.bm25_search, vocabulary.add_doc_freqs)
+
+    def search(seg, masks):
+        for mask in masks:
+            prep = kind.prepare(queries, [seg], [mask], {}, {})
+            got = seg.search(prep, 10, {}, mask)
+            assert (got[1] >= 0).all()
+
+    live = np.ones(wide.n_rows, np.bool_)
+    live[::7] = False
+    mapped = live.copy()
+    mapped.flags.writeable = False  # as a mask read from a file
+    search(narrow, [None, live[:20_000], mapped[:20_000]])
+    compiled = [set(k.signatures) for k in kernels]
+    search(wide, [None, live, mapped])
+    assert [set(k.signatures) for k in kernels] == compiled
