@@ -50,7 +50,11 @@ from polyindex.index.protocol import (
 QUERY_THREADS = int(os.environ.get("POLYINDEX_FAISS_THREADS", "1"))
 faiss.omp_set_num_threads(QUERY_THREADS)
 
-AUTO_HNSW_ROWS = 20_000
+# A flat scan of 384-d rows costs ~45 ns a row while they fit the last-level cache and
+# ~105 past it (32 MB here: 5,000 rows 0.22 ms, 10,000 0.62, 20,000 2.1, one thread): at
+# 20,000 a living collection's exact seals and buffer set the dense p99 during writes (a
+# probe over 10,000-40,000 stored rows 5-6x the fresh collection's at the same moments).
+AUTO_HNSW_ROWS = 10_000
 # In a collection past AUTO_HNSW_ROWS, segments from this size up get HNSW too: a living
 # collection's seals and small merges were scanned exactly, 0.9 of a 1.9 ms hybrid query
 # (13 segments) against 0.4 ms for the same rows in two HNSW segments. Smaller collections

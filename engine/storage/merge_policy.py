@@ -2,8 +2,9 @@
 
 Segments are grouped into tiers by their live rows: everything below ``floor_rows`` is
 tier 0, then one tier per factor of ``factor`` above it. Tier 0 is merged as soon as its
-segments hold ``floor_rows`` together (small segments cost the most per row: the dense
-kind's default scans segments under 20,000 rows exactly); a higher tier holding ``factor``
+segments hold ``floor_rows`` together (small segments cost the most per row: each is a
+search of its own, and the dense default scans those under 2,000 rows, or every segment
+of a collection under 10,000, exactly); a higher tier holding ``factor``
 segments has them merged into one (the smallest first). So a collection written in small
 batches keeps ``O(factor x log(rows))`` segments, and each row is rewritten
 ``O(log(rows))`` times. A segment whose deleted share reaches ``deletes_pct`` is rewritten
