@@ -116,10 +116,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=600.0)
     ap.add_argument("--compact", action="store_true", help="compact() after the settle")
     ap.add_argument("--work", type=Path, default=WORK / "living")
-    ap.add_argument("--no-gc-freeze", action="store_true",
-                    help="leave the start-up heap in Python's full collections (by default it "
-                         "is frozen after the warm-up, as `polyindex serve` does: "
-                         "polyindex.service.heap)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after the warm-up: the start-up heap out of Python's full "
+                         "collections (an A/B; the engine does not do it)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval for this run (an A/B of the GIL hand-over)")
     args = ap.parse_args()
@@ -131,9 +130,10 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     warm(args.work, Corpus(args.docs, args.dim, seed=5))
-    if not args.no_gc_freeze:
-        from polyindex.service.heap import freeze_startup_heap
-        freeze_startup_heap()
+    if args.gc_freeze:
+        import gc
+        gc.collect()
+        gc.freeze()
     rng = np.random.default_rng(1)
     upd = rng.choice(args.docs, size=int(args.update * args.docs), replace=False)
     dele = rng.choice(args.docs, size=int(args.delete * args.docs), replace=False)

@@ -22,7 +22,6 @@ from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.service import native_front, reflection
 from polyindex.service.affinity import parse_cpus, pin_process
 from polyindex.service.auth import TokenAuth
-from polyindex.service.heap import freeze_startup_heap
 from polyindex.service.metrics import Metrics
 from polyindex.service.servicer import Limits, PolyindexService
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
@@ -187,7 +186,6 @@ def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = Non
         if not token:
             raise InvalidArgument(f"token file {token_file} is empty")
     srv = serve(data_dir, token=token, **kw)
-    freeze_startup_heap()
     if srv.frontend != "native" and kw.get("frontend", "auto") == "auto":
         print(f"polyindex: serving with grpcio, the native gRPC front end is not available: "
               f"{native_front.MISSING}", file=sys.stderr, flush=True)

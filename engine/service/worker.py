@@ -22,8 +22,6 @@ import threading
 import time
 from pathlib import Path
 
-from polyindex.service.heap import freeze_startup_heap
-
 PR_SET_PDEATHSIG = 1
 LOCK_WAIT_S = 30.0  # a restarted writer waits this long for the dead one's lock to go
 
@@ -93,7 +91,6 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - told to the parent, which reports it
         print(json.dumps({"error": f"{getattr(e, 'status', type(e).__name__)}: {e}"}), flush=True)
         return 1
-    freeze_startup_heap()
     print(json.dumps({"ready": True, "pid": os.getpid(), "metrics_port": srv.metrics_port,
                       "frontend": srv.frontend}), flush=True)
     while not done.wait(1.0):
