@@ -49,6 +49,7 @@ import numpy as np
 from polyindex.cuda.device import torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import multivector_codec as codec
+from polyindex.index import postings
 from polyindex.index.multivector_files import (
     DOCS_FILE,
     FORMAT,
@@ -81,7 +82,7 @@ from polyindex.types import document_text
 
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
 _HALF = half_lut()
-_NO_SCALE = np.zeros(0, np.uint16)
+_NO_SCALE = postings.readonly(np.zeros(0, np.uint16))  # as a mapped scale: one kernel type
 
 
 @dataclass
@@ -133,7 +134,7 @@ class MultivectorSegment(SegmentIndex):
         out = np.empty(self.n_rows, np.int64)
         use = allow is not None
         n = self.kind.kernels.gather_candidates(self.ivf_offsets, self.ivf_docs, q.probes,
-                                                allow if use else mark.view(np.bool_), use,
+                                                allow if use else postings._NO_ALLOW, use,
                                                 mark, out)
         return out[:n]
 
@@ -172,7 +173,7 @@ class MultivectorSegment(SegmentIndex):
         if allow.shape != (self.n_rows,):
             raise InvalidArgument(f"multivector search: allow mask has shape {allow.shape}, "
                                   f"the segment has {self.n_rows} rows")
-        return allow
+        return postings.readonly(np.ascontiguousarray(allow))  # one kernel type (postings.readonly)
 
     def score(self, prepared: MVPrepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)

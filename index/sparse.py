@@ -55,7 +55,7 @@ FORMAT = 1
 MIN_DIM, MAX_DIM = 4096, 65536
 _TERMS_SCHEMA = {"offset": pa.int64(), "maxw": pa.float32()}
 _LUT = sparse_kernels.half_lut()
-_NO_VALS = np.zeros(0, np.uint16)
+_NO_VALS = postings.readonly(np.zeros(0, np.uint16))  # as the mapped weights: one kernel type
 _SEARCH_KNOBS = ("k", "prune", "rescore")
 # The default configuration (README, docs/ARCHITECTURE.md and tests/test_defaults.py agree).
 DEFAULTS = {"dim": 4096, "k": 64, "k_query": 32, "rescore": 400, "seed": 0, "epochs": 10}

@@ -246,7 +246,7 @@ class TreeSegment(SegmentIndex):
         if k == 0 or self.n_rows == 0 or (allow is not None and not allow.any()):
             return empty_result(nq, k)
         allow = postings.check_allow(allow, self.n_rows, "tree search")
-        allow = np.zeros(0, np.bool_) if allow is None else allow
+        allow = postings._NO_ALLOW if allow is None else allow  # read-only: one kernel type
         w, mw, cst, logdet = self._sim_arrays(prepared.mode)
         out_s = np.full((nq, k), -np.inf)
         out_r = np.full((nq, k), -1, np.int64)

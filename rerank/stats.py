@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from polyindex.index import postings
 from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import TermStatistics, implements
 from polyindex.rerank import kernels
@@ -131,7 +132,7 @@ def _count(opened, lex, live):
     n_terms = lex.n_terms
     has_live = live is not None
     counts = kernels.field_counts(row_ptr, title_len, ids, n_terms, has_live,
-                                  live if has_live else np.ones(0, np.bool_))
+                                  postings.readonly(live) if has_live else postings._NO_ALLOW)
     if not has_live:
         _COUNTS[lex] = counts
     return counts
@@ -244,8 +245,9 @@ def _finish(segs, n_docs: int, total: np.ndarray, per_seg) -> FieldStats:
     idf, p_coll, norms = [], [], []
     for (df, cf), s in zip(per_seg, segs):
         i, p = _term_numbers(n_docs, total, df, cf)
-        idf.append(i)
-        p_coll.append(p)
+        # C order always (a column gather gives F order): the kernels compile once per layout
+        idf.append(np.ascontiguousarray(i))
+        p_coll.append(np.ascontiguousarray(p))
         norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
     return FieldStats(n_docs, np.asarray(total, np.float64), avg.astype(np.float64), idf,
                       p_coll, norms)

@@ -225,8 +225,9 @@ def test_sigterm_stops_every_process(tmp_path):
         c.create_collection("c", ["lexical"]).add([{"id": "a", "text": "alpha"}])
         pids = [p["pid"] for p in c.stats(processes=True)["processes"]]
     assert len(pids) == 2 and all(alive(p) for p in pids)
-    assert stop(proc) == 0
+    rc = stop(proc)
     assert not any(alive(p) for p in pids)
+    assert rc == 0, f"the group exited {rc}; its stderr: {proc.stderr.read()[-3000:]}"
     with __import__("polyindex").open(tmp_path, readonly=True) as eng:  # sealed at close
         assert eng.collection("c").info()["segments"] == 1
 

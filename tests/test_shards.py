@@ -91,13 +91,11 @@ def corpus():
     return docs, queries, _unit(rng, len(docs)), list(_unit(rng, len(queries)))
 
 
-@pytest.fixture(autouse=True)
-def full_weight_ranker(tmp_path_factory, monkeypatch):
-    """The shipped general ranker with its trees weighed 1 (shipped: 0, the fused order, so
-    no feature would be computed), as a model named ``trees``: the ``ltr-trees`` profile
-    then exercises every rerank feature across shards."""
+def trees_models(models: Path) -> Path:
+    """A models folder: the shipped general ranker, and as ``trees`` the same with its trees
+    weighed 1 (shipped: 0, the fused order, so no feature would be computed): the
+    ``ltr-trees`` profile then exercises every rerank feature."""
     from polyindex.rerank import registry
-    models = tmp_path_factory.getbasetemp() / "models"
     if not (models / "trees").is_dir():
         (models / "trees").mkdir(parents=True)
         shutil.copytree(registry.SHIPPED / "general", models / "general")
@@ -108,7 +106,14 @@ def full_weight_ranker(tmp_path_factory, monkeypatch):
                 meta["tree_weight"] = 1.0
                 text = json.dumps(meta)
             (models / "trees" / f).write_text(text)
-    monkeypatch.setattr(registry, "SHIPPED", models)
+    return models
+
+
+@pytest.fixture(autouse=True)
+def full_weight_ranker(tmp_path_factory, monkeypatch):
+    """``trees_models`` as the shipped models, for every test here (across shards)."""
+    from polyindex.rerank import registry
+    monkeypatch.setattr(registry, "SHIPPED", trees_models(tmp_path_factory.getbasetemp() / "models"))
     registry.clear_cache()
     yield
     registry.clear_cache()
