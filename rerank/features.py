@@ -99,9 +99,7 @@ def _query_slots(queries, stats, segments):
             seq.append(k)
         sptr.append(len(terms))
         seqptr.append(len(seq))
-    st = [stats.term_stats(t, segments) for t in terms]
-    idf = np.array([s[0] for s in st], np.float64).reshape(-1, 3)
-    pc = np.array([s[1] for s in st], np.float64).reshape(-1, 3)
+    idf, pc = stats.query_terms(terms)
     return (terms, np.array(qtf, np.float64), idf, pc, np.array(sptr, np.int64),
             np.array(seq, np.int64), np.array(seqptr, np.int64), np.array(has_text))
 
@@ -129,9 +127,9 @@ def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
         get = lex.term_id
         slot_tid = np.fromiter((-1 if (i := get(t)) is None else i for t in terms), np.int64,
                                count=len(terms))
+        idf_s, _ = stats.numbers(s, kernels.row_terms(row_ptr, ids, rows[sel], lex.n_terms))
         bufs = _take_scratch(lex)
-        kernels.lexical_features(row_ptr, title_len, ids, stats.idf[s], stats.norms[s],
-                                 stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
+        kernels.lexical_features(row_ptr, title_len, ids, idf_s, stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
                                  q_of[sel], rows[sel], sel, bufs[0], bufs[1], X)
         _SCRATCH.setdefault(lex, []).append(bufs)  # not on an exception: maybe not reset
 

@@ -1,7 +1,8 @@
 """numba kernels of the lexical rerank features (one call per segment for a whole query batch).
 
 Inputs are a segment's forward index (row offsets, title lengths, term ids in text order) and
-collection-wide statistics per segment-local term id (``stats.FieldStats``). A query is a run
+collection-wide statistics per segment-local term id (``stats.FieldStats.numbers``, filled for
+the candidates' terms). A query is a run
 of *slots*, one per distinct analyzed term, with its segment-local term id (-1 when the segment
 lacks it), count in the query, and collection-wide idf / collection probability per field. A
 scratch array ``slot_of`` (term id -> slot, -1 elsewhere) makes the scan of a document O(its
@@ -16,6 +17,7 @@ import math
 import numba
 import numpy as np
 
+from polyindex.index.vocabulary import _find_one
 from polyindex.rerank import schema
 
 FPF = len(schema.PER_FIELD)
@@ -53,6 +55,38 @@ def field_counts(row_ptr, title_len, ids, n_terms, has_live, live):
                 last[2, t] = r
                 df[2, t] += 1
     return df, cf, lens, n
+
+
+@numba.njit(cache=True, nogil=True)
+def add_counts(voff, vdata, qoff, qdata, qids, df, cf, out_df, out_cf):
+    """``out[:, j]`` += this segment's (df, cf) of term ``qids[j]`` of another sorted
+    vocabulary (``qoff``, ``qdata``), found by string; absent terms add nothing."""
+    for j in range(len(qids)):
+        t = qids[j]
+        i = _find_one(voff, vdata, qdata, qoff[t], qoff[t + 1])
+        if i >= 0:
+            for f in range(3):
+                out_df[f, j] += df[f, i]
+                out_cf[f, j] += cf[f, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def row_terms(row_ptr, ids, rows, n_terms):
+    """The distinct term ids (of ``n_terms``) of some rows of a forward index."""
+    seen = np.zeros(n_terms, np.bool_)
+    n = 0
+    for r in rows:
+        n += row_ptr[r + 1] - row_ptr[r]
+    out = np.empty(n, np.int64)
+    m = 0
+    for r in rows:
+        for p in range(row_ptr[r], row_ptr[r + 1]):
+            t = ids[p]
+            if not seen[t]:
+                seen[t] = True
+                out[m] = t
+                m += 1
+    return out[:m]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -97,8 +131,8 @@ def _query_constants(s0, ns, slot_qtf, slot_idf, slot_pc):
 
 
 @numba.njit(cache=True, nogil=True)
-def _field(ids, st, en, f, row, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of, slot_qtf,
-           slot_idf, slot_pc, qlog, qc, idf, norms, avg_len, tf_scratch, out):
+def _field(ids, st, en, f, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of, slot_qtf,
+           slot_idf, slot_pc, qlog, qc, idf, avg_len, tf_scratch, out):
     length = en - st
     for k in range(ns):
         tf[k] = 0
@@ -155,10 +189,7 @@ def _field(ids, st, en, f, row, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot
                 ql2 += qtf * (math.log(x + MU2 * pcf) - math.log(MU2 * pcf))
                 jm += qtf * (math.log((1.0 - LAM) * x / length + LAM * pcf) - math.log(LAM * pcf))
     qn, iall = qc[f, 4], qc[f, 5]
-    dn = norms[f, row]
-    if np.isnan(dn):
-        dn = _doc_norm(ids, st, en, f, idf, tf_scratch)
-        norms[f, row] = dn
+    dn = _doc_norm(ids, st, en, f, idf, tf_scratch)  # O(its length): no cache per snapshot
     win = np.nan
     if matched > 0:
         for k in range(ns):
@@ -202,7 +233,7 @@ def _field(ids, st, en, f, row, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot
 
 
 @numba.njit(cache=True, nogil=True)
-def lexical_features(row_ptr, title_len, ids, idf, norms, avg_len, slot_tid, slot_qtf,
+def lexical_features(row_ptr, title_len, ids, idf, avg_len, slot_tid, slot_qtf,
                      slot_idf, slot_pc, sptr, seq, seqptr, cand_q, cand_row, cand_out,
                      slot_of, tf_scratch, out):
     """Lexical features of candidate rows (grouped by query) into ``out[cand_out]``."""
@@ -236,12 +267,12 @@ def lexical_features(row_ptr, title_len, ids, idf, norms, avg_len, slot_tid, slo
             st, en = row_ptr[r], row_ptr[r + 1]
             mid = st + title_len[r]
             o = cand_out[c]
-            _field(ids, st, mid, 0, r, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
-                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, norms, avg_len, tf_scratch, out)
-            _field(ids, mid, en, 1, r, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
-                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, norms, avg_len, tf_scratch, out)
-            _field(ids, st, en, 2, r, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
-                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, norms, avg_len, tf_scratch, out)
+            _field(ids, st, mid, 0, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
+                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, avg_len, tf_scratch, out)
+            _field(ids, mid, en, 1, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
+                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, avg_len, tf_scratch, out)
+            _field(ids, st, en, 2, o, s0, ns, qseq, big, tf, cnt, mpos, mslot, slot_of,
+                   slot_qtf, slot_idf, slot_pc, qlog, qc, idf, avg_len, tf_scratch, out)
         for k in range(ns):
             if slot_tid[s0 + k] >= 0:
                 slot_of[slot_tid[s0 + k]] = -1

@@ -15,36 +15,24 @@ import math
 import numba
 import numpy as np
 
-from polyindex.rerank.stats import field_stats, forward_index
-
-
-CACHE_KEY = "rerank:quality"
+from polyindex.rerank import kernels
+from polyindex.rerank.stats import field_stats, forward_index, lexical_of
 
 
 def compute(snapshot, seg: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[:, 0]: unique-term ratio, out[:, 1]: KL from the collection, of each candidate."""
-    per_segment = of_snapshot(snapshot)
+    """out[:, 0]: unique-term ratio, out[:, 1]: KL from the collection, of each candidate:
+    worked out for the candidates only (the collection language model is the snapshot's,
+    so a table of every row would be rebuilt after every write)."""
+    stats = field_stats(snapshot)
     for s in np.unique(seg).tolist():
         sel = np.flatnonzero(seg == s)
-        out[sel] = per_segment[s][rows[sel]]
-
-
-def of_snapshot(snapshot) -> list[np.ndarray]:
-    """Per segment, (n_rows, 2) estimates of every row: computed once per snapshot (the
-    collection language model is the snapshot's), in one pass over the forward indexes, so a
-    query only looks its candidates up (a query's window alone cost ~0.5 ms)."""
-    cache = snapshot.cache.setdefault("lexical", {})
-    got = cache.get(CACHE_KEY)
-    if got is None:
-        stats = field_stats(snapshot)
-        got = []
-        for s, opened in enumerate(snapshot.segments):
-            row_ptr, _, ids = forward_index(opened)
-            vals = np.full((len(row_ptr) - 1, 2), np.nan, np.float32)
-            _estimates(row_ptr, ids, stats.p_coll[s][2], np.arange(len(row_ptr) - 1), vals)
-            got.append(vals)
-        cache[CACHE_KEY] = got
-    return got
+        row_ptr, _, ids = forward_index(snapshot.segments[s])
+        r = rows[sel]
+        n_terms = lexical_of(snapshot.segments[s]).n_terms
+        _, p_coll = stats.numbers(s, kernels.row_terms(row_ptr, ids, r, n_terms))
+        vals = np.full((len(r), 2), np.nan, np.float32)
+        _estimates(row_ptr, ids, p_coll[2], r, vals)
+        out[sel] = vals
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,18 +1,21 @@
-"""Collection-wide per-field statistics for the rerank features, computed once per snapshot.
+"""Collection-wide per-field statistics for the rerank features, per snapshot.
 
 Fields are ``title``, ``body`` and ``all`` (title + text, what the lexical index scores). From
 each segment's forward index (``lexical.forward.arrow``: each row's term ids in order, title
 first) we count, over live rows, per term and field: document frequency and collection term
-frequency, plus total field lengths. Sealed segments without tombstones keep their counts for
-the life of the process (they never change); the collection-wide sums (and from them idf and
-collection probabilities per segment-local term id) live in the snapshot's cache, so scores do
-not depend on how documents fell into segments.
+frequency, plus total field lengths. Those counts are kept per segment and live mask (a
+segment without tombstones for the life of the process), so after a write only the segments
+it changed are counted again. The collection-wide sums of a term (and from them its idf and
+collection probability) are summed over the segments by string when a query or a candidate
+first reads the term, and kept in the snapshot's cache: scores do not depend on how
+documents fell into segments, and a write never costs the next query the whole vocabulary.
 
 Segments built before the forward index existed get one built in memory from their documents
 (same analyzer, so the same term ids), once per process.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -20,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from polyindex.index import postings
+from polyindex.index import postings, vocabulary
 from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import TermStatistics, implements
 from polyindex.rerank import kernels
@@ -32,6 +35,7 @@ _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical s
 # lexical seg -> counts per live mask: after a write only the segments whose mask changed
 # are counted again
 _MASKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> vocabulary
 
 
 def forward_index(opened) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,40 +74,86 @@ def _build_forward(docs, lex: TermStatistics) -> tuple:
     return row_ptr, title_len, ids
 
 
-@dataclass
 class FieldStats:
-    """One snapshot's statistics: per segment, idf and collection probability of every
-    segment-local term id, per field (rows: title, body, all)."""
+    """One snapshot's statistics: the collection-wide numbers of live rows (count, field
+    lengths) and, per segment, idf and collection probability of its segment-local term ids
+    (rows: title, body, all), worked out for the terms a query or a candidate reads (NaN
+    until then). After a write the next query counts only the segments whose live rows
+    changed (``_local_counts``) and sums each term it reads over the segments by string:
+    its cost follows its candidates, not the collection's vocabulary or rows."""
 
-    n_docs: int
-    total_len: np.ndarray            # (3,) float64, field lengths summed over live rows
-    avg_len: np.ndarray              # (3,) float64
-    idf: list[np.ndarray]            # per segment (3, n_terms) float32
-    p_coll: list[np.ndarray]         # per segment (3, n_terms) float32, cf / total_len
-    norms: list[np.ndarray]          # per segment (3, n_rows) float32, tf-idf norms (NaN = not yet)
-    terms: dict = field(default_factory=dict)  # term -> ((3,) idf, (3,) p_coll), query terms
-    table: "TermTable | None" = None  # a shard's collection-wide table
+    def __init__(self, lexes: list, counts: list, n_docs: int, total_len: np.ndarray,
+                 table: "TermTable | None" = None):
+        self.n_docs = n_docs
+        self.total_len = np.asarray(total_len, np.float64)  # (3,) over live rows
+        self.avg_len = np.where(self.total_len > 0, self.total_len / max(n_docs, 1), 1.0)
+        self.table = table          # a shard: the collection-wide table (its terms by string)
+        self._lexes = lexes         # per segment, its lexical index
+        self._counts = counts       # per segment, (df, cf) (3, n_terms) int64 over live rows
+        self._terms: dict[str, tuple] = {}  # query term -> ((3,) idf, (3,) p_coll)
+        self._numbers: dict[int, tuple] = {}  # segment -> (idf, p_coll) (3, n_terms) float32
+        self._lock = threading.Lock()  # queries of one snapshot may run in several threads
 
-    def term_stats(self, term: str, segments) -> tuple[np.ndarray, np.ndarray]:
-        got = self.terms.get(term)
-        if got is None and self.table is not None:  # a shard: terms of other shards too
-            i = self.table.index_of(term)
-            df = self.table.df[:, i] if i is not None else np.zeros(3)
-            cf = self.table.cf[:, i] if i is not None else np.zeros(3)
-            idf, p = _term_numbers(self.n_docs, self.total_len, df[:, None], cf[:, None])
-            got = self.terms[term] = (idf[:, 0], p[:, 0])
-        if got is None:
-            got = (self._idf_of_df(np.zeros(3)), np.zeros(3, np.float32))  # in no live row
-            for s, seg in enumerate(segments):
-                tid = lexical_of(seg).term_id(term)
-                if tid is not None:
-                    got = (self.idf[s][:, tid], self.p_coll[s][:, tid])
-                    break
-            self.terms[term] = got
-        return got
+    def numbers(self, s: int, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(idf, p_coll) (3, n_terms) float32 of segment ``s``, filled at least for its term
+        ids ``need``."""
+        with self._lock:
+            got = self._numbers.get(s)
+            if got is None:
+                n = self._lexes[s].n_terms
+                got = self._numbers[s] = (np.full((3, n), np.nan, np.float32),
+                                          np.full((3, n), np.nan, np.float32))
+            idf, p = got
+            todo = need[np.isnan(idf[2, need])]
+            if len(todo):
+                df, cf = self._segment_terms(s, todo)
+                idf[:, todo], p[:, todo] = _term_numbers(self.n_docs, self.total_len, df, cf)
+        return idf, p
 
-    def _idf_of_df(self, df: np.ndarray) -> np.ndarray:
-        return np.log1p((self.n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+    def query_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(idf, p_coll) (len(terms), 3) float64 of query terms (0 in no live row: p 0)."""
+        with self._lock:
+            todo = [t for t in dict.fromkeys(terms) if t not in self._terms]
+            if todo:
+                df, cf = self._string_terms(todo)
+                idf, p = _term_numbers(self.n_docs, self.total_len, df, cf)
+                self._terms.update((t, (idf[:, j], p[:, j])) for j, t in enumerate(todo))
+            got = [self._terms[t] for t in terms]
+        return (np.array([g[0] for g in got], np.float64).reshape(-1, 3),
+                np.array([g[1] for g in got], np.float64).reshape(-1, 3))
+
+    def _segment_terms(self, s: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Collection-wide (df, cf) (3, len(ids)) of segment ``s``'s term ids ``ids``."""
+        if self.table is not None:
+            terms = _vocab(self._lexes[s]).take(pa.array(ids)).to_pylist()
+            return self._from_table(terms)
+        qoff, qdata = vocab_buffers(self._lexes[s])
+        df, cf = (np.zeros((3, len(ids)), np.int64) for _ in range(2))
+        for s2, (lex2, (df2, cf2)) in enumerate(zip(self._lexes, self._counts)):
+            if s2 == s:
+                df += df2[:, ids]
+                cf += cf2[:, ids]
+            else:
+                kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf)
+        return df, cf
+
+    def _string_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Collection-wide (df, cf) (3, len(terms)) of terms given as strings."""
+        if self.table is not None:
+            return self._from_table(terms)
+        qoff, qdata = vocabulary.encode_terms(terms)
+        ids = np.arange(len(terms), dtype=np.int64)
+        df, cf = (np.zeros((3, len(terms)), np.int64) for _ in range(2))
+        for lex2, (df2, cf2) in zip(self._lexes, self._counts):
+            kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf)
+        return df, cf
+
+    def _from_table(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """A shard: the router's collection-wide table (a term it has not seen yet: 0)."""
+        at = [self.table.index_of(t) for t in terms]
+        found = np.array([i is not None for i in at], bool)
+        g = np.array([i or 0 for i in at], np.int64)
+        return self.table.df[:, g] * found, self.table.cf[:, g] * found
 
 
 def field_stats(snapshot) -> FieldStats:
@@ -143,6 +193,15 @@ def _vocab(lex) -> pa.Array:
     when it offers one; else built from ``terms()``)."""
     arr = getattr(lex, "term_array", None)
     return arr() if arr is not None else pa.array(lex.terms(), pa.string())
+
+
+def vocab_buffers(lex) -> tuple[np.ndarray, np.ndarray]:
+    """A segment's sorted vocabulary as (offsets, UTF-8 bytes), for the numba term lookup
+    (zero-copy views of the mapped column; built once per segment otherwise)."""
+    got = _BUFFERS.get(lex)
+    if got is None:
+        got = _BUFFERS[lex] = vocabulary.string_buffers(_vocab(lex))
+    return got
 
 
 @dataclass
@@ -205,30 +264,14 @@ def local_table(snapshot) -> TermTable:
 
 
 def _compute(snapshot) -> FieldStats:
-    segs = snapshot.segments
+    lexes = [lexical_of(s) for s in snapshot.segments]
     glob = snapshot.cache.get("lexical", {}).get(GLOBAL)
-    if glob is not None:  # a shard: per segment, the whole collection's counts of its terms
-        n_docs, total = glob.n_docs, glob.total
-        per_seg = []
-        for s in segs:
-            g = pc.index_in(_vocab(lexical_of(s)), value_set=glob.vocab).to_numpy(
-                zero_copy_only=False)  # every local term is in the sum
-            per_seg.append((glob.df[:, g], glob.cf[:, g]))
-        stats = _finish(segs, n_docs, total, per_seg)
-        stats.table = glob
-        return stats
-    local = [_local_counts(s, m) for s, m in zip(segs, snapshot.live)]
+    if glob is not None:  # a shard: the whole collection's counts, looked up by term
+        return FieldStats(lexes, [], glob.n_docs, glob.total, glob)
+    local = [_local_counts(s, m) for s, m in zip(snapshot.segments, snapshot.live)]
     n_docs = int(sum(c[3] for c in local))
     total = np.sum([c[2] for c in local], axis=0) if local else np.zeros(3)
-    if len(local) == 1:
-        per_seg = [(local[0][0], local[0][1])]
-    else:  # sum each term's counts over segments by term string (segment term ids differ)
-        table = TermTable.merge([TermTable(_vocab(lexical_of(s)), c[0], c[1], 0, c[2])
-                                 for s, c in zip(segs, local)])
-        per_seg = [(table.df[:, g], table.cf[:, g]) for g in
-                   (pc.index_in(_vocab(lexical_of(s)), value_set=table.vocab).to_numpy(
-                       zero_copy_only=False) for s in segs)]
-    return _finish(segs, n_docs, total, per_seg)
+    return FieldStats(lexes, [(c[0], c[1]) for c in local], n_docs, total)
 
 
 def _term_numbers(n_docs: int, total: np.ndarray, df: np.ndarray, cf: np.ndarray):
@@ -238,16 +281,3 @@ def _term_numbers(n_docs: int, total: np.ndarray, df: np.ndarray, cf: np.ndarray
         idf = np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
         p = np.where(total[:, None] > 0, cf / np.maximum(total[:, None], 1), 0.0)
     return idf, p.astype(np.float32)
-
-
-def _finish(segs, n_docs: int, total: np.ndarray, per_seg) -> FieldStats:
-    avg = np.where(total > 0, total / max(n_docs, 1), 1.0)
-    idf, p_coll, norms = [], [], []
-    for (df, cf), s in zip(per_seg, segs):
-        i, p = _term_numbers(n_docs, total, df, cf)
-        # C order always (a column gather gives F order): the kernels compile once per layout
-        idf.append(np.ascontiguousarray(i))
-        p_coll.append(np.ascontiguousarray(p))
-        norms.append(np.full((3, s.docs.n_rows), np.nan, np.float32))
-    return FieldStats(n_docs, np.asarray(total, np.float64), avg.astype(np.float64), idf,
-                      p_coll, norms)

@@ -102,6 +102,39 @@ def test_features_do_not_depend_on_segmentation(small, tmp_path):
                     np.testing.assert_allclose(a[doc][name], b[doc][name], rtol=1e-6, err_msg=name)
 
 
+def test_features_after_writes_follow_the_live_rows(tmp_path):
+    """Statistics are kept per segment and live mask and summed per term when read: after a
+    delete and an upsert the next query's features are those of the live rows indexed
+    fresh, nothing carried over from the snapshot before."""
+    eng = polyindex.open(tmp_path)
+    living = eng.create_collection("living", ["lexical", "dense"], segment_size=2)
+    living.add(DOCS[:2])
+    living.add(DOCS[2:])
+    texts = ("wing flutter", "heat transfer model", "cake sugar")
+    for text in texts:  # fills the first snapshot's statistics
+        features_of(living, text)
+    living.delete(["gone", "d2"])
+    new = {"_id": "d5", "title": "wing", "text": "wing wing transfer sugar"}
+    living.add([new, {**DOCS[0], "text": "flutter model model"}])  # d1 upserted
+    fresh = eng.create_collection("fresh", ["lexical", "dense"])
+    fresh.add([{**DOCS[0], "text": "flutter model model"}, DOCS[2], DOCS[3], new])
+    # live: d1 [wing flutter | flutter model model], d3, d4, d5 [wing | wing wing transfer
+    # sugar]: wing and flutter in 2 of 4 rows each (before the writes: 3 of 5 and 3 of 5)
+    after = features_of(living, "wing flutter")
+    assert after["d1"]["all.idf_sum"] == pytest.approx(2 * math.log(1 + 2.5 / 2.5), rel=1e-6)
+    compared = 0
+    for text in texts:
+        a, b = features_of(living, text), features_of(fresh, text)
+        assert set(a) == set(b) and "d2" not in a
+        for doc in a:
+            for name in schema.NAMES:
+                if name.startswith(("title.", "body.", "all.", "q_", "doc_unique", "doc_kl")):
+                    np.testing.assert_allclose(a[doc][name], b[doc][name], rtol=1e-6,
+                                               err_msg=f"{text}: {doc} {name}")
+                    compared += 1
+    assert compared > 100
+
+
 def test_numba_forest_scores_like_lightgbm():
     import lightgbm as lgb
 
