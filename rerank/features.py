@@ -16,7 +16,14 @@ import numpy as np
 
 from polyindex.index.protocol import StoredVectors, implements
 from polyindex.rerank import kernels, kind_scores, quality, schema, window
-from polyindex.rerank.stats import field_stats, forward_index, lexical_of
+from polyindex.index import vocabulary
+from polyindex.rerank.stats import (
+    candidate_terms,
+    field_stats,
+    forward_index,
+    lexical_of,
+    vocab_buffers,
+)
 
 F = len(schema.NAMES)  # columns of a collection without named vector fields
 _COL = schema.INDEX
@@ -53,8 +60,13 @@ def compute_local(snapshot, queries: Sequence, candidate_keys: Sequence[np.ndarr
     q_of = np.repeat(np.arange(len(candidate_keys)), counts)
     seg, rows = snapshot.locate(keys)
     if "lexical" in snapshot.kinds:
-        _lexical(snapshot, queries, q_of, seg, rows, X)
-        quality.compute(snapshot, seg, rows, X[:, _COL["doc_unique_ratio"]:_COL["doc_kl_coll"] + 1])
+        stats = field_stats(snapshot)
+        groups = {s: np.flatnonzero(seg == s) for s in np.unique(seg).tolist()}
+        needs = candidate_terms(snapshot.segments, groups, rows)
+        stats.fill(needs)  # every segment's at once: a term shared by several is summed once
+        _lexical(snapshot, stats, groups, queries, q_of, rows, X)
+        quality.compute(snapshot, stats, groups, rows,
+                        X[:, _COL["doc_unique_ratio"]:_COL["doc_kl_coll"] + 1])
     _doc_quality(snapshot, seg, rows, X[:, _COL["doc_quality"]])
     for kind, name in schema.KIND_SCORES.items():
         if kind in snapshot.kinds:
@@ -104,8 +116,8 @@ def _query_slots(queries, stats, segments):
             np.array(seq, np.int64), np.array(seqptr, np.int64), np.array(has_text))
 
 
-def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
-    stats = field_stats(snapshot)
+def _lexical(snapshot, stats, groups: dict[int, np.ndarray], queries, q_of, rows, X) -> None:
+    """``groups``: per segment, its candidates (their term numbers filled in ``stats``)."""
     segments = snapshot.segments
     terms, qtf, idf, pc, sptr, seq, seqptr, has_text = _query_slots(queries, stats, segments)
     # Query-level features (NaN for queries without text: they have no lexical side).
@@ -119,15 +131,16 @@ def _lexical(snapshot, queries, q_of, seg, rows, X) -> None:
     X[:, _COL["q_idf_max"]:_COL["q_idf_max"] + 3] = _query_difficulty(qtf, idf, pc, sptr,
                                                                       has_text)[q_of]
     ok = has_text[q_of]
-    for s in np.unique(seg[ok]).tolist():
-        sel = np.flatnonzero(ok & (seg == s))
+    qoff, qdata = vocabulary.encode_terms(terms)  # once; looked up in each segment
+    for s, sel in groups.items():
+        sel = sel[ok[sel]]
+        if not len(sel):
+            continue
         opened = segments[s]
         lex = lexical_of(opened)
         row_ptr, title_len, ids = forward_index(opened)
-        get = lex.term_id
-        slot_tid = np.fromiter((-1 if (i := get(t)) is None else i for t in terms), np.int64,
-                               count=len(terms))
-        idf_s, _ = stats.numbers(s, kernels.row_terms(row_ptr, ids, rows[sel], lex.n_terms))
+        slot_tid = vocabulary.find_terms(*vocab_buffers(lex), qoff, qdata)
+        idf_s, _ = stats.arrays(s)
         bufs = _take_scratch(lex)
         kernels.lexical_features(row_ptr, title_len, ids, idf_s, stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
                                  q_of[sel], rows[sel], sel, bufs[0], bufs[1], X)

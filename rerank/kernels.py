@@ -58,16 +58,29 @@ def field_counts(row_ptr, title_len, ids, n_terms, has_live, live):
 
 
 @numba.njit(cache=True, nogil=True)
-def add_counts(voff, vdata, qoff, qdata, qids, df, cf, out_df, out_cf):
+def add_counts(voff, vdata, qoff, qdata, qids, df, cf, out_df, out_cf, found):
     """``out[:, j]`` += this segment's (df, cf) of term ``qids[j]`` of another sorted
-    vocabulary (``qoff``, ``qdata``), found by string; absent terms add nothing."""
+    vocabulary (``qoff``, ``qdata``), found by string; absent terms add nothing.
+    ``found[j]``: the term's id here, -1 where absent."""
     for j in range(len(qids)):
         t = qids[j]
         i = _find_one(voff, vdata, qdata, qoff[t], qoff[t + 1])
+        found[j] = i
         if i >= 0:
             for f in range(3):
                 out_df[f, j] += df[f, i]
                 out_cf[f, j] += cf[f, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter(found, idf, p, to_idf, to_p):
+    """``to[:, found[j]] = (idf, p)[:, j]`` where ``found[j] >= 0``."""
+    for j in range(len(found)):
+        i = found[j]
+        if i >= 0:
+            for f in range(3):
+                to_idf[f, i] = idf[f, j]
+                to_p[f, i] = p[f, j]
 
 
 @numba.njit(cache=True, nogil=True)

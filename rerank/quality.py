@@ -15,23 +15,20 @@ import math
 import numba
 import numpy as np
 
-from polyindex.rerank import kernels
-from polyindex.rerank.stats import field_stats, forward_index, lexical_of
+from polyindex.rerank.stats import forward_index
 
 
-def compute(snapshot, seg: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[:, 0]: unique-term ratio, out[:, 1]: KL from the collection, of each candidate:
-    worked out for the candidates only (the collection language model is the snapshot's,
-    so a table of every row would be rebuilt after every write)."""
-    stats = field_stats(snapshot)
-    for s in np.unique(seg).tolist():
-        sel = np.flatnonzero(seg == s)
+def compute(snapshot, stats, groups: dict[int, np.ndarray], rows: np.ndarray,
+            out: np.ndarray) -> None:
+    """out[:, 0]: unique-term ratio, out[:, 1]: KL from the collection, of each candidate
+    (``groups``: per segment, its candidates, their terms' numbers filled in ``stats``):
+    worked out for the candidates only, as the collection language model is the
+    snapshot's (a table of every row would be rebuilt after every write)."""
+    for s, sel in groups.items():
         row_ptr, _, ids = forward_index(snapshot.segments[s])
-        r = rows[sel]
-        n_terms = lexical_of(snapshot.segments[s]).n_terms
-        _, p_coll = stats.numbers(s, kernels.row_terms(row_ptr, ids, r, n_terms))
-        vals = np.full((len(r), 2), np.nan, np.float32)
-        _estimates(row_ptr, ids, p_coll[2], r, vals)
+        _, p_coll = stats.arrays(s)
+        vals = np.full((len(sel), 2), np.nan, np.float32)
+        _estimates(row_ptr, ids, p_coll[2], rows[sel], vals)
         out[sel] = vals
 
 

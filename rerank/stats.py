@@ -94,21 +94,35 @@ class FieldStats:
         self._numbers: dict[int, tuple] = {}  # segment -> (idf, p_coll) (3, n_terms) float32
         self._lock = threading.Lock()  # queries of one snapshot may run in several threads
 
-    def numbers(self, s: int, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(idf, p_coll) (3, n_terms) float32 of segment ``s``, filled at least for its term
-        ids ``need``."""
+    def arrays(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """(idf, p_coll) (3, n_terms) float32 of segment ``s``: what ``fill`` filled, NaN
+        elsewhere."""
+        return self._numbers[s]
+
+    def fill(self, needs: dict[int, np.ndarray]) -> None:
+        """Fill the numbers of several segments' term ids (segment -> ids). A term summed
+        for one segment is filled in every other segment whose arrays exist and that holds
+        it (the sum's own lookups found it there), so a term the candidates of several
+        segments share is summed once."""
         with self._lock:
-            got = self._numbers.get(s)
-            if got is None:
-                n = self._lexes[s].n_terms
-                got = self._numbers[s] = (np.full((3, n), np.nan, np.float32),
-                                          np.full((3, n), np.nan, np.float32))
-            idf, p = got
-            todo = need[np.isnan(idf[2, need])]
-            if len(todo):
-                df, cf = self._segment_terms(s, todo)
-                idf[:, todo], p[:, todo] = _term_numbers(self.n_docs, self.total_len, df, cf)
-        return idf, p
+            for s in needs:
+                if s not in self._numbers:
+                    n = self._lexes[s].n_terms
+                    self._numbers[s] = (np.full((3, n), np.nan, np.float32),
+                                        np.full((3, n), np.nan, np.float32))
+            for s, need in needs.items():
+                idf, p = self._numbers[s]
+                todo = need[np.isnan(idf[2, need])]
+                if not len(todo):
+                    continue
+                df, cf, found = self._segment_terms(s, todo)
+                got = _term_numbers(self.n_docs, self.total_len, df, cf)
+                idf[:, todo], p[:, todo] = got
+                if found is None:
+                    continue
+                for s2 in needs:  # those after s in this call: their sums are still to do
+                    if s2 != s and s2 in self._numbers:
+                        kernels.scatter(found[s2], got[0], got[1], *self._numbers[s2])
 
     def query_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(idf, p_coll) (len(terms), 3) float64 of query terms (0 in no live row: p 0)."""
@@ -122,20 +136,25 @@ class FieldStats:
         return (np.array([g[0] for g in got], np.float64).reshape(-1, 3),
                 np.array([g[1] for g in got], np.float64).reshape(-1, 3))
 
-    def _segment_terms(self, s: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Collection-wide (df, cf) (3, len(ids)) of segment ``s``'s term ids ``ids``."""
+    def _segment_terms(self, s: int, ids: np.ndarray):
+        """Collection-wide (df, cf) (3, len(ids)) of segment ``s``'s term ids ``ids``, and
+        where each is in every segment ((n_segments, len(ids)), -1 where absent; None for a
+        shard, whose sums come from the router's table)."""
         if self.table is not None:
             terms = _vocab(self._lexes[s]).take(pa.array(ids)).to_pylist()
-            return self._from_table(terms)
+            return (*self._from_table(terms), None)
         qoff, qdata = vocab_buffers(self._lexes[s])
         df, cf = (np.zeros((3, len(ids)), np.int64) for _ in range(2))
+        found = np.empty((len(self._lexes), len(ids)), np.int64)
         for s2, (lex2, (df2, cf2)) in enumerate(zip(self._lexes, self._counts)):
             if s2 == s:
                 df += df2[:, ids]
                 cf += cf2[:, ids]
+                found[s2] = ids
             else:
-                kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf)
-        return df, cf
+                kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf,
+                                   found[s2])
+        return df, cf, found
 
     def _string_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Collection-wide (df, cf) (3, len(terms)) of terms given as strings."""
@@ -144,8 +163,9 @@ class FieldStats:
         qoff, qdata = vocabulary.encode_terms(terms)
         ids = np.arange(len(terms), dtype=np.int64)
         df, cf = (np.zeros((3, len(terms)), np.int64) for _ in range(2))
+        found = np.empty(len(terms), np.int64)
         for lex2, (df2, cf2) in zip(self._lexes, self._counts):
-            kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf)
+            kernels.add_counts(*vocab_buffers(lex2), qoff, qdata, ids, df2, cf2, df, cf, found)
         return df, cf
 
     def _from_table(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -154,6 +174,16 @@ class FieldStats:
         found = np.array([i is not None for i in at], bool)
         g = np.array([i or 0 for i in at], np.int64)
         return self.table.df[:, g] * found, self.table.cf[:, g] * found
+
+
+def candidate_terms(segments, groups: dict[int, np.ndarray], rows: np.ndarray
+                    ) -> dict[int, np.ndarray]:
+    """Per segment, the distinct term ids of its candidates (``rows[groups[s]]``)."""
+    out = {}
+    for s, sel in groups.items():
+        row_ptr, _, ids = forward_index(segments[s])
+        out[s] = kernels.row_terms(row_ptr, ids, rows[sel], lexical_of(segments[s]).n_terms)
+    return out
 
 
 def field_stats(snapshot) -> FieldStats:
