@@ -112,6 +112,7 @@ class MultivectorSegment(SegmentIndex):
         self.ivf_offsets, self.ivf_docs = ivf_offsets, ivf_docs
         self.kind = kind
         self.nonempty = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)
+        self._marks: list[np.ndarray] = []  # free seen-flag scratch of _candidates
         self._keep = keep  # Arrow tables owning the memory maps
 
     def _pass(self, q: MVQuery, cand: np.ndarray, final: bool) -> np.ndarray:
@@ -130,12 +131,20 @@ class MultivectorSegment(SegmentIndex):
     def _candidates(self, q: MVQuery, prepared: MVPrepared, allow) -> np.ndarray:
         if prepared.exhaustive:
             return self.nonempty if allow is None else self.nonempty[allow[self.nonempty]]
-        mark = np.zeros(self.n_rows, np.uint8)
-        out = np.empty(self.n_rows, np.int64)
+        # Scratch bounded by the candidates, not the segment: the probed lists' length, and
+        # the seen flags reused (the kernel leaves them zero; not returned on an exception).
+        listed = int((self.ivf_offsets[q.probes + 1] - self.ivf_offsets[q.probes]).sum())
+        out = np.empty(min(listed, self.n_rows), np.int64)
+        try:
+            mark = self._marks.pop()
+        except IndexError:
+            mark = np.zeros(self.n_rows, np.uint8)
         use = allow is not None
         n = self.kind.kernels.gather_candidates(self.ivf_offsets, self.ivf_docs, q.probes,
                                                 allow if use else postings._NO_ALLOW, use,
                                                 mark, out)
+        if len(self._marks) < 8:
+            self._marks.append(mark)
         return out[:n]
 
     def search(self, prepared: MVPrepared, k, params, allow):
