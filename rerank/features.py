@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from polyindex.index import vocabulary
 from polyindex.index.protocol import StoredVectors, implements
 from polyindex.rerank import kernels, kind_scores, quality, schema, window
-from polyindex.index import vocabulary
 from polyindex.rerank.stats import (
     candidate_terms,
     field_stats,
@@ -142,8 +142,9 @@ def _lexical(snapshot, stats, groups: dict[int, np.ndarray], queries, q_of, rows
         slot_tid = vocabulary.find_terms(*vocab_buffers(lex), qoff, qdata)
         idf_s, _ = stats.arrays(s)
         bufs = _take_scratch(lex)
-        kernels.lexical_features(row_ptr, title_len, ids, idf_s, stats.avg_len, slot_tid, qtf, idf, pc, sptr, seq, seqptr,
-                                 q_of[sel], rows[sel], sel, bufs[0], bufs[1], X)
+        kernels.lexical_features(row_ptr, title_len, ids, idf_s, stats.avg_len, slot_tid, qtf,
+                                 idf, pc, sptr, seq, seqptr, q_of[sel], rows[sel], sel,
+                                 bufs[0], bufs[1], X)
         _SCRATCH.setdefault(lex, []).append(bufs)  # not on an exception: maybe not reset
 
 

@@ -1,7 +1,7 @@
 """numba kernels of the lexical rerank features (one call per segment for a whole query batch).
 
 Inputs are a segment's forward index (row offsets, title lengths, term ids in text order) and
-collection-wide statistics per segment-local term id (``stats.FieldStats.numbers``, filled for
+collection-wide statistics per segment-local term id (``stats.FieldStats.arrays``, filled for
 the candidates' terms). A query is a run
 of *slots*, one per distinct analyzed term, with its segment-local term id (-1 when the segment
 lacks it), count in the query, and collection-wide idf / collection probability per field. A

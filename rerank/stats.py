@@ -120,7 +120,7 @@ class FieldStats:
                 idf[:, todo], p[:, todo] = got
                 if found is None:
                     continue
-                for s2 in needs:  # those after s in this call: their sums are still to do
+                for s2 in needs:  # the later segments of this call skip what is filled here
                     if s2 != s and s2 in self._numbers:
                         kernels.scatter(found[s2], got[0], got[1], *self._numbers[s2])
 

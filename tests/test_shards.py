@@ -113,7 +113,8 @@ def trees_models(models: Path) -> Path:
 def full_weight_ranker(tmp_path_factory, monkeypatch):
     """``trees_models`` as the shipped models, for every test here (across shards)."""
     from polyindex.rerank import registry
-    monkeypatch.setattr(registry, "SHIPPED", trees_models(tmp_path_factory.getbasetemp() / "models"))
+    models = trees_models(tmp_path_factory.getbasetemp() / "models")
+    monkeypatch.setattr(registry, "SHIPPED", models)
     registry.clear_cache()
     yield
     registry.clear_cache()
