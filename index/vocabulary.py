@@ -63,6 +63,49 @@ def _find_one(voff, vdata, qdata, q0, q1):
     return -1
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fnv(data, a, b):
+    """FNV-1a hash of the bytes data[a:b]."""
+    h = np.uint64(14695981039346656037)
+    for i in range(a, b):
+        h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def build_hash(voff, vdata):
+    """An open-addressing table (a power of two >= 2 x the terms; -1 free) of a vocabulary's
+    term ids by their bytes' hash: many lookups of another vocabulary's terms cost a hash
+    and a compare or two each, where a binary search costs ~15 compares on scattered bytes."""
+    n = len(voff) - 1
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, np.int32)
+    mask = np.uint64(size - 1)
+    for t in range(n):
+        j = _fnv(vdata, voff[t], voff[t + 1]) & mask
+        while table[j] >= 0:
+            j = (j + np.uint64(1)) & mask
+        table[j] = t
+    return table
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def hash_find(table, voff, vdata, qdata, q0, q1):
+    """The term id of the bytes qdata[q0:q1] in a vocabulary with its ``build_hash`` table,
+    -1 where absent."""
+    mask = np.uint64(len(table) - 1)
+    j = _fnv(qdata, q0, q1) & mask
+    while True:
+        t = table[j]
+        if t < 0:
+            return -1
+        if _cmp(vdata, voff[t], voff[t + 1], qdata, q0, q1) == 0:
+            return t
+        j = (j + np.uint64(1)) & mask
+
+
 @numba.njit(cache=True, nogil=True)
 def find_terms(voff, vdata, qoff, qdata):
     """Term id (position in the sorted vocabulary) of each query term, -1 where absent."""

@@ -17,7 +17,7 @@ import math
 import numba
 import numpy as np
 
-from polyindex.index.vocabulary import _find_one
+from polyindex.index.vocabulary import hash_find
 from polyindex.rerank import schema
 
 FPF = len(schema.PER_FIELD)
@@ -58,13 +58,28 @@ def field_counts(row_ptr, title_len, ids, n_terms, has_live, live):
 
 
 @numba.njit(cache=True, nogil=True)
-def add_counts(voff, vdata, qoff, qdata, qids, df, cf, out_df, out_cf, found):
-    """``out[:, j]`` += this segment's (df, cf) of term ``qids[j]`` of another sorted
-    vocabulary (``qoff``, ``qdata``), found by string; absent terms add nothing.
-    ``found[j]``: the term's id here, -1 where absent."""
+def remove_rows(row_ptr, title_len, ids, rows, df, cf, lens):
+    """Take rows out of ``field_counts``' (df, cf, lengths), in place: O(their length)."""
+    for r in rows:
+        st, en = row_ptr[r], row_ptr[r + 1]
+        mid = st + title_len[r]
+        for f, a, b in ((0, st, mid), (1, mid, en), (2, st, en)):
+            lens[f] -= b - a
+            terms = np.sort(ids[a:b])
+            for j in range(len(terms)):
+                cf[f, terms[j]] -= 1
+                if j == 0 or terms[j] != terms[j - 1]:
+                    df[f, terms[j]] -= 1
+
+
+@numba.njit(cache=True, nogil=True)
+def add_counts(table, voff, vdata, qoff, qdata, qids, df, cf, out_df, out_cf, found):
+    """``out[:, j]`` += this segment's (df, cf) of term ``qids[j]`` of another vocabulary
+    (``qoff``, ``qdata``), found by string through this segment's ``vocabulary.build_hash``
+    ``table``; absent terms add nothing. ``found[j]``: the term's id here, -1 where absent."""
     for j in range(len(qids)):
         t = qids[j]
-        i = _find_one(voff, vdata, qdata, qoff[t], qoff[t + 1])
+        i = hash_find(table, voff, vdata, qdata, qoff[t], qoff[t + 1])
         found[j] = i
         if i >= 0:
             for f in range(3):

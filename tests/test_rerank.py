@@ -135,6 +135,43 @@ def test_features_after_writes_follow_the_live_rows(tmp_path):
     assert compared > 100
 
 
+def test_counts_under_a_new_mask_are_the_last_counts_less_the_rows_it_hid(tmp_path,
+                                                                         monkeypatch):
+    """A write that hides rows costs the next features those rows: the field counts under
+    the new mask are the previous mask's less theirs, equal to counting every live row;
+    a mask that brings a row back is counted in full."""
+    from polyindex.rerank import kernels
+    from polyindex.rerank.stats import _local_counts, lexical_of
+    words = "wing flutter heat model test cake sugar butter transfer shock".split()
+    rng = np.random.default_rng(3)
+    coll = polyindex.open(tmp_path).create_collection("c", ["lexical"], model=None)
+    coll.add([{"id": f"d{i}", "title": " ".join(rng.choice(words, 2)),
+               "text": " ".join(rng.choice(words, int(rng.integers(1, 12))))}
+              for i in range(300)])
+    opened = coll.snapshot().segments[0]
+    row_ptr, title_len, ids = forward_index(opened)
+    count = kernels.field_counts
+
+    def full(mask):
+        return count(row_ptr, title_len, ids, lexical_of(opened).n_terms, True, mask)
+
+    def same(got, want):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+    first = np.ones(300, bool)
+    first[::7] = False
+    same(_local_counts(opened, first), full(first))
+    second = first.copy()
+    second[3::11] = False  # a later write hides more rows
+    monkeypatch.setattr(kernels, "field_counts", None)  # only the hidden rows are counted
+    same(_local_counts(opened, second), full(second))
+    back = second.copy()
+    back[0] = True  # row 0 lives again: no subtraction can give it
+    monkeypatch.setattr(kernels, "field_counts", count)
+    same(_local_counts(opened, back), full(back))
+
+
 def test_numba_forest_scores_like_lightgbm():
     import lightgbm as lgb
 
