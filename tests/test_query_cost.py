@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 
 import polyindex
-from polyindex.index import dense, dense_filtered, masks
+from polyindex.index import dense, dense_filtered, masks, vocabulary
 from polyindex.index.lexical import LexicalKind
 from polyindex.query import filters, pipeline
+from polyindex.rerank import kernels
 
 WORDS = ["river", "stone", "bridge", "forest", "cloud", "lamp", "violet", "harbor", "candle",
          "meadow", "falcon", "copper"]
@@ -297,6 +298,16 @@ def test_lexical_vocabulary_lookup(tmp_path):
     probe = vocab + ["missing", vocab[0] + "x"]
     ids = seg.term_ids(probe)
     assert ids.tolist() == list(range(len(vocab))) + [-1, -1]
+    # the hash table another segment's terms are summed through finds the same ids
+    voff, vdata = vocabulary.string_buffers(seg.term_array())
+    table = vocabulary.build_hash(voff, vdata)
+    qoff, qdata = vocabulary.encode_terms(probe + ["", "zzz", "😀x", "caf"])
+    found = np.zeros(len(qoff) - 1, np.int64)
+    counts = [np.zeros((3, seg.n_terms), np.int64) for _ in range(2)]
+    out = [np.zeros((3, len(found)), np.int64) for _ in range(2)]
+    kernels.add_counts(table, voff, vdata, qoff, qdata, np.arange(len(found)), *counts, *out,
+                       found)
+    assert found.tolist() == list(range(len(vocab))) + [-1] * 6
 
 
 def test_faiss_index_is_memory_mapped(coll):
