@@ -37,8 +37,9 @@ _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lexical s
 _MASKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> vocabulary
 _HASHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical seg -> hash table
-# lexical seg -> (its last live mask, weakly; the counts under it): the next mask's counts
-# are those less the rows a write hid
+# lexical seg -> (its last live mask, the counts under it): the next mask's counts are those
+# less the rows a write hid. Held strongly (a byte a row): the snapshot that made the mask is
+# usually gone by the next write.
 _LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -221,7 +222,7 @@ def _count(opened, lex, live):
     if live is None:
         _COUNTS[lex] = counts
     else:
-        _LAST[lex] = (weakref.ref(live), counts)
+        _LAST[lex] = (live, counts)
     return counts
 
 
@@ -232,7 +233,7 @@ def _less(row_ptr, title_len, ids, lex, live):
     if live is None:
         return None
     prev = _LAST.get(lex)
-    before = prev[0]() if prev is not None else None
+    before = prev[0] if prev is not None else None
     if before is not None and before.shape == live.shape and not (live & ~before).any():
         counts, hidden = prev[1], np.flatnonzero(before & ~live)
     elif lex in _COUNTS:
