@@ -112,7 +112,8 @@ class MultivectorSegment(SegmentIndex):
         self.ivf_offsets, self.ivf_docs = ivf_offsets, ivf_docs
         self.kind = kind
         self.nonempty = np.flatnonzero(np.diff(offsets) > 0).astype(np.int64)
-        self._marks: list[np.ndarray] = []  # free seen-flag scratch of _candidates
+        # seen flags of _candidates (the kernel leaves them zero)
+        self._marks = postings.BufferPool(n_rows, lambda n: np.zeros(n, np.uint8))
         self._keep = keep  # Arrow tables owning the memory maps
 
     def _pass(self, q: MVQuery, cand: np.ndarray, final: bool) -> np.ndarray:
@@ -132,19 +133,15 @@ class MultivectorSegment(SegmentIndex):
         if prepared.exhaustive:
             return self.nonempty if allow is None else self.nonempty[allow[self.nonempty]]
         # Scratch bounded by the candidates, not the segment: the probed lists' length, and
-        # the seen flags reused (the kernel leaves them zero; not returned on an exception).
+        # the seen flags reused.
         listed = int((self.ivf_offsets[q.probes + 1] - self.ivf_offsets[q.probes]).sum())
         out = np.empty(min(listed, self.n_rows), np.int64)
-        try:
-            mark = self._marks.pop()
-        except IndexError:
-            mark = np.zeros(self.n_rows, np.uint8)
+        mark = self._marks.get()
         use = allow is not None
         n = self.kind.kernels.gather_candidates(self.ivf_offsets, self.ivf_docs, q.probes,
                                                 allow if use else postings._NO_ALLOW, use,
                                                 mark, out)
-        if len(self._marks) < 8:
-            self._marks.append(mark)
+        self._marks.put(mark)
         return out[:n]
 
     def search(self, prepared: MVPrepared, k, params, allow):

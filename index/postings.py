@@ -137,22 +137,29 @@ COUNT_TYPES = (pa.uint8(), pa.uint16(), pa.int32())  # int32: files written befo
 
 # --------------------------------------------------------------------------- buffers
 
+def _search_buffers(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``*_search`` kernels' scratch: score buffer, seen flags, touched rows."""
+    return np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.int32)
+
+
 class BufferPool:
-    """Reusable per-segment scratch (score buffer, seen flags, touched rows); thread-safe."""
+    """Reusable per-segment scratch, ``make(n_rows)`` (by default the search kernels');
+    thread-safe. The kernels hand their scratch back zeroed; a caller puts it back only
+    then (not after an exception)."""
 
-    def __init__(self, n_rows: int):
+    def __init__(self, n_rows: int, make=_search_buffers):
         self.n_rows = n_rows
-        self._free: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._make = make
+        self._free: list = []
 
-    def get(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(self):
         try:
             return self._free.pop()
         except IndexError:
-            n = self.n_rows
-            return np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.int32)
+            return self._make(self.n_rows)
 
     def put(self, bufs) -> None:
-        if len(self._free) < 8:  # the kernels leave scores and flags zeroed
+        if len(self._free) < 8:
             self._free.append(bufs)
 
 

@@ -148,11 +148,24 @@ class FieldStats:
         if self.table is not None:
             terms = _vocab(self._lexes[s]).take(pa.array(ids)).to_pylist()
             return (*self._from_table(terms), None)
-        qoff, qdata = vocab_buffers(self._lexes[s])
+        return self._sum(*vocab_buffers(self._lexes[s]), ids, own=s)
+
+    def _string_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Collection-wide (df, cf) (3, len(terms)) of terms given as strings."""
+        if self.table is not None:
+            return self._from_table(terms)
+        qoff, qdata = vocabulary.encode_terms(terms)
+        return self._sum(qoff, qdata, np.arange(len(terms), dtype=np.int64))[:2]
+
+    def _sum(self, qoff, qdata, ids, own: int | None = None):
+        """(df, cf) (3, len(ids)) summed over the segments of the terms ``ids`` of the
+        encoded strings (``qoff``, ``qdata``), and each term's id in every segment (-1
+        where absent); ``own``: the segment those strings are the vocabulary of (its ids
+        are the terms' own, no lookup)."""
         df, cf = (np.zeros((3, len(ids)), np.int64) for _ in range(2))
         found = np.empty((len(self._lexes), len(ids)), np.int64)
         for s2, (lex2, (df2, cf2)) in enumerate(zip(self._lexes, self._counts)):
-            if s2 == s:
+            if s2 == own:
                 df += df2[:, ids]
                 cf += cf2[:, ids]
                 found[s2] = ids
@@ -160,18 +173,6 @@ class FieldStats:
                 kernels.add_counts(*vocab_lookup(lex2), qoff, qdata, ids, df2, cf2, df, cf,
                                    found[s2])
         return df, cf, found
-
-    def _string_terms(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Collection-wide (df, cf) (3, len(terms)) of terms given as strings."""
-        if self.table is not None:
-            return self._from_table(terms)
-        qoff, qdata = vocabulary.encode_terms(terms)
-        ids = np.arange(len(terms), dtype=np.int64)
-        df, cf = (np.zeros((3, len(terms)), np.int64) for _ in range(2))
-        found = np.empty(len(terms), np.int64)
-        for lex2, (df2, cf2) in zip(self._lexes, self._counts):
-            kernels.add_counts(*vocab_lookup(lex2), qoff, qdata, ids, df2, cf2, df, cf, found)
-        return df, cf
 
     def _from_table(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """A shard: the router's collection-wide table (a term it has not seen yet: 0)."""
