@@ -67,16 +67,26 @@ def csr(vals, dims, D):
                           np.arange(0, n * k + 1, k)), shape=(n, D))
 
 
-def sparse_scores(P, x, q, kd, kq, norm=False, dec=False):
+def sparse_scores(P, x, q, kd, kq, norm=False, dec=False, recon=False):
     """Exact sparse dot products (nq, n); ``dec``: query latents weigh ``w_dec_j . q`` (the
-    query against the documents' reconstructions, ``Projector.decode_query``)."""
-    vd, dd = P.encode(x, kd)
-    vq, dq = P.decode_query(q, kq) if dec else P.encode(q, kq, queries=True)
+    query against the documents' reconstructions, ``Projector.decode_query``, positive part);
+    ``recon``: the ``recon`` index (least-squares document weights, signed query weights,
+    ``Projector.encode_recon`` / ``recon_query``)."""
+    if recon:
+        vd, dd = P.encode_recon(x, kd)
+        vq, dq = P.recon_query(q, kq)
+    else:
+        vd, dd = P.encode(x, kd)
+        vq, dq = P.decode_query(q, kq) if dec else P.encode(q, kq, queries=True)
     vd = vd.astype(np.float16).astype(np.float32)
     if norm:
         vd = vd / np.maximum(np.linalg.norm(vd, axis=1, keepdims=True), 1e-12)
     S = (csr(vq, dq, P.dim) @ csr(vd, dd, P.dim).T).toarray()
-    S[S <= 0] = -np.inf  # unmatched rows are not returned by the index
+    if recon:  # signed: every row a query latent touches is returned, whatever its score
+        S[(csr(np.ones_like(vq), dq, P.dim) @ csr(np.ones_like(vd), dd, P.dim).T).toarray()
+          == 0] = -np.inf
+    else:
+        S[S <= 0] = -np.inf  # unmatched rows are not returned by the index
     return S
 
 
@@ -94,6 +104,8 @@ def train_cached(name, x, cfg, tag):
         p.meta["wall"] = time.time() - t
         folder.mkdir(parents=True, exist_ok=True)
         p.save(folder, decoder=True)  # the ' dec' scoring needs it
+    if p.centre is None:  # cached before projectors kept it: the mean of the training rows,
+        p.centre = x.mean(0)  # which is the collection (every measured one is < max_train)
     return p
 
 
@@ -188,6 +200,9 @@ def hybrids(names):
         (common.WORK / "sparse" / f"hybrids-{name}.json").write_text(json.dumps(r))
 
 
+# scoring modes per (kd, kq): plain, normalized document codes, positive decoder query, recon
+MODES = tuple(f" {m}" if m else "" for m in os.environ.get(
+    "LEVER_MODES", "plain,norm,dec").replace("plain", "").split(","))
 GRID = tuple((int(a), int(b)) for a, b in (p.split("/") for p in os.environ.get(
     "LEVER_GRID", "32/32,64/32,64/64,128/64,128/128,64/256,128/256").split(",")))
 
@@ -214,6 +229,7 @@ def levers(name, tags):
         "wc3": TrainConfig(dim=4096, ks=KS, epochs=10, w_contrastive=3.0),
         "tau05k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
         "tau05k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10, tau=0.05),
+        "k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10),
         "tau05k512ep20": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=20, tau=0.05),
         "d16384tau05k256": TrainConfig(dim=16384, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
         "tau10k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.1),
@@ -223,11 +239,12 @@ def levers(name, tags):
     for tag in tags:
         P = train_cached(name, x, TRAINED[tag], tag)
         for kd, kq in GRID:
-            for mode in ("", " norm", " dec"):
-                if kd > max(P.meta["ks"]) or (kq > max(P.meta["ks"]) and mode != " dec"):
+            for mode in MODES:
+                if kd > max(P.meta["ks"]) or (kq > max(P.meta["ks"]) and mode in ("", " norm")):
                     continue
                 key = f"{tag} kd{kd} kq{kq}{mode}"
-                out[key] = ev(sparse_scores(P, x, q, kd, kq, mode == " norm", mode == " dec"))
+                out[key] = ev(sparse_scores(P, x, q, kd, kq, mode == " norm", mode == " dec",
+                                            mode == " recon"))
                 print(name, key, f"{out[key]:.4f} {out[key] / dn:.3f}x (train {P.meta.get('wall', 0):.0f}s)", flush=True)
         f = common.WORK / "sparse" / f"levers-{name}.json"
         old = json.loads(f.read_text()) if f.exists() else {}

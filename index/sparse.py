@@ -4,7 +4,7 @@ A collection-level projector (``sparse_projector``: a k-sparse autoencoder train
 segment's embeddings) maps each dense embedding to its top-k of D latents; the latents are the
 vocabulary of an inverted index that shares its machinery with ``lexical`` (``postings``).
 
-Factory: ``sparse[:UHD<D>][,k=K][,k_query=Q][,rescore=R][,binary][,seed=0][,epochs=E]``.
+Factory: ``sparse[:UHD<D>][,k=K][,k_query=Q][,rescore=R][,binary|,recon][,seed=0][,epochs=E]``.
 Default: ``sparse:UHD4096,k=64,k_query=32,rescore=400``.
 ``UHD<D>``: D latents (4,096-65,536); ``k``: latents per document; ``k_query``: per query;
 ``binary``: documents keep only which latents fired and a match counts 1 (the score is the
@@ -12,6 +12,13 @@ overlap count), otherwise weights are float16; ``rescore=R``: re-rank the collec
 top R (across segments: ``SparseKind.search_snapshot``) by the exact dense inner product with
 the stored embeddings (the default: the sparse index is the candidate generator of an exact
 dense score); ``rescore=0``: pure sparse scores.
+``recon``: the sparse dot product is the query against each document's k-atom reconstruction.
+A document keeps the encoder's top-k latents with least-squares weights over their decoder
+atoms (``Projector.encode_recon``, signed); a query weighs latent j by ``w_dec_j . q``
+(``Projector.recon_query``; ``k_query`` defaults to D, every latent, the exact
+``q . x_hat``; a smaller one keeps the largest magnitudes). Signed weights rule out MaxScore:
+recon queries are scored exhaustively. The best pure sparse configuration measured (issue 23,
+``sparse:UHD4096,k=128,rescore=0,recon``); the artifact keeps the decoder (D x d float32).
 ``describe()`` always spells out ``k_query`` and ``rescore``: they decide what a query
 returns, so the stored string says it (an omitted option takes the default above).
 Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxscore|exhaustive``
@@ -19,7 +26,7 @@ Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxsc
 posting lists are long), ``rescore=R``.
 
 Per segment two Arrow IPC files: ``sparse.terms.arrow`` (``offset`` int64 and ``maxw`` float32
-per latent: first posting and largest weight, the MaxScore bound) and ``sparse.postings.arrow``
+per latent: first posting and largest weight magnitude, the MaxScore bound) and ``sparse.postings.arrow``
 (``doc`` int32 ascending within a latent, plus ``w`` float16 unless binary).
 """
 from __future__ import annotations
@@ -57,6 +64,8 @@ _TERMS_SCHEMA = {"offset": pa.int64(), "maxw": pa.float32()}
 _LUT = sparse_kernels.half_lut()
 _NO_VALS = postings.readonly(np.zeros(0, np.uint16))  # as the mapped weights: one kernel type
 _SEARCH_KNOBS = ("k", "prune", "rescore")
+FLAGS = ("binary", "recon")
+RECON_TAU = 0.05
 # The default configuration (README, docs/ARCHITECTURE.md and tests/test_defaults.py agree).
 DEFAULTS = {"dim": 4096, "k": 64, "k_query": 32, "rescore": 400, "seed": 0, "epochs": 10}
 AUTO_PRUNE_POSTINGS = 50_000  # per query: below it exhaustive scoring is faster than MaxScore
@@ -168,20 +177,25 @@ def _parse(body: str) -> dict:
     where = f"index factory string {('sparse:' + body) if body else 'sparse'!r}"
     parts = [p.strip() for p in (body or "").split(",") if p.strip()]
     dim = DEFAULTS["dim"]
-    if parts and "=" not in parts[0] and parts[0] != "binary":
+    if parts and "=" not in parts[0] and parts[0] not in FLAGS:
         head = parts.pop(0)
         if not head.upper().startswith("UHD") or not head[3:].isdigit():
             raise InvalidArgument(f"{where}: expected UHD<D> (e.g. UHD16384), got {head!r}")
         dim = int(head[3:])
-    binary = "binary" in parts
-    opts = parse_options(",".join(p for p in parts if p != "binary"), where=where)
+    binary, recon = "binary" in parts, "recon" in parts
+    if binary and recon:
+        raise InvalidArgument(f"{where}: binary and recon exclude each other (recon weights "
+                              f"are signed least-squares fits)")
+    opts = parse_options(",".join(p for p in parts if p not in FLAGS), where=where)
     unknown = sorted(set(opts) - {"k", "k_query", "seed", "epochs", "rescore"})
     if unknown:
         raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the sparse "
-                              f"index knows k, k_query, seed, epochs, rescore and binary")
-    out = {"dim": dim, "binary": binary}
+                              f"index knows k, k_query, seed, epochs, rescore, binary and recon")
+    out = {"dim": dim, "binary": binary, "recon": recon}
     for key in ("k", "k_query", "seed", "epochs", "rescore"):
-        out[key] = option(opts, key, int, DEFAULTS[key], where=where)
+        # recon queries weigh every latent by default: their score is then q . x_hat exactly
+        default = dim if key == "k_query" and recon else DEFAULTS[key]
+        out[key] = option(opts, key, int, default, where=where)
     if not MIN_DIM <= dim <= MAX_DIM:
         raise InvalidArgument(f"{where}: D must be in {MIN_DIM}..{MAX_DIM}, got {dim}")
     for key, lo, hi in (("k", 1, min(1024, dim)), ("k_query", 1, dim), ("epochs", 1, 1000),
@@ -199,12 +213,13 @@ class SparseKind(IndexKind):
     def __init__(self, body: str):
         cfg = _parse(body)
         self.dim, self.k, self.binary = cfg["dim"], cfg["k"], cfg["binary"]
+        self.recon = cfg["recon"]
         self.k_query = cfg["k_query"]
         self.seed, self.epochs, self.rescore = cfg["seed"], cfg["epochs"], cfg["rescore"]
         self.projector: Projector | None = None
         self._saved = False
         text = f"UHD{self.dim},k={self.k},k_query={self.k_query},rescore={self.rescore}" + (
-            ",binary" if self.binary else "")
+            ",binary" if self.binary else "") + (",recon" if self.recon else "")
         for key, value in (("seed", self.seed), ("epochs", self.epochs)):
             if value != DEFAULTS[key]:
                 text += f",{key}={value}"
@@ -218,8 +233,13 @@ class SparseKind(IndexKind):
 
     def train_config(self) -> TrainConfig:
         k = self.k
-        ks = sorted({max(1, k // 4), max(1, k // 2), k, min(2 * k, self.dim), self.k_query})
-        return TrainConfig(dim=self.dim, ks=tuple(ks), seed=self.seed, epochs=self.epochs)
+        ks = {max(1, k // 4), max(1, k // 2), k, min(2 * k, self.dim)}
+        if self.recon:  # recon queries never go through the encoder; the softer teacher
+            # (tau 0.05) was npl's better one (issue 23: k=256, 0.954x dense with it)
+            return TrainConfig(dim=self.dim, ks=tuple(sorted(ks)), seed=self.seed,
+                               epochs=self.epochs, tau=RECON_TAU)
+        return TrainConfig(dim=self.dim, ks=tuple(sorted(ks | {self.k_query})), seed=self.seed,
+                           epochs=self.epochs)
 
     def train(self, sample: BuildBatch) -> None:
         if sample.embeddings is None or len(sample.embeddings) == 0:
@@ -231,13 +251,16 @@ class SparseKind(IndexKind):
         if self.projector is None:
             return []
         self._saved = True
-        return self.projector.save(Path(folder))
+        return self.projector.save(Path(folder), decoder=self.recon)
 
     def load_artifacts(self, folder: Path) -> None:
         proj = Projector.load(Path(folder))
         if proj is not None and proj.dim != self.dim:
             raise Corrupt(f"{folder}: the sparse projector has D={proj.dim}, the index "
                           f"factory string says UHD{self.dim}")
+        if proj is not None and self.recon and (proj.w_dec is None or proj.centre is None):
+            raise Corrupt(f"{folder}: the sparse projector has no decoder, and the index "
+                          f"factory string says recon")
         if proj is not None:
             self.projector, self._saved = proj, True
 
@@ -253,23 +276,26 @@ class SparseKind(IndexKind):
             raise InvalidArgument(f"sparse: embeddings have dimension {x.shape[1]}, the "
                                   f"projector expects {self.projector.in_dim}")
         n = len(x)
-        vals, dims = self.projector.encode(x, self.k)
+        vals, dims = (self.projector.encode_recon if self.recon else self.projector.encode)(
+            x, self.k)
         vals = vals.astype(np.float16)  # stored precision; bounds are computed on it
-        keep = vals.reshape(-1) > 0
+        keep = vals.reshape(-1) != 0  # encode: ReLU-cut latents; recon: exact zeros
         rows = np.repeat(np.arange(n, dtype=np.int64), vals.shape[1])[keep]
         offsets, docs, w = postings.build_csr(dims.reshape(-1)[keep], rows,
                                               vals.reshape(-1)[keep], self.dim)
         maxw = np.zeros(self.dim, np.float32)
         if len(w):
             starts = offsets[:-1][np.diff(offsets) > 0]
-            maxw[np.diff(offsets) > 0] = np.maximum.reduceat(w.astype(np.float32), starts)
+            # largest magnitude (recon weights are signed; only MaxScore reads it)
+            maxw[np.diff(offsets) > 0] = np.maximum.reduceat(np.abs(w.astype(np.float32)),
+                                                             starts)
         folder.mkdir(parents=True, exist_ok=True)
         postings.write_arrow(folder / TERMS_FILE, {"offset": offsets[:-1], "maxw": maxw})
         cols = {"doc": docs} if self.binary else {
             "doc": docs, "w": pa.array(w.astype(np.float16), pa.float16())}
         postings.write_arrow(folder / POSTINGS_FILE, cols)
         return {"format": FORMAT, "n_rows": n, "dim": self.dim, "k": self.k,
-                "binary": self.binary, "n_postings": int(len(docs)),
+                "binary": self.binary, "recon": self.recon, "n_postings": int(len(docs)),
                 "files": [TERMS_FILE, POSTINGS_FILE]}
 
     def open(self, folder: Path, info: dict, docs=None) -> SparseSegment:
@@ -351,8 +377,15 @@ class SparseKind(IndexKind):
         if not np.isfinite(x).all():
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise InvalidArgument(f"query {bad}: vector contains NaN or infinity")
-        vals, dims = self.projector.encode(x, k_query, queries=True)  # weight descending
-        keep = vals > 0
+        if self.recon:  # signed weights: a partial score is no lower bound, so no MaxScore
+            if prune:
+                raise InvalidArgument("sparse: prune=maxscore needs non-negative weights; a "
+                                      "recon index scores its queries exhaustively")
+            prune = False
+            vals, dims = self.projector.recon_query(x, k_query)  # magnitude descending
+        else:
+            vals, dims = self.projector.encode(x, k_query, queries=True)  # weight descending
+        keep = vals != 0
         ptr = np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int64)
         weights = np.ones(int(ptr[-1])) if self.binary else vals[keep].astype(np.float64)
         return SparsePrepared(ptr, dims[keep].astype(np.int64), weights, x, prune, rescore,

@@ -180,6 +180,74 @@ def test_decode_query_scores_against_reconstructions(tmp_path):
         Projector.load(tmp_path / "plain").decode_query(q, 8)
 
 
+def test_recon_codes_are_least_squares_and_score_the_reconstruction(tmp_path):
+    """``encode_recon`` keeps the encoder's support with the least-squares weights over its
+    decoder atoms; ``recon_query`` with every latent scores q . (x_hat - centre) exactly, and a
+    smaller k keeps the largest magnitudes. Both survive save/load (the decoder and centre)."""
+    x = unit(400, d=32, seed=4)
+    p = train(x, TrainConfig(dim=4096, ks=(8, 16, 32), epochs=1, threads=1))
+    np.testing.assert_allclose(p.centre, x.mean(0), atol=1e-6)
+    vals, dims = p.encode_recon(x[:20], 16)
+    assert np.array_equal(np.sort(dims, 1), np.sort(p.encode(x[:20], 16)[1], 1))
+    assert (np.diff(np.abs(vals), axis=1) <= 0).all() and (vals < 0).any()
+    for i in range(20):  # the weights minimise the reconstruction error on that support
+        atoms = p.w_dec[dims[i]]
+        ref = np.linalg.lstsq(atoms.T, x[i] - p.centre, rcond=None)[0]
+        np.testing.assert_allclose(vals[i], ref, rtol=1e-2, atol=2e-3)
+    z = np.zeros((20, 4096), np.float32)
+    np.put_along_axis(z, dims, vals, 1)
+    q = unit(5, d=32, seed=6)
+    qv, qd = p.recon_query(q, 4096)
+    zq = np.zeros((5, 4096), np.float32)
+    np.put_along_axis(zq, qd, qv, 1)
+    np.testing.assert_allclose(zq @ z.T, q @ (z @ p.w_dec).T, rtol=1e-4, atol=1e-5)
+    top_v, top_d = p.recon_query(q, 8)
+    assert np.array_equal(top_d, qd[:, :8]) and (np.diff(np.abs(top_v), axis=1) <= 0).all()
+    p.save(tmp_path, decoder=True)
+    again = Projector.load(tmp_path)
+    assert np.array_equal(again.encode_recon(x[:20], 16)[0], vals)
+
+
+def test_recon_kind_searches_the_reconstruction_score(tmp_path):
+    """A ``recon`` index returns the top-k of q . x_hat over its rows, on one segment or two;
+    MaxScore is refused (signed weights), binary with recon is refused, and an artifact saved
+    without its decoder is Corrupt to a recon index."""
+    x, q = unit(600, seed=6), unit(5, seed=7)
+    kind = from_factory("sparse:UHD4096,k=16,epochs=1,rescore=0,recon")
+    assert kind.describe() == "sparse:UHD4096,k=16,k_query=4096,rescore=0,recon,epochs=1"
+    assert from_factory(kind.describe()).describe() == kind.describe()
+    ids = [str(i) for i in range(600)]
+    kind.train(BuildBatch(ids, [""] * 600, ["t"] * 600, x))
+    (tmp_path / "art").mkdir()
+    kind.save_artifacts(tmp_path / "art")
+    vals, dims = kind.projector.encode_recon(x, 16)
+    z = np.zeros((600, 4096), np.float32)
+    np.put_along_axis(z, dims, vals.astype(np.float16).astype(np.float32), 1)
+    exact = q @ (z @ kind.projector.w_dec).T  # the stored weights' reconstruction
+    segs = []
+    for name, lo, hi in (("one", 0, 600), ("a", 0, 250), ("b", 250, 600)):
+        folder = tmp_path / name
+        batch = BuildBatch(ids[lo:hi], [""] * (hi - lo), ["t"] * (hi - lo), x[lo:hi])
+        segs.append(kind.open(folder, kind.build(batch, folder), None))
+    prepared = kind.prepare([Query(vector=v) for v in q], segs[:1], [None], {}, {})
+    s, r = segs[0].search(prepared, 10, {}, None)
+    ref = np.argsort(-exact, axis=1, kind="stable")[:, :10]
+    assert np.array_equal(r, ref)
+    np.testing.assert_allclose(s, np.take_along_axis(exact, ref, 1), rtol=1e-4, atol=1e-5)
+    two = kind.prepare([Query(vector=v) for v in q], segs[1:], [None, None], {}, {})
+    s2, r2 = kind.search_snapshot(two, segs[1:], np.array([0, 250, 600]), 10, {}, [None, None])
+    assert np.array_equal(r2, r)
+    with pytest.raises(InvalidArgument, match="non-negative"):
+        kind.prepare([Query(vector=q[0])], segs[:1], [None], {"prune": "maxscore"}, {})
+    with pytest.raises(InvalidArgument, match="exclude"):
+        from_factory("sparse:UHD4096,binary,recon")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    kind.projector.save(plain)  # the default kind's artifact: no decoder
+    with pytest.raises(Corrupt, match="no decoder"):
+        from_factory("sparse:UHD4096,k=16,recon").load_artifacts(plain)
+
+
 def test_factory_strings():
     kind = from_factory("sparse:UHD16384,k=64")
     assert isinstance(kind, SparseKind)
