@@ -65,7 +65,6 @@ _LUT = sparse_kernels.half_lut()
 _NO_VALS = postings.readonly(np.zeros(0, np.uint16))  # as the mapped weights: one kernel type
 _SEARCH_KNOBS = ("k", "prune", "rescore")
 FLAGS = ("binary", "recon")
-RECON_TAU = 0.05
 # The default configuration (README, docs/ARCHITECTURE.md and tests/test_defaults.py agree).
 DEFAULTS = {"dim": 4096, "k": 64, "k_query": 32, "rescore": 400, "seed": 0, "epochs": 10}
 AUTO_PRUNE_POSTINGS = 50_000  # per query: below it exhaustive scoring is faster than MaxScore
@@ -234,12 +233,9 @@ class SparseKind(IndexKind):
     def train_config(self) -> TrainConfig:
         k = self.k
         ks = {max(1, k // 4), max(1, k // 2), k, min(2 * k, self.dim)}
-        if self.recon:  # recon queries never go through the encoder; the softer teacher
-            # (tau 0.05) was npl's better one (issue 23: k=256, 0.954x dense with it)
-            return TrainConfig(dim=self.dim, ks=tuple(sorted(ks)), seed=self.seed,
-                               epochs=self.epochs, tau=RECON_TAU)
-        return TrainConfig(dim=self.dim, ks=tuple(sorted(ks | {self.k_query})), seed=self.seed,
-                           epochs=self.epochs)
+        if not self.recon:  # recon queries never go through the encoder
+            ks.add(self.k_query)
+        return TrainConfig(dim=self.dim, ks=tuple(sorted(ks)), seed=self.seed, epochs=self.epochs)
 
     def train(self, sample: BuildBatch) -> None:
         if sample.embeddings is None or len(sample.embeddings) == 0:

@@ -216,6 +216,8 @@ def test_recon_kind_searches_the_reconstruction_score(tmp_path):
     kind = from_factory("sparse:UHD4096,k=16,epochs=1,rescore=0,recon")
     assert kind.describe() == "sparse:UHD4096,k=16,k_query=4096,rescore=0,recon,epochs=1"
     assert from_factory(kind.describe()).describe() == kind.describe()
+    # queries never use the encoder: its Multi-TopK set is the document k's alone
+    assert kind.train_config().ks == (4, 8, 16, 32)
     ids = [str(i) for i in range(600)]
     kind.train(BuildBatch(ids, [""] * 600, ["t"] * 600, x))
     (tmp_path / "art").mkdir()
