@@ -230,6 +230,7 @@ def levers(name, tags):
         "tau05k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
         "tau05k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10, tau=0.05),
         "k512": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10),
+        "k512s1": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=10, seed=1),
         "tau05k512ep20": TrainConfig(dim=4096, ks=(64, 128, 256, 512), epochs=20, tau=0.05),
         "d16384tau05k256": TrainConfig(dim=16384, ks=(32, 64, 128, 256), epochs=10, tau=0.05),
         "tau10k256": TrainConfig(dim=4096, ks=(32, 64, 128, 256), epochs=10, tau=0.1),

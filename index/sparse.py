@@ -18,7 +18,7 @@ atoms (``Projector.encode_recon``, signed); a query weighs latent j by ``w_dec_j
 (``Projector.recon_query``; ``k_query`` defaults to D, every latent, the exact
 ``q . x_hat``; a smaller one keeps the largest magnitudes). Signed weights rule out MaxScore:
 recon queries are scored exhaustively. The best pure sparse configuration measured (issue 23,
-``sparse:UHD4096,k=128,rescore=0,recon``); the artifact keeps the decoder (D x d float32).
+``sparse:UHD4096,k=256,rescore=0,recon``); the artifact keeps the decoder (D x d float32).
 ``describe()`` always spells out ``k_query`` and ``rescore``: they decide what a query
 returns, so the stored string says it (an omitted option takes the default above).
 Search params: ``k=`` query latents (sparsity at query time), ``prune=auto|maxscore|exhaustive``

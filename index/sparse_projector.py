@@ -44,8 +44,9 @@ import numpy as np
 WEIGHTS_FILE = "sparse.projector.npz"
 META_FILE = "sparse.projector.json"
 ENCODE_CHUNK = 2048  # rows per matmul: bounds the (rows x D) pre-activation buffer
-RECON_CHUNK = 256  # rows per least-squares batch: bounds the (rows x k x d) atom buffer
+RECON_CHUNK = 128  # rows per least-squares batch: bounds the (rows x k x k) Gram buffer
 RIDGE = 1e-4
+GRAM_MAX_DIM = 8192  # keep the whole decoder Gram matrix up to this D (256 MB)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)
@@ -69,6 +70,54 @@ def _project(w, x, out):
             for t in range(w.shape[1]):
                 acc += w[j, t] * x[i, t]
             out[i, j] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_gram(gram_all, dims, out):
+    """out[i, a, b] = gram_all[dims[i, a], dims[i, b]] (the lower triangle; potrf reads only
+    that)."""
+    for i in range(dims.shape[0]):
+        for a in range(dims.shape[1]):
+            row = gram_all[dims[i, a]]
+            for b in range(a + 1):
+                out[i, a, b] = row[dims[i, b]]
+
+
+def _cholesky_lower(g: np.ndarray) -> None:
+    """g (k x k float32, lower triangle) := its lower Cholesky factor after adding the ridge;
+    a larger ridge when rounding leaves near-parallel atoms not positive definite."""
+    from scipy.linalg import lapack
+    base = g.copy()
+    for ridge in (RIDGE, 1e-2, 1.0):
+        g[:] = base
+        g[np.diag_indices_from(g)] += ridge
+        # g is C-ordered, so LAPACK sees g^T: its upper factor U (g^T = U^T U) read back in C
+        # order is L = U^T with g = L L^T, in the lower triangle
+        c, info = lapack.spotrf(g.T, lower=0, overwrite_a=1, clean=0)
+        if info == 0:
+            g[:] = c.T
+            return
+    raise ValueError("sparse recon: the atoms' Gram matrix is not positive definite")
+
+
+@numba.njit(cache=True, nogil=True)
+def _cholesky_solve(chol, rhs, out):
+    """out[i] = (L L^T)^-1 rhs[i] for each row's lower Cholesky factor L = chol[i] (forward
+    then back substitution, float64 sums)."""
+    n, k = rhs.shape
+    y = np.empty(k, np.float64)
+    for i in range(n):
+        L = chol[i]
+        for a in range(k):
+            acc = np.float64(rhs[i, a])
+            for b in range(a):
+                acc -= L[a, b] * y[b]
+            y[a] = acc / L[a, a]
+        for a in range(k - 1, -1, -1):
+            acc = y[a]
+            for b in range(a + 1, k):
+                acc -= L[b, a] * out[i, b]
+            out[i, a] = acc / L[a, a]
 
 
 @dataclass
@@ -170,14 +219,30 @@ class Projector:
         x = np.ascontiguousarray(x, dtype=np.float32) - self.centre
         k = dims.shape[1]
         vals = np.empty(dims.shape, np.float32)
-        ridge = RIDGE * np.eye(k, dtype=np.float32)
+        gram_all = self._gram()
         for s in range(0, len(x), RECON_CHUNK):
-            atoms = self.w_dec[dims[s:s + RECON_CHUNK]]  # (rows, k, d)
-            gram = np.einsum("nkd,njd->nkj", atoms, atoms) + ridge
-            rhs = np.einsum("nkd,nd->nk", atoms, x[s:s + RECON_CHUNK])
-            vals[s:s + RECON_CHUNK] = np.linalg.solve(gram, rhs[..., None])[..., 0]
+            d = dims[s:s + RECON_CHUNK]
+            if gram_all is not None:  # the atoms' Gram matrix, gathered: no k x k x d work
+                gram = np.empty((len(d), k, k), np.float32)
+                _gather_gram(gram_all, d, gram)
+            else:
+                atoms = self.w_dec[d]  # (rows, k, d)
+                gram = atoms @ atoms.transpose(0, 2, 1)
+            for g in gram:  # LAPACK potrf per row: numpy's batched cholesky is 2x slower
+                _cholesky_lower(g)
+            rhs = np.take_along_axis(x[s:s + RECON_CHUNK] @ self.w_dec.T, d, 1)
+            _cholesky_solve(gram, rhs, vals[s:s + RECON_CHUNK])
         order = np.lexsort((dims, -np.abs(vals)), axis=1)
         return np.take_along_axis(vals, order, 1), np.take_along_axis(dims, order, 1)
+
+    def _gram(self) -> np.ndarray | None:
+        """W_dec W_dec^T (D x D float32), made on first use when D <= GRAM_MAX_DIM (64 MB at
+        4,096 latents); above it each document's k x k block is computed from its atoms."""
+        if self.dim > GRAM_MAX_DIM:
+            return None
+        if getattr(self, "_gram_all", None) is None:
+            self._gram_all = self.w_dec @ self.w_dec.T
+        return self._gram_all
 
     def recon_query(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Query latents for ``recon`` scoring: latent j weighs ``w_dec_j . q`` (signed), so the
