@@ -11,8 +11,10 @@ so a lever's effect is measured without index or timing noise. nDCG@10 with ir-m
   leg at neural weights 1, 1.5, 2, 3; JSON to ``bench/.work/sparse/hybrids-<name>.json``.
 - ``levers NAME TAG,...``: one projector per trained lever (``TRAINED``; cached in
   ``bench/.work/sparse/proj``), each at the doc/query k pairs of ``LEVER_GRID`` (env,
-  ``kd/kq,...``), plain, with L2-normalized document codes (``norm``) and with the query
-  scored against the documents' reconstructions (``dec``, ``Projector.decode_query``);
+  ``kd/kq,...``) in the scoring modes of ``LEVER_MODES`` (env, default ``plain,norm,dec``):
+  plain, with L2-normalized document codes (``norm``), with the query scored against the
+  documents' reconstructions (``dec``, ``Projector.decode_query``, positive part) and as the
+  index's ``recon`` option (least-squares document weights, signed query weights);
   JSON to ``bench/.work/sparse/levers-<name>.json``.
 
 Usage: ``python bench/bench_sparse_levers.py hybrids cranfield medline`` /

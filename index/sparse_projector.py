@@ -160,6 +160,7 @@ class Projector:
         # mean of the training rows: ``encode_recon`` fits the documents' deviation from it
         # (q . centre is one constant per query, so it never changes a ranking)
         self.centre = None if centre is None else np.ascontiguousarray(centre, dtype=np.float32)
+        self._gram_all = None  # W_dec W_dec^T, made by the first ``encode_recon``
         # Queries encode with int8 rows (per-row scale): a query reads the whole encoder, so
         # its time is memory-bound; int8 reads a quarter of float32 (pre-activations move by
         # ~0.5% of a row's range, which only reorders near-tied query latents).
@@ -240,7 +241,7 @@ class Projector:
         4,096 latents); above it each document's k x k block is computed from its atoms."""
         if self.dim > GRAM_MAX_DIM:
             return None
-        if getattr(self, "_gram_all", None) is None:
+        if self._gram_all is None:  # two threads may both make it: same values, one kept
             self._gram_all = self.w_dec @ self.w_dec.T
         return self._gram_all
 
