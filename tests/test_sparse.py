@@ -250,6 +250,31 @@ def test_recon_kind_searches_the_reconstruction_score(tmp_path):
         from_factory("sparse:UHD4096,k=16,recon").load_artifacts(plain)
 
 
+def test_recon_collection_results_do_not_depend_on_segments(tmp_path):
+    """Through a collection: two segments, a compaction into one and a reopen return the same
+    top 10, the top 10 of q . x_hat (the decoder and centre come back from the artifact)."""
+    x, q = unit(300, d=384, seed=8), unit(4, d=384, seed=9)
+    coll = polyindex.open(tmp_path).create_collection(
+        "r", ["dense:Flat", "sparse:UHD4096,k=16,epochs=1,rescore=0,recon"], dtype="float32")
+    docs = [{"_id": f"d{i}", "text": f"doc {i}"} for i in range(300)]
+    coll.add(docs[:120], embeddings=x[:120])  # the first segment trains the projector
+    coll.add(docs[120:], embeddings=x[120:])
+
+    def top(c):
+        return [[h.id for h in c.query(vector=v, k=10, profile="sparse")] for v in q]
+    proj = Projector.load(tmp_path / "r" / "artifacts" / "sparse")
+    vals, dims = proj.encode_recon(x, 16)
+    z = np.zeros((300, 4096), np.float32)
+    np.put_along_axis(z, dims, vals.astype(np.float16).astype(np.float32), 1)
+    exact = q @ (z @ proj.w_dec).T
+    expected = [[f"d{i}" for i in np.argsort(-row, kind="stable")[:10]] for row in exact]
+    assert top(coll) == expected
+    coll.compact(max_segments=1)
+    assert top(coll) == expected
+    again = polyindex.open(tmp_path, readonly=True).collection("r")
+    assert top(again) == expected
+
+
 def test_factory_strings():
     kind = from_factory("sparse:UHD16384,k=64")
     assert isinstance(kind, SparseKind)
