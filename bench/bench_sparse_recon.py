@@ -53,10 +53,10 @@ def run(name: str, factory: str, passes: int) -> dict:
     ids, x, qids, q, qrels = levers.load(name)
     coll, seconds, coll_dir = build(name, factory, ids, x)
     out = {"docs": len(ids), "queries": len(qids), "build_s": round(seconds, 1)}
+    pos = {d: i for i, d in enumerate(ids)}
     for profile in ("dense", "sparse"):
         hits = [coll.query(vector=v, k=100, profile=profile) for v in q]
         S = np.full((len(qids), len(ids)), -np.inf, np.float32)
-        pos = {d: i for i, d in enumerate(ids)}
         for qi, hs in enumerate(hits):
             for rank, h in enumerate(hs):
                 S[qi, pos[h.id]] = -rank  # the engine's order

@@ -83,17 +83,16 @@ def _gather_gram(gram_all, dims, out):
                 out[i, a, b] = row[dims[i, b]]
 
 
-def _cholesky_lower(g: np.ndarray) -> None:
+def _cholesky_lower(g: np.ndarray, potrf) -> None:
     """g (k x k float32, lower triangle) := its lower Cholesky factor after adding the ridge;
     a larger ridge when rounding leaves near-parallel atoms not positive definite."""
-    from scipy.linalg import lapack
     base = g.copy()
     for ridge in (RIDGE, 1e-2, 1.0):
         g[:] = base
         g[np.diag_indices_from(g)] += ridge
         # g is C-ordered, so LAPACK sees g^T: its upper factor U (g^T = U^T U) read back in C
         # order is L = U^T with g = L L^T, in the lower triangle
-        c, info = lapack.spotrf(g.T, lower=0, overwrite_a=1, clean=0)
+        c, info = potrf(g.T, lower=0, overwrite_a=1, clean=0)
         if info == 0:
             g[:] = c.T
             return
@@ -118,6 +117,18 @@ def _cholesky_solve(chol, rhs, out):
             for b in range(a + 1, k):
                 acc -= L[b, a] * out[i, b]
             out[i, a] = acc / L[a, a]
+
+
+def _top(pick: np.ndarray, values: np.ndarray, k: int, key=None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k columns of largest ``pick`` (every column when k covers them all):
+    ``(values, columns)`` ordered by ``key(values)`` descending (default: the values), then by
+    column, so the order is deterministic."""
+    k = min(int(k), pick.shape[1])
+    part = np.argpartition(-pick, k - 1, axis=1)[:, :k] if k < pick.shape[1] else \
+        np.broadcast_to(np.arange(pick.shape[1]), pick.shape).copy()
+    v = np.take_along_axis(values, part, 1)
+    order = np.lexsort((part, -(v if key is None else key(v))), axis=1)
+    return np.take_along_axis(v, order, 1), np.take_along_axis(part, order, 1)
 
 
 @dataclass
@@ -184,28 +195,18 @@ class Projector:
             else:
                 pre = x[s:s + ENCODE_CHUNK] @ self.w_enc.T
                 pre += self.bias
-            pick = pre + self.balance
-            part = np.argpartition(-pick, k - 1, axis=1)[:, :k] if k < self.dim else \
-                np.broadcast_to(np.arange(self.dim), pre.shape).copy()
-            v = np.take_along_axis(pre, part, 1)
-            order = np.lexsort((part, -v), axis=1)  # weight descending, then dim: deterministic
-            vals[s:s + len(pre)] = np.maximum(np.take_along_axis(v, order, 1), 0)
-            dims[s:s + len(pre)] = np.take_along_axis(part, order, 1)
+            v, part = _top(pre + self.balance, pre, k)  # weight descending, then dim
+            vals[s:s + len(pre)] = np.maximum(v, 0)
+            dims[s:s + len(pre)] = part
         return vals, dims
 
     def decode_query(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Query latents for scoring against document *reconstructions*: ``q . x_hat(d) =
         q . b_pre + sum_j z_dj (w_dec_j . q)``, so latent j weighs ``w_dec_j . q`` (the constant
         does not change a ranking). The top k positive weights, as ``encode`` returns them."""
-        if self.w_dec is None:
-            raise ValueError("this projector was saved without its decoder")
-        u = np.ascontiguousarray(q, dtype=np.float32) @ self.w_dec.T
-        k = min(int(k), self.dim)
-        part = np.argpartition(-u, k - 1, axis=1)[:, :k]
-        v = np.take_along_axis(u, part, 1)
-        order = np.lexsort((part, -v), axis=1)
-        return (np.maximum(np.take_along_axis(v, order, 1), 0),
-                np.take_along_axis(part, order, 1).astype(np.int32))
+        u = self._decoder_weights(q)
+        v, part = _top(u, u, k)
+        return np.maximum(v, 0), part.astype(np.int32)
 
     def encode_recon(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Document codes for ``recon`` scoring: the encoder's top-k latents (as ``encode``
@@ -214,6 +215,7 @@ class Projector:
         stable). Weights may be negative; ordered by magnitude, descending. The encoder's own
         weights are a one-pass guess; the least-squares refit is what makes ``q . x_hat``
         close to ``q . x`` (nfcorpus k=128: 0.93x -> 0.99x dense, issue 23)."""
+        from scipy.linalg.lapack import spotrf
         if self.w_dec is None or self.centre is None:
             raise ValueError("this projector was saved without its decoder")
         _, dims = self.encode(x, k)
@@ -230,7 +232,7 @@ class Projector:
                 atoms = self.w_dec[d]  # (rows, k, d)
                 gram = atoms @ atoms.transpose(0, 2, 1)
             for g in gram:  # LAPACK potrf per row: numpy's batched cholesky is 2x slower
-                _cholesky_lower(g)
+                _cholesky_lower(g, spotrf)
             rhs = np.take_along_axis(x[s:s + RECON_CHUNK] @ self.w_dec.T, d, 1)
             _cholesky_solve(gram, rhs, vals[s:s + RECON_CHUNK])
         order = np.lexsort((dims, -np.abs(vals)), axis=1)
@@ -249,17 +251,18 @@ class Projector:
         """Query latents for ``recon`` scoring: latent j weighs ``w_dec_j . q`` (signed), so the
         sparse dot product with ``encode_recon``'s codes is ``q . (x_hat - centre)``; the k of
         largest magnitude, by magnitude descending (k = D: the exact reconstruction score)."""
+        u = self._decoder_weights(q)
+        v, part = _top(np.abs(u), u, k, key=np.abs)
+        return v, part.astype(np.int32)
+
+    def _decoder_weights(self, q: np.ndarray) -> np.ndarray:
+        """``w_dec_j . q`` for every latent j (nq, D)."""
         if self.w_dec is None:
             raise ValueError("this projector was saved without its decoder")
         q = np.ascontiguousarray(q, dtype=np.float32)
         u = np.empty((len(q), self.dim), np.float32)
         _project(self.w_dec, q, u)
-        k = min(int(k), self.dim)
-        part = np.argpartition(-np.abs(u), k - 1, axis=1)[:, :k] if k < self.dim else \
-            np.broadcast_to(np.arange(self.dim), u.shape).copy()
-        v = np.take_along_axis(u, part, 1)
-        order = np.lexsort((part, -np.abs(v)), axis=1)
-        return np.take_along_axis(v, order, 1), np.take_along_axis(part, order, 1).astype(np.int32)
+        return u
 
     def save(self, folder: Path, decoder: bool = False) -> list[str]:
         """``decoder``: keep ``w_dec`` too (D x d float32, 6 MB at UHD4096): ``recon`` scoring
