@@ -136,8 +136,6 @@ def build(eng, name: str, p: float, model: Path) -> tuple:
 
 
 def per_query(coll, qs, vectors, qrels, profile: str, tag: str) -> dict[str, float]:
-    import ir_measures
-    from ir_measures import nDCG
     run = {}
     for start in range(0, len(qs), 64):
         part = qs[start:start + 64]
@@ -146,26 +144,7 @@ def per_query(coll, qs, vectors, qrels, profile: str, tag: str) -> dict[str, flo
         run.update({q: [(h.id, h.score) for h in hs] for (q, _), hs in zip(part, hits)})
     path = OUT / "runs" / f"{tag}.trec"
     common.write_trec(path, run, tag)
-    scores = {q: 0.0 for q in qrels}
-    trec = [r for r in ir_measures.read_trec_run(str(path)) if r.query_id in qrels]
-    for m in ir_measures.iter_calc([nDCG @ 10], qrels, trec):
-        scores[m.query_id] = float(m.value)
-    return scores
-
-
-def paired(base: dict, other: dict) -> dict:
-    from scipy.stats import ttest_rel, wilcoxon
-    qs = sorted(base)
-    a, b = np.array([base[q] for q in qs]), np.array([other[q] for q in qs])
-    if np.allclose(a, b):
-        return {"t_p": 1.0, "wilcoxon_p": 1.0, "wins": 0, "losses": 0}
-    t_p = float(ttest_rel(b, a).pvalue)
-    try:
-        w_p = float(wilcoxon(b, a).pvalue)
-    except ValueError:
-        w_p = 1.0
-    return {"t_p": t_p, "wilcoxon_p": w_p, "wins": int((b > a + 1e-9).sum()),
-            "losses": int((b < a - 1e-9).sum())}
+    return common.per_query_trec(path, qrels)
 
 
 def main() -> int:
@@ -224,7 +203,7 @@ def main() -> int:
                 if p == 0:
                     base[prof] = s
                 else:
-                    info["tests"][prof] = paired(base[prof], s)
+                    info["tests"][prof] = common.paired(base[prof], s)
             res["P"][f"{p:.2f}"] = info
             b0 = res["P"]["0.00"]
             console.print(f"[dim]{name} P={p:.2f}: {info}[/dim]")

@@ -158,6 +158,35 @@ def evaluate_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, flo
     return {name: (s / n if n else 0.0) for name, s in sums.items()}
 
 
+def per_query_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """nDCG@10 of every judged query (ir-measures; a query absent from the run scores 0)."""
+    import ir_measures
+    from ir_measures import nDCG
+    scores = {q: 0.0 for q in qrels}
+    run = [r for r in ir_measures.read_trec_run(str(path)) if r.query_id in qrels]
+    for m in ir_measures.iter_calc([nDCG @ 10], qrels, run):
+        scores[m.query_id] = float(m.value)
+    return scores
+
+
+def paired(base: dict[str, float], other: dict[str, float]) -> dict:
+    """Paired tests over queries of ``other`` against ``base`` (t-test and Wilcoxon p-values,
+    two-sided), and the queries it wins and loses."""
+    import numpy as np
+    from scipy.stats import ttest_rel, wilcoxon
+    qs = sorted(base)
+    a, b = np.array([base[q] for q in qs]), np.array([other[q] for q in qs])
+    if np.allclose(a, b):
+        return {"t_p": 1.0, "wilcoxon_p": 1.0, "wins": 0, "losses": 0}
+    t_p = float(ttest_rel(b, a).pvalue)
+    try:
+        w_p = float(wilcoxon(b, a).pvalue)
+    except ValueError:
+        w_p = 1.0
+    return {"t_p": t_p, "wilcoxon_p": w_p, "wins": int((b > a + 1e-9).sum()),
+            "losses": int((b < a - 1e-9).sum())}
+
+
 # ------------------------------------------------------------------------------------ CLI
 
 def polyindex_cmd() -> list[str]:

@@ -73,6 +73,11 @@ DOC_EXTRA = ("doc_unique_ratio", "doc_kl_coll", "doc_quality")
 # The profile's own fused score (its fusion's weights, unlike ``rrf``): the transfer ranker's
 # prior, so that with its trees weighted 0 it orders the window exactly as the profile does.
 FUSED = ("fused_score",)
+# Never seen by the general ranker (NaN when it trains, so no tree splits on it): the stored
+# quality estimate scores a document against the language model of its collection's first
+# write, so on a sharded collection each shard's first batch gives it another value, and
+# sharded answers would differ from one node's.
+GENERAL_UNSEEN = ("doc_quality",)
 
 NAMES: tuple[str, ...] = (tuple(f"{f}.{n}" for f in FIELDS for n in PER_FIELD)
                           + QUERY + NEURAL + FUSION + tuple(KIND_SCORES.values())

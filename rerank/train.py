@@ -105,6 +105,8 @@ def _dataset(parts: Sequence[Candidates], tf: str, prior: float, *, general: boo
     names = c.names
     weight = None
     if general:
+        for n in schema.GENERAL_UNSEEN:  # all NaN: no tree splits on it (vstack made a copy)
+            c.X[:, INDEX[n]] = np.nan
         weight = np.concatenate([np.full(len(p.labels), 1.0 / max(len(p.qids), 1)) for p in parts])
         weight *= len(weight) / weight.sum()
     labels = (c.labels > 0).astype(np.float32) if general else c.labels

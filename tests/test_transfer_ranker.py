@@ -113,3 +113,25 @@ def test_ltr_window_is_hybrids_and_the_guard_falls_back_to_it(small, monkeypatch
         # explain computes the features and scores through the trees: the same order
         hits = small.query(text, k=4, profile="ltr", explain=True)
         assert [h.id for h in hits] == want and hits[0].explain["rerank"]["features"]
+
+
+def test_the_general_ranker_never_splits_on_the_stored_quality(small):
+    """``doc_quality`` depends on which batch (and, sharded, which shard) first wrote the
+    collection: the general ranker must not use it, even where it predicts every label."""
+    from polyindex.rerank.train import Candidates, fit
+    rng = np.random.default_rng(3)
+    parts = []
+    for _ in range(2):  # two "collections" of 40 queries x 20 candidates
+        n, nq = 800, 40
+        labels = (rng.random(n) < 0.2).astype(np.float32)
+        X = rng.normal(size=(n, len(schema.NAMES))).astype(np.float32)
+        X[:, schema.INDEX["doc_quality"]] = labels + 0.01 * rng.random(n)  # a perfect predictor
+        X[:, schema.INDEX["fused_score"]] = rng.random(n) / 60
+        parts.append(Candidates([f"q{i}" for i in range(nq)], X, np.arange(0, n + 1, 20),
+                                labels, [f"d{i}" for i in range(n)], X[:, -1].copy()))
+    ranker = fit(parts, None, transform="normalized", general=True, max_rounds=20,
+                 prior_feature="fused_score")
+    split = dict(zip(ranker.names, ranker.booster.feature_importance("split")))
+    assert split["doc_quality"] == 0 and sum(split.values()) > 0
+    shipped = registry.resolve(small.snapshot(), "general")
+    assert dict(zip(shipped.names, shipped.booster.feature_importance("split")))["doc_quality"] == 0
