@@ -9,9 +9,9 @@ and the latency the stage adds.
     (the ``normalized`` transform) trained on every collection but one, evaluated on that one,
     vs hybrid (the same window: hybrid's top 100), at each guard tree weight; the weight
     with the best mean held-out gain among those that lose significantly on no held-out
-    collection (paired t-test over its queries, p < 0.05) is the one shipped. Targets (issue 21): >= +4% on
-    cranfield, nfcorpus, arguana, cisi, medline, npl; above hybrid on >= 8 of 10. ``--ship``
-    trains it on all of them and writes rerank/models/general/.
+    collection (paired t-test over its queries, p < 0.05) is the one shipped. Targets
+    (issue 21): >= +4% on cranfield, nfcorpus, arguana, cisi, medline, npl; above hybrid on
+    >= 8 of 10. ``--ship`` trains it on all of them and writes rerank/models/general/.
 (d) npl latency, one query at a time (query encoding included): hybrid vs the trained profile
     and vs the built-in ``ltr`` profile at window 100, interleaved; targets: the trained
     stage adds <= 15%, ``ltr`` <= 10%.

@@ -93,8 +93,7 @@ def corpus():
 
 def trees_models(models: Path) -> Path:
     """A models folder: the shipped general ranker, and as ``trees`` the same with its trees
-    weighed 1 (shipped: the weight the leave-one-collection-out guard chose, 0 computing no
-    feature at all): the
+    weighed 1 (shipped: the guard's weight, which may be 0, computing no feature at all): the
     ``ltr-trees`` profile then exercises every rerank feature."""
     from polyindex.rerank import registry
     if not (models / "trees").is_dir():

@@ -126,9 +126,9 @@ def test_the_general_ranker_never_splits_on_the_stored_quality(small):
         labels = (rng.random(n) < 0.2).astype(np.float32)
         X = rng.normal(size=(n, len(schema.NAMES))).astype(np.float32)
         X[:, schema.INDEX["doc_quality"]] = labels + 0.01 * rng.random(n)  # a perfect predictor
-        X[:, schema.INDEX["fused_score"]] = rng.random(n) / 60
+        fused = X[:, schema.INDEX["fused_score"]] = rng.random(n) / 60
         parts.append(Candidates([f"q{i}" for i in range(nq)], X, np.arange(0, n + 1, 20),
-                                labels, [f"d{i}" for i in range(n)], X[:, -1].copy()))
+                                labels, [f"d{i}" for i in range(n)], fused.copy()))
     ranker = fit(parts, None, transform="normalized", general=True, max_rounds=20,
                  prior_feature="fused_score")
     split = dict(zip(ranker.names, ranker.booster.feature_importance("split")))
