@@ -144,16 +144,15 @@ def candidates(coll, name: str, split: str):
 
 
 def score(run: dict, qrels: dict, tag: str) -> dict:
-    path = WORK / "runs" / f"ltr.{tag}.trec"
-    common.write_trec(path, run, tag)
-    return common.evaluate_trec(path, qrels)
+    return score_queries(run, qrels, tag)[0]
 
 
 def score_queries(run: dict, qrels: dict, tag: str) -> tuple[dict, dict[str, float]]:
-    """The run's measures and its nDCG@10 per judged query (for paired tests)."""
+    """The run's measures (means) and its nDCG@10 per judged query (for paired tests)."""
     path = WORK / "runs" / f"ltr.{tag}.trec"
     common.write_trec(path, run, tag)
-    return common.evaluate_trec(path, qrels), common.per_query_trec(path, qrels)
+    per = common.per_query_trec(path, qrels)
+    return common.means(per), per["nDCG@10"]
 
 
 def engine_run(coll, c, vectors, profile: str, k: int = WINDOW) -> dict:

@@ -144,7 +144,7 @@ def per_query(coll, qs, vectors, qrels, profile: str, tag: str) -> dict[str, flo
         run.update({q: [(h.id, h.score) for h in hs] for (q, _), hs in zip(part, hits)})
     path = OUT / "runs" / f"{tag}.trec"
     common.write_trec(path, run, tag)
-    return common.per_query_trec(path, qrels)
+    return common.per_query_trec(path, qrels)["nDCG@10"]
 
 
 def main() -> int:

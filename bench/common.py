@@ -147,26 +147,25 @@ def write_trec(path: Path, run: Run, tag: str) -> None:
 
 def evaluate_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
     """ir-measures over the judged queries; a judged query absent from the run scores 0."""
+    return means(per_query_trec(path, qrels))
+
+
+def means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each measure's mean over the queries of ``per_query_trec``."""
+    return {name: (sum(v.values()) / len(v) if v else 0.0) for name, v in per_query.items()}
+
+
+def per_query_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Each of ``MEASURE_NAMES`` for every judged query (ir-measures; a query absent from the
+    run scores 0): ``{measure: {query id: value}}``, for means and for paired tests."""
     import ir_measures
     from ir_measures import AP, RR, R, nDCG
     measures = {nDCG @ 10: "nDCG@10", R @ 100: "R@100", RR @ 10: "MRR@10", AP: "MAP"}
-    sums = {name: 0.0 for name in measures.values()}
+    out = {name: {q: 0.0 for q in qrels} for name in measures.values()}
     run = [r for r in ir_measures.read_trec_run(str(path)) if r.query_id in qrels]
     for m in ir_measures.iter_calc(list(measures), qrels, run):
-        sums[measures[m.measure]] += float(m.value)
-    n = len(qrels)
-    return {name: (s / n if n else 0.0) for name, s in sums.items()}
-
-
-def per_query_trec(path: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
-    """nDCG@10 of every judged query (ir-measures; a query absent from the run scores 0)."""
-    import ir_measures
-    from ir_measures import nDCG
-    scores = {q: 0.0 for q in qrels}
-    run = [r for r in ir_measures.read_trec_run(str(path)) if r.query_id in qrels]
-    for m in ir_measures.iter_calc([nDCG @ 10], qrels, run):
-        scores[m.query_id] = float(m.value)
-    return scores
+        out[measures[m.measure]][m.query_id] = float(m.value)
+    return out
 
 
 def paired(base: dict[str, float], other: dict[str, float]) -> dict:
