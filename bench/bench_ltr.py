@@ -20,6 +20,12 @@ Collections: bench/.work/data/<name>, lexical + dense; a missing one is indexed 
 ``polyindex index`` (bfloat16, slow on an AVX2-only CPU: build them float32 beforehand with
 ``create_collection(name, dtype="float32")`` and ``Collection.index``, as bench/README says).
 
+``--multivector``: part c over lexical + dense + multivector collections (bench/.work/data-mv,
+copied from bench/.work/engine-mv, built by ``BUILD_DATA=bench/.work/engine-mv python
+bench/build_f32.py --kinds lexical,dense,multivector NAME...``): the ranker trains on every
+window twice, with its MaxSim feature and with it NaN (what a collection without multivector
+gives), and each held-out collection is scored both ways.
+
 Quality: TREC run files scored with ir-measures (bench/common.py), runs of the top 100.
 Candidates and features of each query set are cached in bench/.work/ltr (keyed by the
 collection's segments, the feature schema version and the window).
@@ -56,6 +62,10 @@ GENERAL_PARAMS = {"num_leaves": 15, "learning_rate": 0.1}
 GENERAL_ROUNDS = 100  # few trees: the stage must add <= 10% to hybrid's latency (part d)
 CACHE = WORK / "ltr"
 DATA_DIR = WORK / "data"  # this script's collections (rankers and profiles are stored there)
+SOURCE = ENGINE_DATA      # where complete collections are copied from
+KINDS = ["dense", "lexical"]
+RUN_PREFIX = "ltr"
+MAXSIM = "multivector_maxsim"
 GENERAL_CAP = 600  # training queries per collection for the general ranker (balance)
 
 
@@ -70,7 +80,7 @@ def _complete(folder: Path, newer_than: float = 0.0) -> bool:
     except (OSError, ValueError):
         return False
     kinds = sorted(f.partition(":")[0] for f in m["collection"]["indexes"])
-    return bool((m.get("ingest") or {}).get("done")) and kinds == ["dense", "lexical"] and fresh
+    return bool((m.get("ingest") or {}).get("done")) and kinds == KINDS and fresh
 
 
 def _index_code_time() -> float:
@@ -92,7 +102,7 @@ def open_collection(eng, name: str):
     target = DATA_DIR / name
     if not target.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
-        theirs = ENGINE_DATA / name
+        theirs = SOURCE / name
         if _complete(theirs, newer_than=_index_code_time()):
             tmp = DATA_DIR / f".{name}.copy"  # a dot-folder is never a collection
             shutil.rmtree(tmp, ignore_errors=True)
@@ -109,7 +119,7 @@ def open_collection(eng, name: str):
             common.run_cli(["index", folder, "--data", DATA_DIR, "--collection", name,
                             "--no-progress", "--json"])
     if not _complete(target):
-        console.print(f"[yellow]SKIP {name}: {target} is not a fully indexed lexical + dense "
+        console.print(f"[yellow]SKIP {name}: {target} is not a fully indexed {'+'.join(KINDS)} "
                       f"collection (interrupted? run `polyindex index` on it to resume)[/yellow]")
         return None
     return eng.collection(name)
@@ -149,7 +159,7 @@ def score(run: dict, qrels: dict, tag: str) -> dict:
 
 def score_queries(run: dict, qrels: dict, tag: str) -> tuple[dict, dict[str, float]]:
     """The run's measures (means) and its nDCG@10 per judged query (for paired tests)."""
-    path = WORK / "runs" / f"ltr.{tag}.trec"
+    path = WORK / "runs" / f"{RUN_PREFIX}.{tag}.trec"
     common.write_trec(path, run, tag)
     per = common.per_query_trec(path, qrels)
     return common.means(per), per["nDCG@10"]
@@ -234,7 +244,7 @@ def part_b(eng, names) -> dict:
 
 
 def general_sets(eng, names):
-    from polyindex.rerank.train import split_queries
+    from polyindex.rerank.train import Candidates, split_queries
     sets = {}
     for name in names:
         coll = open_collection(eng, name)
@@ -250,8 +260,28 @@ def general_sets(eng, names):
         if len(train.qids) > GENERAL_CAP:  # so that no collection dominates the general model
             pick = sorted(np.random.default_rng(2).permutation(len(train.qids))[:GENERAL_CAP])
             train = train.subset(pick)
+        if MAXSIM_TWICE[0]:  # one model for collections with and without multivector
+            train, valid = (Candidates.concat([c, without_maxsim(c)]) for c in (train, valid))
         sets[name] = (coll, train, valid, test, qrels)
     return sets
+
+
+MAXSIM_TWICE = [False]  # --multivector
+
+
+def without_maxsim(c):
+    """The same windows as a collection without a multivector index gives them (MaxSim NaN)."""
+    import dataclasses
+    X = c.X.copy()
+    X[:, list(c.names).index(MAXSIM)] = np.nan
+    return dataclasses.replace(c, X=X)
+
+
+def held_out_sets(name: str, test) -> dict:
+    """The held-out windows to score: as built, and (``--multivector``) without MaxSim too."""
+    if not MAXSIM_TWICE[0]:
+        return {name: test}
+    return {name: without_maxsim(test), f"{name}+mv": test}
 
 
 FIXED_ROUNDS = [0]  # --fixed-rounds: train this many rounds on train + valid, no early stopping
@@ -287,21 +317,26 @@ def choose_weight(gains: dict[str, dict[float, float]],
 def part_c(eng, names, ship: bool) -> dict:
     sets = general_sets(eng, names)
     out, gains, per, tests, losses = {}, {}, {}, {}, {}
-    for held in sets:
-        ranker = fit_general(sets, [n for n in sets if n != held])
-        coll, _, _, test, qrels = sets[held]
-        trees = ranker.forest.predict(ranker.inputs(test.X, test.qptr))
-        prior = ranker.prior(test.X)
-        hyb, hyb_q = score_queries(test.run(), qrels, f"{held}.hybrid-window")
-        res, tests[held] = {}, {}
-        for w in TREE_WEIGHTS:
-            res[w], by_query = score_queries(test.run(prior + w * trees), qrels,
-                                             f"{held}.general-loco-w{w}")
-            tests[held][w] = common.paired(hyb_q, by_query)
-        per[held] = (len(test.qids), hyb, res, ranker.meta["rounds"])
-        gains[held] = {w: r["nDCG@10"] / hyb["nDCG@10"] - 1 for w, r in res.items()}
-        losses[held] = {w: gains[held][w] < 0 and tests[held][w]["t_p"] < SIGNIFICANT
-                        for w in TREE_WEIGHTS}
+    for name in sets:
+        ranker = fit_general(sets, [n for n in sets if n != name])
+        coll, _, _, test, qrels = sets[name]
+        for held, test in held_out_sets(name, test).items():
+            trees = ranker.forest.predict(ranker.inputs(test.X, test.qptr))
+            prior = ranker.prior(test.X)
+            hyb, hyb_q = score_queries(test.run(), qrels, f"{held}.hybrid-window")
+            res, tests[held] = {}, {}
+            for w in TREE_WEIGHTS:
+                res[w], by_query = score_queries(test.run(prior + w * trees), qrels,
+                                                 f"{held}.general-loco-w{w}")
+                tests[held][w] = common.paired(hyb_q, by_query)
+            if held.endswith("+mv"):  # the reference: the window reordered by MaxSim alone
+                alone = score(test.run(test.X[:, list(test.names).index(MAXSIM)]), qrels,
+                              f"{held}.maxsim-window")["nDCG@10"]
+                console.print(f"{held}: hybrid's window by MaxSim alone {alone:.4f}")
+            per[held] = (len(test.qids), hyb, res, ranker.meta["rounds"])
+            gains[held] = {w: r["nDCG@10"] / hyb["nDCG@10"] - 1 for w, r in res.items()}
+            losses[held] = {w: gains[held][w] < 0 and tests[held][w]["t_p"] < SIGNIFICANT
+                            for w in TREE_WEIGHTS}
     w_best = choose_weight(gains, losses)
     rows = []
     for held, (nq, hyb, res, rounds) in per.items():
@@ -314,7 +349,8 @@ def part_c(eng, names, ship: bool) -> dict:
                      *(f"{g[w]:+.1%}" + ("*" if losses[held][w] else "") for w in TREE_WEIGHTS[1:]),
                      f"{res[w_best]['nDCG@10']:.4f}", f"{g[w_best]:+.1%}",
                      f"{tests[held][w_best]['t_p']:.2g}", rounds,
-                     verdict(g[w_best] >= 0.04) if held in TARGETS else verdict(g[w_best] > 0)])
+                     verdict(g[w_best] >= 0.04) if held.partition("+")[0] in TARGETS
+                     else verdict(g[w_best] > 0)])
     console.print(table(f"(c) general ranker ({GENERAL_TRANSFORM}), leave-one-collection-out, "
                         f"nDCG@10 (* significant loss, paired t p < {SIGNIFICANT}); guard: tree "
                         f"weight {w_best}",
@@ -323,9 +359,10 @@ def part_c(eng, names, ship: bool) -> dict:
     means = {w: float(np.mean([gains[h][w] for h in per])) for w in TREE_WEIGHTS}
     console.print("mean gain by tree weight: " + ", ".join(f"x{w} {m:+.2%}" for w, m in means.items()))
     above = sum(out[h]["gain"] > 0 for h in per)
-    six = [h for h in TARGETS if h in per and out[h]["gain"] >= 0.04]
+    six = [h for h in per if h.partition("+")[0] in TARGETS and out[h]["gain"] >= 0.04]
     console.print(f"above hybrid on {above} of {len(per)} (target >= 8 of 10); >= +4% on "
-                  f"{len(six)} of {len([h for h in TARGETS if h in per])} targets ({', '.join(six)})")
+                  f"{len(six)} of {len([h for h in per if h.partition('+')[0] in TARGETS])} "
+                  f"targets ({', '.join(six)})")
     out["tree_weight"] = w_best
     out["mean_gain_by_tree_weight"] = {str(w): m for w, m in means.items()}
     out["summary"] = {"above": above, "collections": len(per), "targets_met": six,
@@ -419,6 +456,8 @@ def main() -> int:
     ap.add_argument("--fixed-rounds", type=int, default=0,
                     help="part c: rounds without early stopping (0: early stopping)")
     ap.add_argument("--ship", action="store_true", help="part c: write the general ranker")
+    ap.add_argument("--multivector", action="store_true",
+                    help="part c: lexical + dense + multivector collections (see above)")
     ap.add_argument("--passes", type=int, default=3, help="part d: passes over the npl queries")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="threads of the query encoder (1: stable timings on shared cores)")
@@ -427,7 +466,12 @@ def main() -> int:
     torch.set_num_threads(args.torch_threads)
     parts = set(common.parse_list(args.parts))
     FIXED_ROUNDS[0] = args.fixed_rounds
+    if args.multivector:
+        global SOURCE, DATA_DIR, CACHE, KINDS, RUN_PREFIX
+        SOURCE, DATA_DIR, CACHE = WORK / "engine-mv", WORK / "data-mv", WORK / "ltr-mv"
+        KINDS, RUN_PREFIX, MAXSIM_TWICE[0] = ["dense", "lexical", "multivector"], "ltr-mv", True
     # part c only reads (its collections may be built meanwhile by another process)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
     eng = polyindex.open(DATA_DIR, readonly=parts <= {"c"})
     payload = {"window": WINDOW, "torch_threads": args.torch_threads}
     if "a" in parts:
@@ -435,7 +479,8 @@ def main() -> int:
     if "b" in parts:
         payload["b_cross_validation"] = part_b(eng, common.parse_list(args.collections))
     if "c" in parts:
-        payload["c_general_loco"] = part_c(eng, common.parse_list(args.loco), args.ship)
+        payload["c_general_loco" + ("_multivector" if args.multivector else "")] = part_c(
+            eng, common.parse_list(args.loco), args.ship)
     if "d" in parts:
         payload["d_latency_npl"] = part_d(eng, args.passes)
     from polyindex.rerank import schema

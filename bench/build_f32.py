@@ -4,7 +4,8 @@ On this AVX2-only CPU bfloat16 MiniLM encodes ~5x slower than float32, so the sp
 build their collections with ``create_collection(..., dtype="float32")`` through the Python
 API (the CLI has no dtype option); common.stored_collection then reads them as bench_quality's.
 
-Usage: ``python bench/build_f32.py NAME...``
+Usage: ``python bench/build_f32.py [--kinds lexical,dense,multivector] NAME...`` (into
+``$BUILD_DATA`` when set; the default kinds are the engine's, lexical + dense).
 """
 import os
 import sys
@@ -18,7 +19,7 @@ import common  # noqa: E402
 DATA = Path(os.environ.get("BUILD_DATA", common.ENGINE_DATA))
 
 
-def build(name: str) -> None:
+def build(name: str, kinds: list[str] | None = None) -> None:
     import polyindex
     folder = common.collection_folder(name)
     if folder is None:
@@ -29,12 +30,18 @@ def build(name: str) -> None:
         print(f"{name}: already built ({n} docs)")
         return
     eng = polyindex.open(DATA)
-    coll = eng.create_collection(name, dtype="float32", exist_ok=True)
+    coll = eng.create_collection(name, *([kinds] if kinds else []), dtype="float32",
+                                 exist_ok=True)
     t = time.time()
     coll.index(common.corpus_file(folder))
     print(f"{name}: {n} docs in {time.time() - t:.0f}s", flush=True)
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        build(name)
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="+")
+    ap.add_argument("--kinds", default="", help="index kinds, comma-separated")
+    args = ap.parse_args()
+    for name in args.names:
+        build(name, common.parse_list(args.kinds) or None)

@@ -135,3 +135,11 @@ def test_the_general_ranker_never_splits_on_the_stored_quality(small):
     assert split["doc_quality"] == 0 and sum(split.values()) > 0
     shipped = registry.resolve(small.snapshot(), "general")
     assert dict(zip(shipped.names, shipped.booster.feature_importance("split")))["doc_quality"] == 0
+
+
+def test_the_shipped_general_ranker_uses_maxsim_where_a_collection_has_it(small):
+    """The shipped model trained on every window with its MaxSim feature and with it missing
+    (bench_ltr ``--multivector``), so it splits on MaxSim's normalized inputs."""
+    shipped = registry.resolve(small.snapshot(), "general")
+    split = dict(zip(shipped.names, shipped.booster.feature_importance("split")))
+    assert sum(v for n, v in split.items() if n.startswith("multivector_maxsim@")) > 0
