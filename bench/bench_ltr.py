@@ -371,7 +371,9 @@ def part_c(eng, names, ship: bool) -> dict:
                                                      for h in per]))}
     if ship:
         from polyindex.rerank.registry import SHIPPED
-        ranker = fit_general(sets, list(sets), tree_weight=w_best)
+        how = {"windows": "each twice: as built with lexical + dense + multivector, and with "
+                          "multivector_maxsim NaN"} if MAXSIM_TWICE[0] else {}
+        ranker = fit_general(sets, list(sets), tree_weight=w_best, **how)
         folder = SHIPPED / "general"
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob("ranker*"):
