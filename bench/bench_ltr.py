@@ -260,28 +260,34 @@ def general_sets(eng, names):
         if len(train.qids) > GENERAL_CAP:  # so that no collection dominates the general model
             pick = sorted(np.random.default_rng(2).permutation(len(train.qids))[:GENERAL_CAP])
             train = train.subset(pick)
-        if MAXSIM_TWICE[0]:  # one model for collections with and without multivector
+        if twice():  # one model for collections with and without multivector
             train, valid = (Candidates.concat([c, without_maxsim(c)]) for c in (train, valid))
         sets[name] = (coll, train, valid, test, qrels)
     return sets
 
 
-MAXSIM_TWICE = [False]  # --multivector
+def twice() -> bool:
+    """``--multivector``: every window enters with its MaxSim feature and without it."""
+    return "multivector" in KINDS
 
 
 def without_maxsim(c):
     """The same windows as a collection without a multivector index gives them (MaxSim NaN)."""
     import dataclasses
+    from polyindex.rerank import schema
     X = c.X.copy()
-    X[:, list(c.names).index(MAXSIM)] = np.nan
+    X[:, schema.INDEX[MAXSIM]] = np.nan
     return dataclasses.replace(c, X=X)
 
 
 def held_out_sets(name: str, test) -> dict:
-    """The held-out windows to score: as built, and (``--multivector``) without MaxSim too."""
-    if not MAXSIM_TWICE[0]:
-        return {name: test}
-    return {name: without_maxsim(test), f"{name}+mv": test}
+    """The held-out windows to score: as built, and (``--multivector``) without MaxSim too,
+    named ``NAME`` (no MaxSim) and ``NAME+mv``."""
+    return {name: without_maxsim(test), f"{name}+mv": test} if twice() else {name: test}
+
+
+def is_target(held: str) -> bool:
+    return held.partition("+")[0] in TARGETS
 
 
 FIXED_ROUNDS = [0]  # --fixed-rounds: train this many rounds on train + valid, no early stopping
@@ -330,7 +336,8 @@ def part_c(eng, names, ship: bool) -> dict:
                                                  f"{held}.general-loco-w{w}")
                 tests[held][w] = common.paired(hyb_q, by_query)
             if held.endswith("+mv"):  # the reference: the window reordered by MaxSim alone
-                alone = score(test.run(test.X[:, list(test.names).index(MAXSIM)]), qrels,
+                from polyindex.rerank import schema
+                alone = score(test.run(test.X[:, schema.INDEX[MAXSIM]]), qrels,
                               f"{held}.maxsim-window")["nDCG@10"]
                 console.print(f"{held}: hybrid's window by MaxSim alone {alone:.4f}")
             per[held] = (len(test.qids), hyb, res, ranker.meta["rounds"])
@@ -349,7 +356,7 @@ def part_c(eng, names, ship: bool) -> dict:
                      *(f"{g[w]:+.1%}" + ("*" if losses[held][w] else "") for w in TREE_WEIGHTS[1:]),
                      f"{res[w_best]['nDCG@10']:.4f}", f"{g[w_best]:+.1%}",
                      f"{tests[held][w_best]['t_p']:.2g}", rounds,
-                     verdict(g[w_best] >= 0.04) if held.partition("+")[0] in TARGETS
+                     verdict(g[w_best] >= 0.04) if is_target(held)
                      else verdict(g[w_best] > 0)])
     console.print(table(f"(c) general ranker ({GENERAL_TRANSFORM}), leave-one-collection-out, "
                         f"nDCG@10 (* significant loss, paired t p < {SIGNIFICANT}); guard: tree "
@@ -359,9 +366,9 @@ def part_c(eng, names, ship: bool) -> dict:
     means = {w: float(np.mean([gains[h][w] for h in per])) for w in TREE_WEIGHTS}
     console.print("mean gain by tree weight: " + ", ".join(f"x{w} {m:+.2%}" for w, m in means.items()))
     above = sum(out[h]["gain"] > 0 for h in per)
-    six = [h for h in per if h.partition("+")[0] in TARGETS and out[h]["gain"] >= 0.04]
+    six = [h for h in per if is_target(h) and out[h]["gain"] >= 0.04]
     console.print(f"above hybrid on {above} of {len(per)} (target >= 8 of 10); >= +4% on "
-                  f"{len(six)} of {len([h for h in per if h.partition('+')[0] in TARGETS])} "
+                  f"{len(six)} of {sum(map(is_target, per))} "
                   f"targets ({', '.join(six)})")
     out["tree_weight"] = w_best
     out["mean_gain_by_tree_weight"] = {str(w): m for w, m in means.items()}
@@ -372,7 +379,7 @@ def part_c(eng, names, ship: bool) -> dict:
     if ship:
         from polyindex.rerank.registry import SHIPPED
         how = {"windows": "each twice: as built with lexical + dense + multivector, and with "
-                          "multivector_maxsim NaN"} if MAXSIM_TWICE[0] else {}
+                          "multivector_maxsim NaN"} if twice() else {}
         ranker = fit_general(sets, list(sets), tree_weight=w_best, **how)
         folder = SHIPPED / "general"
         folder.mkdir(parents=True, exist_ok=True)
@@ -471,9 +478,9 @@ def main() -> int:
     if args.multivector:
         global SOURCE, DATA_DIR, CACHE, KINDS, RUN_PREFIX
         SOURCE, DATA_DIR, CACHE = WORK / "engine-mv", WORK / "data-mv", WORK / "ltr-mv"
-        KINDS, RUN_PREFIX, MAXSIM_TWICE[0] = ["dense", "lexical", "multivector"], "ltr-mv", True
-    # part c only reads (its collections may be built meanwhile by another process)
+        KINDS, RUN_PREFIX = ["dense", "lexical", "multivector"], "ltr-mv"
     DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # part c only reads (its collections may be built meanwhile by another process)
     eng = polyindex.open(DATA_DIR, readonly=parts <= {"c"})
     payload = {"window": WINDOW, "torch_threads": args.torch_threads}
     if "a" in parts:
