@@ -31,8 +31,8 @@ import faiss
 import numpy as np
 
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
-from polyindex.errors import InvalidArgument
-from polyindex.index import dense_filtered, dense_presence, prf
+from polyindex.errors import Corrupt, InvalidArgument
+from polyindex.index import dense_compact, dense_filtered, dense_presence, prf
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -483,29 +483,32 @@ class DenseKind(IndexKind):
             raise InvalidArgument(f"{self.name}: a document has no vector for this field")
         if batch.pruned is not None:  # pruned by quality: absent, as a missing vector is
             missing = missing | batch.pruned
-        x = dense_presence.placeholders_zeroed(x, missing)
+        n_rows = len(x)
+        if missing.any():  # the index holds the present rows only (``dense_compact``)
+            x = x[~missing]
         factory = self._factory_for(len(x), batch.collection_rows)
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:
             index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
             if not index.is_trained:  # a per-segment fallback; collections train a template first
-                real = x[~missing]
-                if not len(real):  # no document of the segment has the field: nothing to learn
+                if not len(x):  # no document of the segment has the field: nothing to learn
                     factory = "Flat"
                     index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
                 else:
-                    index.train(np.ascontiguousarray(real, dtype=np.float32))
-        index.add(np.ascontiguousarray(x, dtype=np.float32))
+                    index.train(np.ascontiguousarray(x, dtype=np.float32))
+        if len(x):
+            index.add(np.ascontiguousarray(x, dtype=np.float32))
         faiss.write_index(index, str(folder / self.index_file))
         self.dim = int(x.shape[1])
-        info = {"factory": factory, "dim": int(x.shape[1]), "n_rows": int(len(x)),
+        info = {"factory": factory, "dim": int(x.shape[1]), "n_rows": n_rows,
                 "files": [self.index_file]}
         if self.field != UNNAMED or self.metric != "ip":
             info.update(field=self.field, metric=self.metric)
         if missing.any():
             info["files"].append(dense_presence.write(folder, self.index_file, ~missing))
             info["missing"] = int(missing.sum())
+            info["compact"] = True
         return info
 
     def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:
@@ -514,11 +517,22 @@ class DenseKind(IndexKind):
         if self.dim is None:
             self.dim = info.get("dim")
         present = None
-        if info.get("missing"):
+        on_gpu = index is not cpu_index
+        if info.get("compact"):
+            n_rows, n_missing = int(info["n_rows"]), int(info["missing"])
+            present = dense_presence.read(folder, self.index_file, n_rows, n_missing)
+            if index.ntotal != n_rows - n_missing:
+                raise Corrupt(f"{folder / self.index_file}: {index.ntotal} vectors, the segment "
+                              f"has {n_rows - n_missing} rows with one")
+            # slot space: no stored column (its rows are the segment's), no presence mask
+            inner = DenseSegment(index, folder, None, self.column, self.metric, None,
+                                 self.device, on_gpu=on_gpu)
+            return dense_compact.CompactSegment(inner, present, docs, self.column)
+        if info.get("missing"):  # segments written before the compact layout: zero rows
             present = dense_presence.read(folder, self.index_file, index.ntotal,
                                           int(info["missing"]))
         return DenseSegment(index, folder, docs, self.column, self.metric, present, self.device,
-                            on_gpu=index is not cpu_index)
+                            on_gpu=on_gpu)
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache):
         rocchio = None

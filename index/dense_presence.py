@@ -1,12 +1,13 @@
 """Optional vector fields: which rows of a segment have a vector, and searches that see only them.
 
-A document may leave out an ``optional`` named field. Its row still takes a place in the
-segment's faiss index (a zero placeholder: faiss row ids stay the segment's rows, so the
-allow masks, the flat views and the merge code need no id map) and the segment records which
-rows are real in ``dense.FIELD.present.npy`` (the rows' bits, ``np.packbits``, little bit
-order), written only when some row lacks the field. Searches fold that mask into their allow
-mask (a placeholder never comes back, not even with score 0, which for ``ip`` would outrank
-negative scores), and ``vectors(rows)`` gives NaN rows for missing vectors, so the rerank
+A document may leave out an ``optional`` named field (and a document pruned by quality has
+no vector in any field). The segment records which rows are real in
+``dense.FIELD.present.npy`` (the rows' bits, ``np.packbits``, little bit order), written only
+when some row lacks a vector, and its faiss index holds the present rows only
+(``dense_compact``: build info ``compact``). Segments written before that layout hold a zero
+placeholder per absent row and fold this mask into their allow masks (``Presence``: a
+placeholder never comes back, not even with score 0, which for ``ip`` would outrank negative
+scores). Either way ``vectors(rows)`` gives NaN rows for missing vectors, so the rerank
 features see a missing value and a merge copies "missing" as missing.
 
 Inside the engine a missing vector travels as a NaN row of the batch's (n, d) matrix

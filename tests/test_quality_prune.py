@@ -75,6 +75,7 @@ def test_quality_column_is_stored_and_survives_compaction(tmp_path):
     seg = c.sealed_snapshot().segments[0]
     assert seg.indexes["dense"].presence is not None
     assert int((~seg.indexes["dense"].presence.mask).sum()) == len(before_p)
+    assert seg.indexes["dense"].inner.index.ntotal == N - len(before_p)  # merged compact
     # and the rerank feature reads the column
     from polyindex.query.candidates import collect
     from polyindex.rerank import schema
@@ -94,6 +95,10 @@ def test_prune_keeps_the_lowest_fraction_out_of_every_costly_index(several):
     missing = sum(e.indexes["dense"].get("missing", 0)
                   for e in several.sealed_snapshot().manifest.segments)
     assert missing == len(pruned)
+    # the faiss index holds the kept rows only: pruning saves the dense index's bytes
+    held = sum(seg.indexes["dense"].inner.index.ntotal
+               for seg in several.sealed_snapshot().segments)
+    assert held == N - len(pruned)
     for profile in ("dense", "sparse", "tree"):
         found = {h.id for h in several.query("wing flutter heat shock", k=N, profile=profile)}
         assert found and not found & pruned, profile
