@@ -216,7 +216,7 @@ def main() -> int:
                 f"the text (~{info['encoded_chars'] / b0['encoded_chars'] * b0['encode_s']:.0f}s)"
                 if p else f"{info['encoded']} docs, " + (
                     f"{info['encode_s']:.0f}s" if not res["embeddings_reused"] else "reused"),
-                f"{info['dense_bytes'] / 1e6:.2f} MB ({1 - info['dense_bytes'] / b0['dense_bytes']:+.0%})"
+                f"{info['dense_bytes'] / 1e6:.2f} MB ({info['dense_bytes'] / b0['dense_bytes'] - 1:+.0%})"
                 if p else f"{info['dense_bytes'] / 1e6:.2f} MB"])
             eng.drop_collection(coll.name)
         EMB_CACHE.clear()

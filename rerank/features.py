@@ -206,6 +206,23 @@ def dense_features(vecs: np.ndarray, queries, qptr, X) -> None:
             qv[i] = q.vector
     window.dense_features(np.ascontiguousarray(vecs, np.float32), qptr, qv, has_vec,
                            schema.PRF_DOCS, _COL["dense_cos"], _COL["dense_prf_cos"], X)
+    gone = np.isnan(vecs[:, 0]) if len(vecs) else np.zeros(0, bool)
+    if gone.any():
+        _abstain(gone, qptr, [_COL["dense_cos"], _COL["dense_prf_cos"]], X)
+
+
+def _abstain(gone: np.ndarray, qptr, cols, X) -> None:
+    """A candidate pruned out of dense (no vector) takes its window's median cosines: dense
+    abstains on it, as it does in fusion (``query.pruning``). Left NaN, the general ranker
+    (trained where every candidate has a vector) read it as a cosine of 0 and sank it:
+    bench_prune's ltr lost 7-19% at P = 0.25."""
+    for q in np.unique(np.searchsorted(qptr, np.flatnonzero(gone), side="right") - 1).tolist():
+        lo, hi = int(qptr[q]), int(qptr[q + 1])
+        miss = gone[lo:hi]
+        if miss.all():
+            continue
+        for c in cols:
+            X[lo:hi, c][miss] = np.median(X[lo:hi, c][~miss])
 
 
 # ------------------------------------------------------------------------------- fusion

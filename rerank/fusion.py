@@ -5,10 +5,11 @@ import numpy as np
 
 
 def rrf(keys_per_list: list[np.ndarray], k: int = 60,
-        weights: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        weights: list[float] | None = None, rescale=None) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal rank fusion of ranked key lists (-1 padded): score = sum w / (k + rank),
     w = the list's weight (1 each by default; a weak leg weighted down cannot outvote a
-    strong one)."""
+    strong one). ``rescale``: (sorted keys, factor): those keys' sums times factor (the legs
+    blind to them abstain: ``query.pruning``)."""
     all_keys, all_scores, all_ranks = [], [], []
     weights = [1.0] * len(keys_per_list) if weights is None else weights
     for keys, w in zip(keys_per_list, weights):
@@ -17,12 +18,13 @@ def rrf(keys_per_list: list[np.ndarray], k: int = 60,
         all_keys.append(keys[valid])
         all_scores.append(w / (k + ranks[valid]))
         all_ranks.append(ranks[valid])
-    return _sum_by_key(all_keys, all_scores, all_ranks)
+    return _sum_by_key(all_keys, all_scores, all_ranks, rescale)
 
 
 def weighted(keys_per_list: list[np.ndarray], scores_per_list: list[np.ndarray],
-             weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted sum of min-max normalized scores (a missing doc contributes 0 for that list)."""
+             weights: list[float], rescale=None) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted sum of min-max normalized scores (a missing doc contributes 0 for that list;
+    ``rescale`` as in ``rrf``)."""
     all_keys, all_scores = [], []
     for keys, scores, w in zip(keys_per_list, scores_per_list, weights):
         valid = keys >= 0
@@ -32,10 +34,11 @@ def weighted(keys_per_list: list[np.ndarray], scores_per_list: list[np.ndarray],
             s = (s - lo) / (hi - lo) if hi > lo else np.ones_like(s)
         all_keys.append(keys[valid])
         all_scores.append(w * s)
-    return _sum_by_key(all_keys, all_scores)
+    return _sum_by_key(all_keys, all_scores, None, rescale)
 
 
-def _sum_by_key(all_keys, all_scores, all_ranks=None) -> tuple[np.ndarray, np.ndarray]:
+def _sum_by_key(all_keys, all_scores, all_ranks=None,
+                rescale=None) -> tuple[np.ndarray, np.ndarray]:
     """Unique keys and their summed scores, best first. Equal sums (common in RRF: rank r in
     one list only scores as rank r in another) are ordered by the keys' ranks in the lists, the
     first list first, and only then by key: which of them a window keeps then depends on the
@@ -44,6 +47,9 @@ def _sum_by_key(all_keys, all_scores, all_ranks=None) -> tuple[np.ndarray, np.nd
     scores = np.concatenate(all_scores) if all_scores else np.empty(0)
     uniq, inverse = np.unique(keys, return_inverse=True)
     total = np.bincount(inverse, weights=scores, minlength=len(uniq))
+    if rescale is not None and len(rescale[0]):
+        at = np.minimum(np.searchsorted(rescale[0], uniq), len(rescale[0]) - 1)
+        total[rescale[0][at] == uniq] *= rescale[1]
     by_rank = []
     if all_ranks is not None:
         at = 0

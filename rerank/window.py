@@ -57,19 +57,28 @@ def stage_features(cand_keys, qptr, skeys, sscores, rank_col, score_col, rrf_k, 
 @numba.njit(cache=True, nogil=True)
 def dense_features(vecs, qptr, qv, has_vec, prf_docs, cos_col, prf_col, X):
     """Cosine of each candidate with its query's vector (when it has one) and with the
-    normalized mean of the query's first ``prf_docs`` candidates (fused order)."""
+    normalized mean of the query's first ``prf_docs`` candidates with a vector (fused order).
+    A candidate without one (a NaN row: pruned) is left as it is."""
     dim = vecs.shape[1]
     cent = np.empty(dim, np.float64)
     for q in range(len(qptr) - 1):
         lo, hi = qptr[q], qptr[q + 1]
         cent[:] = 0.0
-        for i in range(lo, min(hi, lo + prf_docs)):
+        taken = 0
+        for i in range(lo, hi):
+            if taken == prf_docs:
+                break
+            if np.isnan(vecs[i, 0]):
+                continue
+            taken += 1
             for d in range(dim):
                 cent[d] += vecs[i, d]
         norm = math.sqrt((cent * cent).sum())
         if norm > 0:
             cent /= norm
         for i in range(lo, hi):
+            if np.isnan(vecs[i, 0]):
+                continue
             c = 0.0
             p = 0.0
             for d in range(dim):

@@ -178,3 +178,41 @@ def test_multivector_pruned_rows_are_not_encoded_nor_found(tmp_path):
     assert pruned_ids(c) == pruned
     found = {h.id for h in c.query("wing flutter heat shock", k=N, profile="multivector")}
     assert not found & pruned and len(found) == N - len(pruned)
+
+
+def test_hybrid_fuses_a_pruned_document_as_if_every_leg_saw_it(several):
+    """The dense leg cannot see a pruned document: it abstains (the fused score is scaled by
+    all legs' weight over lexical's) instead of ranking it below every document both found."""
+    from polyindex.query.profiles import NEURAL_WEIGHT
+    pruned = pruned_ids(several)
+    pid = sorted(pruned)[0]
+    hits = several.query(f"tag{pid[1:]} wing flutter", k=N, profile="hybrid", explain=True)
+    assert hits[0].id == pid  # its own tag makes it lexical's first
+    checked = {"pruned": 0, "lexical only": 0}
+    for h in hits:
+        lex, den = h.explain["stages"]["lexical"], h.explain["stages"]["dense"]
+        if lex is None or den is not None:
+            continue
+        scale = (1 + NEURAL_WEIGHT) if h.id in pruned else 1.0
+        assert h.score == pytest.approx(scale / (60 + lex["rank"])), h.id
+        checked["pruned" if h.id in pruned else "lexical only"] += 1
+    assert checked["pruned"] >= 2, checked
+
+
+def test_a_pruned_candidate_takes_its_windows_median_cosines(several):
+    """Its vector is absent (NaN): it must neither poison the window's pseudo-relevant
+    centroid (every candidate's dense_prf_cos NaN) nor read as a cosine of 0 to the ranker."""
+    from polyindex.query.candidates import collect
+    from polyindex.rerank import schema
+    pruned = pruned_ids(several)
+    pid = sorted(pruned)[0]
+    cand = collect(several, [("q", f"tag{pid[1:]} wing flutter")], None, profile="hybrid",
+                   window=N)
+    assert cand.doc_ids[0] == pid  # first in the window: first in the centroid's documents
+    gone = np.array([d in pruned for d in cand.doc_ids])
+    assert gone.sum() >= 2 and (~gone).sum() >= 2
+    for name in ("dense_cos", "dense_prf_cos"):
+        col = cand.X[:, schema.NAMES.index(name)]
+        assert np.isfinite(col).all(), name
+        assert np.allclose(col[gone], np.median(col[~gone])), name
+        assert len(np.unique(col[~gone])) > 1, name  # real cosines for the others

@@ -15,7 +15,7 @@ import numpy as np
 from polyindex.config import validate_name
 from polyindex.errors import InvalidArgument
 from polyindex.index.protocol import Query
-from polyindex.query.pipeline import allow_masks, fuse, retrieve
+from polyindex.query.pipeline import allow_masks, blind_keys, fuse, retrieve
 from polyindex.query.profiles import Profile, builtin_profiles
 from polyindex.rerank import features
 from polyindex.rerank.ltr import Ranker
@@ -52,7 +52,8 @@ def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
                 q.vector = np.asarray(v, np.float32)
         results = [retrieve(snap, qs, st.index, st.k, st.params, allow) for st in prof.retrieve]
         lists = [[(s[i], k[i]) for s, k in results] for i in range(len(qs))]
-        cands = [fuse(prof, ls, window) for ls in lists]
+        blind = blind_keys(snap, prof, results)
+        cands = [fuse(prof, ls, window, blind, snap.kinds) for ls in lists]
         X, qptr = features.compute(snap, qs, cands, lists, names)
         keys = np.concatenate([k for k, _ in cands]) if cands else np.zeros(0, np.int64)
         ids = snap.ids_of(keys) if len(keys) else []

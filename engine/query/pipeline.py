@@ -12,7 +12,7 @@ from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
-from polyindex.query.pruning import kept_allow
+from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Hit
@@ -156,10 +156,11 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
     stage_results = [retrieve(snapshot, queries, st.index, k if single else st.k, st.params, allow)
                      for st in profile.retrieve]
     keep = max(k, profile.rerank["window"]) if profile.rerank else k
+    blind = blind_keys(snapshot, profile, stage_results)
     per_query = []
     for qi in range(len(queries)):
         lists = [(s[qi], keys[qi]) for s, keys in stage_results]
-        per_query.append((lists, *fuse(profile, lists, keep)))
+        per_query.append((lists, *fuse(profile, lists, keep, blind, snapshot.kinds)))
     extra = [None] * len(queries)
     if profile.rerank is not None:
         window = profile.rerank["window"]
@@ -178,18 +179,39 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
-def fuse(profile: Profile, lists, keep: int) -> tuple[np.ndarray, np.ndarray]:
-    """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long."""
+def blind_keys(snapshot: Snapshot, profile: Profile, stage_results) -> np.ndarray | None:
+    """The pruned keys among a batch's stage results that some leg cannot see
+    (``pruning.abstaining``); None for one stage or a collection that prunes nothing."""
+    if len(stage_results) < 2:
+        return None
+    return abstaining(snapshot, [snapshot.kinds[st.index].kind for st in profile.retrieve],
+                      np.concatenate([kk.ravel() for _, kk in stage_results]))
+
+
+def fuse(profile: Profile, lists, keep: int, blind: np.ndarray | None = None,
+         kinds: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long.
+    ``blind``: the pruned keys among the candidates (``blind_keys``), whose costly legs (by
+    ``kinds``, the collection's index kinds) abstain rather than vote against them: their
+    fused score is scaled by all legs' weight over the seeing legs' weight."""
     if len(lists) == 1:
         scores, keys = lists[0]
         n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
         return keys[:n][:keep], scores[:n][:keep]
     w = profile.fuse.get("weights", {})  # per retrieved kind, 1 when not named
     weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
+    rescale = None
+    if blind is not None and len(blind):
+        seeing = sum(wt for wt, st in zip(weights, profile.retrieve)
+                     if kinds[st.index].kind not in COSTLY_KINDS)
+        if seeing > 0:
+            rescale = (blind, sum(weights) / seeing)
     if profile.fuse["method"] == "rrf":
-        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights)
+        keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights,
+                                  rescale)
     else:
-        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights)
+        keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights,
+                                       rescale)
     return keys[:keep], scores[:keep]
 
 
