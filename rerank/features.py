@@ -215,7 +215,7 @@ def _abstain(gone: np.ndarray, qptr, cols, X) -> None:
     """A candidate pruned out of dense (no vector) takes its window's median cosines: dense
     abstains on it, as it does in fusion (``query.pruning``). Left NaN, the general ranker
     (trained where every candidate has a vector) read it as a cosine of 0 and sank it:
-    bench_prune's ltr lost 7-19% at P = 0.25."""
+    bench_prune's ltr lost 7% to 19% at P = 0.25."""
     for q in np.unique(np.searchsorted(qptr, np.flatnonzero(gone), side="right") - 1).tolist():
         lo, hi = int(qptr[q]), int(qptr[q + 1])
         miss = gone[lo:hi]

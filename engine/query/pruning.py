@@ -66,7 +66,6 @@ def _kept(seg) -> Presence | None:
     return got or None
 
 
-
 HAS_PRUNED_KEY = "query:has-pruned"  # in ``Snapshot.cache``: whether any segment prunes
 
 
