@@ -31,16 +31,18 @@ _SCRATCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lexical s
 
 
 def compute(snapshot, queries: Sequence, candidates: Sequence[tuple[np.ndarray, np.ndarray]],
-            stage_lists: Sequence[list], stage_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+            stage_lists: Sequence[list], stage_names: Sequence[str],
+            blind=None) -> tuple[np.ndarray, np.ndarray]:
     """(features (n, len(names(snapshot))) float32, query row offsets (nq + 1,) int64) of a
-    batch's candidates."""
+    batch's candidates. ``blind``: (pruned keys among them, per stage whether it is blind to
+    them), or None (``query.pipeline.blind_keys``)."""
     X, qptr = compute_local(snapshot, queries, [k for k, _ in candidates])
     if not len(X):
         return X, qptr
     keys = np.concatenate([np.asarray(k, np.int64) for k, _ in candidates])
     if "dense" in snapshot.kinds:
         dense_features(stored_vectors(snapshot, keys), queries, qptr, X)
-    fusion_features(keys, stage_lists, stage_names, qptr, X)
+    fusion_features(keys, stage_lists, stage_names, qptr, X, blind)
     X[:, _COL["fused_score"]] = np.concatenate([np.asarray(f, np.float32) for _, f in candidates])
     return X, qptr
 
@@ -227,15 +229,50 @@ def _abstain(gone: np.ndarray, qptr, cols, X) -> None:
 
 # ------------------------------------------------------------------------------- fusion
 
-def fusion_features(keys, stage_lists, stage_names, qptr, X) -> None:
-    """Each retrieve stage's rank and score of the candidates, their RRF and fused rank."""
+def _stand_in(keys, qptr, blind, all_scores, rrf, ranks) -> None:
+    """A stage blind to a pruned candidate abstains, as fusion lets it (``query.pruning``):
+    it ranks the candidate where the seeing stages best rank it, with the score it gives that
+    rank, so its rank, score, RRF and agreement features look like a document every stage
+    found. Left as "not found", the ranker (which never saw a pruned window) sank it."""
+    pruned_keys, stage_blind = blind
+    see = [2 * s for s, b in enumerate(stage_blind) if not b]
+    if not see or all(not b for b in stage_blind):
+        return
+    rows = np.flatnonzero(np.isin(keys, pruned_keys))
+    best = np.fmin.reduce(ranks[np.ix_(rows, see)], axis=1) if len(see) > 1 \
+        else ranks[rows, see[0]]
+    rows, best = rows[~np.isnan(best)], best[~np.isnan(best)]
+    if not len(rows):
+        return
+    q_of = np.searchsorted(qptr, rows, side="right") - 1
+    at = best.astype(np.int64) - 1
+    for s, b in enumerate(stage_blind):
+        if not b:
+            continue
+        sc = all_scores[s]
+        ok = at < sc.shape[1]
+        score = np.full(len(rows), np.nan, np.float32)
+        score[ok] = sc[q_of[ok], at[ok]]
+        ranks[rows, 2 * s] = best
+        ranks[rows, 2 * s + 1] = np.where(np.isfinite(score), score, np.nan)
+        rrf[rows] += 1.0 / (schema.RRF_K + best)
+
+
+def fusion_features(keys, stage_lists, stage_names, qptr, X, blind=None) -> None:
+    """Each retrieve stage's rank and score of the candidates, their RRF and fused rank.
+    ``blind`` as in ``compute``: a blind stage abstains on a pruned candidate (``_stand_in``)."""
     rrf = np.zeros(len(keys))
     ranks = np.full((len(keys), max(len(stage_names), 1) * 2), np.nan, np.float32)
+    all_scores = []
     for s, name in enumerate(stage_names):
         scores = np.stack([lists[s][0] for lists in stage_lists]).astype(np.float32, copy=False)
         skeys = np.stack([lists[s][1] for lists in stage_lists]).astype(np.int64, copy=False)
         window.stage_features(keys, qptr, skeys, scores, 2 * s, 2 * s + 1,
                               float(schema.RRF_K), rrf, ranks)
+        all_scores.append(scores)
+    if blind is not None and len(blind[0]):
+        _stand_in(keys, qptr, blind, all_scores, rrf, ranks)
+    for s, name in enumerate(stage_names):
         if name in schema.STAGES:
             X[:, _COL[f"{name}_rank"]] = ranks[:, 2 * s]
             X[:, _COL[f"{name}_score"]] = ranks[:, 2 * s + 1]

@@ -12,7 +12,7 @@ import numpy as np
 from polyindex.rerank import features, registry
 
 
-def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explain):
+def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explain, blind=None):
     """Per query: (keys best first, model scores, details or None).
 
     ``candidates`` are per query (keys, fused scores) already cut to the window; details (with
@@ -28,7 +28,7 @@ def rerank(snapshot, queries, candidates, stage_lists, stage_names, spec, explai
                 for keys, fused in candidates]
     names = features.names(snapshot)
     ranker.check_names(names)
-    X, qptr = features.compute(snapshot, queries, candidates, stage_lists, stage_names)
+    X, qptr = features.compute(snapshot, queries, candidates, stage_lists, stage_names, blind)
     return order(ranker, X, qptr, candidates, names, explain)
 
 

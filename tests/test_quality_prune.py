@@ -216,3 +216,30 @@ def test_a_pruned_candidate_takes_its_windows_median_cosines(several):
         assert np.isfinite(col).all(), name
         assert np.allclose(col[gone], np.median(col[~gone])), name
         assert len(np.unique(col[~gone])) > 1, name  # real cosines for the others
+
+
+def test_a_pruned_candidate_is_ranked_by_dense_where_lexical_ranks_it(several):
+    """The ranker's fusion features abstain as fusion does: the dense stage puts a pruned
+    candidate at its lexical rank (with the dense score of that rank), so agreement and RRF
+    read as for a document both stages found."""
+    from polyindex.query.candidates import collect
+    from polyindex.rerank import schema
+    pruned = pruned_ids(several)
+    pid = sorted(pruned)[0]
+    cand = collect(several, [("q", f"tag{pid[1:]} wing flutter")], None, profile="hybrid",
+                   window=N)
+    col = {n: cand.X[:, schema.NAMES.index(n)] for n in
+           ("lexical_rank", "dense_rank", "dense_score", "n_found", "rrf")}
+    dense_scores = sorted((h.score for h in several.query(f"tag{pid[1:]} wing flutter", k=N,
+                                                          profile="dense")), reverse=True)
+    seen = 0
+    for i, d in enumerate(cand.doc_ids):
+        if d not in pruned or np.isnan(col["lexical_rank"][i]):
+            continue
+        r = int(col["lexical_rank"][i])
+        assert col["dense_rank"][i] == r and col["n_found"][i] == 2, d
+        assert col["rrf"][i] == pytest.approx(2 / (schema.RRF_K + r)), d
+        if r <= len(dense_scores):
+            assert col["dense_score"][i] == pytest.approx(dense_scores[r - 1], abs=1e-5), d
+        seen += 1
+    assert seen >= 2

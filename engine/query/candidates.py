@@ -53,8 +53,8 @@ def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
         results = [retrieve(snap, qs, st.index, st.k, st.params, allow) for st in prof.retrieve]
         lists = [[(s[i], k[i]) for s, k in results] for i in range(len(qs))]
         blind = blind_keys(snap, prof, results)
-        cands = [fuse(prof, ls, window, blind, snap.kinds) for ls in lists]
-        X, qptr = features.compute(snap, qs, cands, lists, names)
+        cands = [fuse(prof, ls, window, blind) for ls in lists]
+        X, qptr = features.compute(snap, qs, cands, lists, names, blind)
         keys = np.concatenate([k for k, _ in cands]) if cands else np.zeros(0, np.int64)
         ids = snap.ids_of(keys) if len(keys) else []
         labels = np.zeros(len(ids), np.float32)

@@ -160,7 +160,7 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
     per_query = []
     for qi in range(len(queries)):
         lists = [(s[qi], keys[qi]) for s, keys in stage_results]
-        per_query.append((lists, *fuse(profile, lists, keep, blind, snapshot.kinds)))
+        per_query.append((lists, *fuse(profile, lists, keep, blind)))
     extra = [None] * len(queries)
     if profile.rerank is not None:
         window = profile.rerank["window"]
@@ -171,7 +171,8 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         else:
             from polyindex.rerank.stage import rerank
             reranked = rerank(snapshot, queries, cands, [lists for lists, _, _ in per_query],
-                              [st.index for st in profile.retrieve], profile.rerank, explain)
+                              [st.index for st in profile.retrieve], profile.rerank, explain,
+                              blind)
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None,
@@ -179,21 +180,23 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
-def blind_keys(snapshot: Snapshot, profile: Profile, stage_results) -> np.ndarray | None:
-    """The pruned keys among a batch's stage results that some leg cannot see
-    (``pruning.abstaining``); None for one stage or a collection that prunes nothing."""
+def blind_keys(snapshot: Snapshot, profile: Profile, stage_results):
+    """(the pruned keys among a batch's stage results, per stage whether it is blind to them:
+    a costly kind) when some stage cannot see some of them (``pruning.abstaining``); None
+    for one stage or a collection that prunes nothing."""
     if len(stage_results) < 2:
         return None
-    return abstaining(snapshot, [snapshot.kinds[st.index].kind for st in profile.retrieve],
-                      np.concatenate([kk.ravel() for _, kk in stage_results]))
+    kinds = [snapshot.kinds[st.index].kind for st in profile.retrieve]
+    keys = abstaining(snapshot, kinds, np.concatenate([kk.ravel() for _, kk in stage_results]))
+    if keys is None or not len(keys):
+        return None
+    return keys, [k in COSTLY_KINDS for k in kinds]
 
 
-def fuse(profile: Profile, lists, keep: int, blind: np.ndarray | None = None,
-         kinds: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+def fuse(profile: Profile, lists, keep: int, blind=None) -> tuple[np.ndarray, np.ndarray]:
     """One query's per-stage lists -> (keys, scores) best first, at most ``keep`` long.
-    ``blind``: the pruned keys among the candidates (``blind_keys``), whose costly legs (by
-    ``kinds``, the collection's index kinds) abstain rather than vote against them: their
-    fused score is scaled by all legs' weight over the seeing legs' weight."""
+    ``blind`` (``blind_keys``): pruned keys whose blind stages abstain rather than vote
+    against them: their fused score is scaled by all legs' weight over the seeing legs'."""
     if len(lists) == 1:
         scores, keys = lists[0]
         n = int(np.count_nonzero(keys >= 0))  # results are -1 padded at the end only
@@ -201,11 +204,10 @@ def fuse(profile: Profile, lists, keep: int, blind: np.ndarray | None = None,
     w = profile.fuse.get("weights", {})  # per retrieved kind, 1 when not named
     weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
     rescale = None
-    if blind is not None and len(blind):
-        seeing = sum(wt for wt, st in zip(weights, profile.retrieve)
-                     if kinds[st.index].kind not in COSTLY_KINDS)
+    if blind is not None:
+        seeing = sum(wt for wt, b in zip(weights, blind[1]) if not b)
         if seeing > 0:
-            rescale = (blind, sum(weights) / seeing)
+            rescale = (blind[0], sum(weights) / seeing)
     if profile.fuse["method"] == "rrf":
         keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights,
                                   rescale)
