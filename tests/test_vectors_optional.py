@@ -171,3 +171,43 @@ def test_online_writes_and_wal_replay(tmp_path):
     eng2.close()
     coll3 = polyindex.open(tmp_path / "crashed").collection("v")
     assert len(coll3.query(vector=x[1], using="image", k=60)) == sum(map(has_field, range(60)))
+
+
+def test_a_segment_in_the_placeholder_layout_still_opens_and_answers_the_same(tmp_path):
+    """Segments written before the compact layout hold a zero row per missing vector (build
+    info without ``compact``); they must open and answer as the compact layout does."""
+    import faiss
+    from polyindex.storage.integrity import sum_file
+    from polyindex.storage.manifest import content_checksum
+    x = vecs(90, 8, seed=4)
+    eng = polyindex.open(tmp_path / "data")
+    coll = eng.create_collection("v", ["lexical", "dense@image:dim=8,optional,Flat"],
+                                 model=None)
+    coll.add(records(x))
+    q = -x[1]
+    want = [(h.id, round(h.score, 5)) for h in coll.query(vector=q, using="image", k=90)]
+    assert len(want) == sum(has_field(i) for i in range(90))
+    eng.close()
+    folder = tmp_path / "data" / "v"
+    data = json.loads((folder / "manifest.json").read_text())
+    (seg,) = data["segments"]
+    info = seg["indexes"]["dense@image"]
+    assert info.pop("compact") is True
+    path = folder / "segments" / seg["id"] / "dense.image.faiss"
+    compact = faiss.read_index(str(path))
+    assert compact.ntotal == len(want)
+    old = faiss.IndexFlatIP(8)
+    rows = np.zeros((90, 8), np.float32)  # the old layout: a zero placeholder per missing row
+    rows[[i for i in range(90) if has_field(i)]] = compact.reconstruct_n(0, compact.ntotal)
+    old.add(rows)
+    faiss.write_index(old, str(path))
+    seg["files"]["dense.image.faiss"] = sum_file(path)
+    data["checksum"] = content_checksum(data)
+    (folder / "manifest.json").write_text(json.dumps(data))
+    coll = polyindex.open(tmp_path / "data").collection("v")
+    dense = coll.sealed_snapshot().segments[0].indexes["dense@image"]
+    assert dense.index.ntotal == 90 and not hasattr(dense, "inner")  # the old layout, as is
+    got = [(h.id, round(h.score, 5)) for h in coll.query(vector=q, using="image", k=90)]
+    assert got == want  # placeholders (score 0, above the negative scores) never come back
+    assert coll.get(["d0"], with_vectors=True)[0].vectors == {}
+    assert np.array_equal(coll.get(["d2"], with_vectors=True)[0].vectors["image"], x[2])

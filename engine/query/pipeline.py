@@ -12,7 +12,7 @@ from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
-from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow
+from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow, may_abstain
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Hit
@@ -187,8 +187,10 @@ def blind_keys(snapshot: Snapshot, profile: Profile, stage_results):
     if len(stage_results) < 2:
         return None
     kinds = [snapshot.kinds[st.index].kind for st in profile.retrieve]
-    keys = abstaining(snapshot, kinds, np.concatenate([kk.ravel() for _, kk in stage_results]))
-    if keys is None or not len(keys):
+    if not may_abstain(snapshot, kinds):
+        return None
+    keys = abstaining(snapshot, np.concatenate([kk.ravel() for _, kk in stage_results]))
+    if not len(keys):
         return None
     return keys, [k in COSTLY_KINDS for k in kinds]
 

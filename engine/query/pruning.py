@@ -5,9 +5,10 @@ its build marks pruned rows absent (``index.dense_presence``), as a missing opti
 Lexical searches every stored document.
 
 Fusion then treats a costly leg as *blind* to a pruned document, not as a vote against it:
-``abstaining`` gives the pruned keys among a batch's candidates, and ``pipeline.fuse`` scales
-such a key's fused score by (every leg's weight) / (the weight of the legs that can see it),
-so a pruned document the lexical leg finds at rank r fuses as one every leg put at rank r.
+``abstaining`` gives the pruned keys among a batch's candidates (when ``may_abstain``), and
+``pipeline.fuse`` scales such a key's fused score by (every leg's weight) / (the weight of
+the legs that can see it), so a pruned document the lexical leg finds at rank r fuses as one
+every leg put at rank r.
 Without it hybrid ranked a pruned document below every document both legs found (bench_prune:
 -14% to -19% nDCG@10 on three of five collections at P = 0.25)."""
 from __future__ import annotations
@@ -69,18 +70,22 @@ def _kept(seg) -> Presence | None:
 HAS_PRUNED_KEY = "query:has-pruned"  # in ``Snapshot.cache``: whether any segment prunes
 
 
-def abstaining(snapshot, kinds: Sequence[str], keys: np.ndarray) -> np.ndarray | None:
-    """The pruned keys (sorted) among ``keys`` (global keys, -1 padding allowed), when some
-    stage of ``kinds`` (the profile's retrieved kinds) is costly and another is not; None
-    when no leg abstains. One pass over the batch's keys and the segments they touch."""
+def may_abstain(snapshot, kinds: Sequence[str]) -> bool:
+    """Whether a profile retrieving ``kinds`` has a leg that may be blind to some document
+    of the snapshot: a costly kind beside a kind that is not, in a snapshot with pruned rows
+    (known per snapshot)."""
     if not (any(k in COSTLY_KINDS for k in kinds) and any(k not in COSTLY_KINDS for k in kinds)):
-        return None
+        return False
     has = snapshot.cache.get(HAS_PRUNED_KEY)
     if has is None:
         has = snapshot.cache[HAS_PRUNED_KEY] = any(_kept(s) is not None
                                                    for s in snapshot.segments)
-    if not has:
-        return None
+    return has
+
+
+def abstaining(snapshot, keys: np.ndarray) -> np.ndarray:
+    """The pruned keys (sorted) among ``keys`` (global keys, -1 padding allowed). One pass
+    over the keys and the segments they touch."""
     keys = np.unique(keys[keys >= 0])
     seg, rows = snapshot.locate(keys)
     out = np.zeros(len(keys), bool)
