@@ -10,13 +10,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polyindex.config import DEFAULT_MODEL
+from polyindex.encode import pipelined
 from polyindex.errors import InvalidArgument
 
 # Texts per encode call, i.e. per progress report: one batch, so a bulk run's bar moves every
 # few seconds even on a slow CPU (longest-first order makes the batches the same as in one call)
 CHUNK = 64
 # On a GPU a 64-text batch leaves the chip idle between launches: bulk encoding there runs
-# 512 texts a forward pass, 4096 a progress report (bfloat16 MiniLM: well under 1 GB)
+# 512 texts a forward pass (bfloat16 MiniLM: well under 1 GB), 4096 a progress report for
+# token embeddings (sentence embeddings report every batch: ``pipelined``)
 GPU_BATCH, GPU_CHUNK = 512, 4096
 
 
@@ -67,13 +69,18 @@ class Encoder:
                on_batch: Callable[[int], None] | None = None,
                chunk: int | None = None) -> np.ndarray:
         """Encode texts longest-first in chunks (same padding efficiency as one big call),
-        reporting progress after each chunk; output is in input order."""
+        reporting progress after each chunk (off the CPU: after each batch, ``pipelined``);
+        output is in input order."""
         batch_size, chunk = batching(self.device, batch_size, chunk)
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
             return out
         order = np.argsort([-len(t) for t in texts], kind="stable")
+        if self.device != "cpu":  # the accelerator waited on the tokenizer: ``pipelined``
+            out[order] = pipelined.encode(self.model, [texts[i] for i in order], batch_size,
+                                          pipelined.threads_for(), on_batch)
+            return out
         for start in range(0, n, chunk):
             idx = order[start:start + chunk]
             emb = self.model.encode([texts[i] for i in idx], batch_size=batch_size,
