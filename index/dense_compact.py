@@ -3,7 +3,7 @@
 Rows without a vector (an optional field left out, a document pruned by quality) take no
 place in the index: its ids are *slots*, the present rows in row order. ``CompactSegment``
 wraps the slot-space ``DenseSegment`` and speaks rows to everyone else: allow masks are
-narrowed to the slots (kept per frozen mask, as ``Presence.fold`` keeps its folds), result
+narrowed to the slots (kept per frozen mask: ``MaskCache.derived``, as ``Presence.fold``), result
 slots are mapped back to rows (O(k) per query), ``vectors``/``score`` give NaN for absent rows.
 Slots keep the rows' order, so ties between equal scores break as an uncompacted index breaks
 them (lower row first).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyindex.index.dense_presence import FOLD_ENTRIES, Presence
-from polyindex.index.masks import IdentityLRU, freeze, is_frozen
+from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import SegmentIndex
 
 
@@ -28,19 +28,13 @@ class CompactSegment(SegmentIndex):  # and StoredVectors
         self.metric, self.device, self.on_gpu = inner.metric, inner.device, inner.on_gpu
         self.folder, self.index, self.hnsw_ef = inner.folder, inner.index, inner.hnsw_ef
         self.lane_parts: dict = {}
-        self._narrowed = IdentityLRU(FOLD_ENTRIES)
+        self._narrowed = MaskCache(FOLD_ENTRIES)
 
     def slots(self, allow: np.ndarray | None) -> np.ndarray | None:
         """An allow mask over rows as one over slots (None stays None: every slot has a row)."""
         if allow is None:
             return None
-        if not is_frozen(allow):  # a caller's mutable array: narrowed afresh, never cached
-            return allow[self.rows_of]
-        got = self._narrowed.get((allow,))
-        if got is None:
-            got = freeze(allow[self.rows_of])
-            self._narrowed.put((allow,), got)
-        return got
+        return self._narrowed.derived(allow, lambda a: a[self.rows_of])
 
     def search(self, prepared, k, params, allow):
         scores, slots = self.inner.search(prepared, k, params, self.slots(allow))
@@ -65,10 +59,7 @@ class CompactSegment(SegmentIndex):  # and StoredVectors
     def _stored(self) -> np.ndarray | None:
         """The segment's stored column of the field (memory-mapped; exact where the index keeps
         only codes), or None when the index is the only copy."""
-        if self._docs is None:
-            return None
-        return (self._docs.embeddings() if self._column == "embedding"
-                else self._docs.vector_column(self._column))
+        return None if self._docs is None else self._docs.vector_column(self._column)
 
     def score(self, prepared, row_ids):
         rows = np.asarray(row_ids, dtype=np.int64)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from polyindex.errors import Corrupt
-from polyindex.index.masks import IdentityLRU, freeze, is_frozen
+from polyindex.index.masks import MaskCache, freeze
 
 FOLD_ENTRIES = 16  # allow masks remembered per segment, with the presence folded in
 
@@ -74,15 +74,9 @@ class Presence:
 
     def __init__(self, present: np.ndarray):
         self.mask = present
-        self._folded = IdentityLRU(FOLD_ENTRIES)
+        self._folded = MaskCache(FOLD_ENTRIES)
 
     def fold(self, allow: np.ndarray | None) -> np.ndarray:
         if allow is None:
             return self.mask
-        if not is_frozen(allow):  # a caller's mutable array: folded afresh, never cached
-            return allow & self.mask
-        got = self._folded.get((allow,))
-        if got is None:
-            got = freeze(allow & self.mask)
-            self._folded.put((allow,), got)
-        return got
+        return self._folded.derived(allow, lambda a: a & self.mask)

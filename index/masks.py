@@ -114,6 +114,18 @@ class MaskCache:
     def put(self, mask: np.ndarray, value) -> None:
         self._lru.put((mask,), value)
 
+    def derived(self, mask: np.ndarray, compute) -> np.ndarray:
+        """``compute(mask)``, a mask derived from ``mask``, frozen and kept by the mask's
+        identity when ``mask`` is frozen; a caller's mutable array is derived afresh, never
+        kept (it may change)."""
+        if not is_frozen(mask):
+            return compute(mask)
+        got = self._lru.get((mask,))
+        if got is None:
+            got = freeze(compute(mask))
+            self._lru.put((mask,), got)
+        return got
+
 
 class _IdentitySet:
     """Objects (by identity, held weakly) with a flag; lock-free lookups (one dict get), as

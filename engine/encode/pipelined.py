@@ -55,11 +55,13 @@ def encode(model, texts: Sequence[str], batch_size: int, threads: int,
         run(batches[0], tokenize(model, batches[0]))
     else:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize") as pool:
-            ahead = deque(pool.submit(tokenize, model, b) for b in batches[:2 * threads])
-            for i, batch in enumerate(batches):
+            nxt = min(len(batches), 2 * threads)  # the next batch to hand to the threads
+            ahead = deque(pool.submit(tokenize, model, b) for b in batches[:nxt])
+            for batch in batches:
                 features = ahead.popleft().result()
-                if i + len(ahead) + 1 < len(batches):
-                    ahead.append(pool.submit(tokenize, model, batches[i + len(ahead) + 1]))
+                if nxt < len(batches):
+                    ahead.append(pool.submit(tokenize, model, batches[nxt]))
+                    nxt += 1
                 run(batch, features)
     out = torch.nn.functional.normalize(torch.cat(parts), dim=1)
     return out.cpu().numpy()

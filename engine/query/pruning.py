@@ -87,11 +87,9 @@ def abstaining(snapshot, keys: np.ndarray) -> np.ndarray:
     """The pruned keys (sorted) among ``keys`` (global keys, -1 padding allowed). One pass
     over the keys and the segments they touch."""
     keys = np.unique(keys[keys >= 0])
-    seg, rows = snapshot.locate(keys)
     out = np.zeros(len(keys), bool)
-    for s in np.unique(seg).tolist():
+    for s, at, rows in snapshot.by_segment(keys):
         kept = _kept(snapshot.segments[s])
         if kept is not None:
-            at = np.flatnonzero(seg == s)
-            out[at] = ~kept.mask[rows[at]]
+            out[at] = ~kept.mask[rows]
     return keys[out]

@@ -128,7 +128,7 @@ class Snapshot:
         seg = np.searchsorted(self.bases, keys, side="right") - 1
         return seg, keys - self.bases[seg]
 
-    def _by_segment(self, keys: np.ndarray):
+    def by_segment(self, keys: np.ndarray):
         """(segment ordinal, positions in ``keys``, rows) per segment the keys touch."""
         seg, rows = self.locate(keys)
         for s in np.unique(seg).tolist():
@@ -139,7 +139,7 @@ class Snapshot:
         if len(self.segments) == 1:
             return self.segments[0].docs.ids_at(keys)
         out: list = [None] * len(keys)
-        for s, at, rows in self._by_segment(keys):  # one read per segment the keys touch
+        for s, at, rows in self.by_segment(keys):  # one read per segment the keys touch
             for p, doc_id in zip(at.tolist(), self.segments[s].docs.ids_at(rows)):
                 out[p] = doc_id
         return out
@@ -151,7 +151,7 @@ class Snapshot:
         if len(self.segments) == 1:
             return self.segments[0].docs.id_take(keys)
         parts, where = [], []
-        for s, at, rows in self._by_segment(keys):
+        for s, at, rows in self.by_segment(keys):
             parts.append(self.segments[s].docs.id_take(rows))
             where.append(at)
         back = np.empty(len(keys), np.int64)
