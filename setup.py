@@ -1,6 +1,9 @@
-"""The build step pyproject.toml cannot express: the two native gRPC extensions.
+"""What pyproject.toml cannot express: the package list, derived, and the native extensions.
 
-Everything else (metadata, packages, data) is in pyproject.toml. ``pip install .`` compiles
+Metadata and package data are in pyproject.toml. The packages are every folder with an
+``__init__.py`` under the roots ``PACKAGE_DIR`` maps into the one ``polyindex`` namespace, found
+by walking them, so a new room ships without anyone editing a list (a hand-kept list once left
+``polyindex.distributed`` out of the wheel). ``pip install .`` compiles
 ``polyindex.service._grpc_front`` and ``polyindex.client._grpc_channel`` when pkg-config finds
 gRPC C++ (Debian: ``apt-get install libgrpc++-dev pkg-config``). Without it, or if the compiler
 fails, the wheel is built without them and the build says so in one warning: polyindex then
@@ -15,8 +18,12 @@ import shutil
 import subprocess
 import warnings
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+
+# import name -> source folder; a root nested in another (engine holds none) would ship twice
+PACKAGE_DIR = {"polyindex": "engine", "polyindex.index": "index", "polyindex.rerank": "rerank",
+               "polyindex.proto": "proto", "polyindex.cuda": "cuda"}
 
 NATIVE = {"polyindex.service._grpc_front": "engine/service/native/grpc_front.cc",
           "polyindex.client._grpc_channel": "engine/client/native/grpc_channel.cc"}
@@ -68,7 +75,19 @@ class BuildNative(build_ext):
         return os.path.join(*fullname.split(".")) + ".so"
 
 
+def packages() -> list[str]:
+    """Every package under each root of ``PACKAGE_DIR``, named in the polyindex namespace."""
+    out = []
+    for name, folder in PACKAGE_DIR.items():
+        out.append(name)
+        out += [f"{name}.{sub}" for sub in find_packages(folder)
+                if f"{name}.{sub}" not in PACKAGE_DIR]
+    return sorted(out)
+
+
 setup(
+    package_dir=PACKAGE_DIR,
+    packages=packages(),
     ext_modules=[Extension(name, [src], include_dirs=["engine/wire/native"],
                            depends=["engine/wire/native/byte_buffer.h"], language="c++",
                            extra_compile_args=["-O2", "-g0", "-std=c++17", "-fvisibility=hidden"])
