@@ -401,7 +401,7 @@ class TreeKind(IndexKind):
         holds k documents), the results merge by (score, global key). ``budget=0`` with
         ``rank=best`` is flat search: the same as one segment holding the same documents.
         Otherwise what a budget reaches, and path scores, depend on each tree's shape, which
-        depends on the documents the segment holds (docs/ARCHITECTURE.md, issue 17 part 6)."""
+        depends on the documents the segment holds (docs/notes/segmentation-independence.md)."""
         if k < 0:
             raise InvalidArgument(f"k must be >= 0, got {k}")
         parts = [seg.search(prepared, k, params, m, budget=prepared.budget_of(seg))
