@@ -333,7 +333,7 @@ class Collection:
         unique: dict[str, Document] = {}
         spec = self.vector_spec()
         for i, d in enumerate(docs):
-            doc = documents.from_user(d, i, spec)
+            doc = documents.from_user(d, i, spec, self.config.fields)
             unique.pop(doc.id, None)
             unique[doc.id] = doc
         if not unique:

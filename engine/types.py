@@ -1,4 +1,5 @@
-"""Plain types both sides of the wire need: documents, hits and request limits.
+"""Plain types both sides of the wire need: documents, hits, request limits, and the one
+collection interface.
 
 The embedded engine and the remote client share these, so the client can import them without
 loading storage, encoders or pyarrow.
@@ -6,7 +7,7 @@ loading storage, encoders or pyarrow.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Protocol, Sequence
 
 MAX_K = 10_000  # the most hits one query may ask for
 # Vectors above this L2 norm are refused: float32 inner products of two such vectors would
@@ -47,3 +48,53 @@ class HitLists(list):
     sharded collection left out of a partial answer (``allow_partial``), empty otherwise."""
 
     unavailable_shards: tuple[int, ...] = ()
+
+
+class CollectionAPI(Protocol):
+    """What a collection is to its user, wherever it lives: ``Collection`` (embedded),
+    ``client.remote.RemoteCollection`` (over gRPC) and ``distributed.router.ShardedCollection``
+    (sharded) implement it with these signatures (an implementation may add keyword-only
+    parameters with defaults, e.g. ``timeout``, ``allow_partial``); tests/test_layout.py
+    checks the signatures and tests/test_client_parity.py runs one suite against all three."""
+
+    name: str
+
+    def add(self, docs: Iterable[Any]) -> int: ...
+
+    def delete(self, ids: Sequence[str]) -> int: ...
+
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]: ...
+
+    def count(self) -> int: ...
+
+    def info(self) -> dict: ...
+
+    def query(self, text: str | None = None, *, vector=None, using: str | None = None,
+              tokens=None, k: int = 10, profile=None, filter: dict | None = None,
+              explain: bool = False, with_text: bool = False,
+              with_metadata: bool | None = None) -> list[Hit]: ...
+
+    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
+                    using: str | None = None, tokens=None, k: int = 10, profile=None,
+                    filter: dict | None = None, explain: bool = False, with_text: bool = False,
+                    with_metadata: bool | None = None) -> list[list[Hit]]: ...
+
+
+class EngineAPI(Protocol):
+    """The collections of a data directory or a server: ``Engine``, ``client.remote.Client``
+    and ``distributed.serving.ShardedEngine`` (checked like ``CollectionAPI``)."""
+
+    def create_collection(self, name: str, indexes: Sequence[str] = ..., *,
+                          model: str | None = ..., dtype: str = "bfloat16",
+                          segment_size: int = 50_000, fields: dict[str, str] | None = None,
+                          profiles: dict[str, dict] | None = None,
+                          exist_ok: bool = False) -> CollectionAPI: ...
+
+    def collection(self, name: str) -> CollectionAPI: ...
+
+    def drop_collection(self, name: str) -> None: ...
+
+    def list_collections(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+

@@ -1,7 +1,9 @@
-"""One behaviour suite, run against the embedded engine and against the gRPC client.
+"""One behaviour suite, run against the embedded engine, the gRPC client and a sharded engine.
 
-``polyindex.open(path)`` and ``polyindex.client.remote.Client(address)`` must be interchangeable:
-same results, same documents, same exception classes and messages.
+``polyindex.open(path)``, ``polyindex.client.remote.Client(address)`` and a sharded deployment
+(the router over two shards, here in this process: ``ShardedEngine.in_process``; the Ray
+actors run the same code, tests/test_ray_shards.py) must be interchangeable: same results,
+same documents, same exception classes and messages.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from conftest import NEEDS_NATIVE
 import polyindex
 from polyindex import AlreadyExists, InputError, InvalidArgument, NotFound, ResourceExhausted
 from polyindex.client.remote import Client
+from polyindex.distributed.serving import ShardedEngine
 from polyindex.service.server import serve
 from polyindex.types import Document
 
@@ -58,11 +61,21 @@ def clients(tmp_path_factory):
         srv.stop(grace=2)
 
 
-@pytest.fixture(params=["embedded", pytest.param("native", marks=NEEDS_NATIVE), "python"])
-def eng(request, embedded, clients):
-    """The embedded Engine or a Client (of either front end): both have create/collection/
-    drop/list_collections."""
-    return embedded if request.param == "embedded" else clients(request.param)
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    eng = ShardedEngine.in_process(tmp_path_factory.mktemp("sharded"), shards=2)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(params=["embedded", pytest.param("native", marks=NEEDS_NATIVE), "python",
+                        "sharded"])
+def eng(request, embedded, clients, sharded):
+    """The embedded Engine, a Client (of either front end) or a sharded engine: each has
+    create/collection/drop/list_collections."""
+    if request.param in ("embedded", "sharded"):
+        return embedded if request.param == "embedded" else sharded
+    return clients(request.param)
 
 
 def fresh(eng, indexes=("lexical",), docs=DOCS, **kw):
@@ -189,6 +202,18 @@ def dense_pair(embedded, clients, frontend):
     return pair
 
 
+@pytest.fixture(scope="module")
+def dense_sharded(embedded, sharded):
+    """The same dense + lexical collection, embedded and on two shards."""
+    pair = []
+    for eng in (embedded, sharded):
+        coll = eng.create_collection("dense_sharded", ["lexical", "dense"], fields=FIELDS,
+                                     profiles={"mix": MIX})
+        coll.add(DOCS)
+        pair.append(coll)
+    return pair
+
+
 def _same(a, b):
     """Identical hits: ids, ranks, scores (exactly), text, explain."""
     assert ids(a) == ids(b)
@@ -207,6 +232,25 @@ def test_same_hits_embedded_and_client(dense_pair, profile):
     texts = ["wing flutter", "football goal", "energy in cells"]
     for a, b in zip(emb.query_batch(texts, profile=profile, k=3), cli.query_batch(texts, profile=profile, k=3)):
         _same(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["lexical", "dense", "hybrid", "mix", "ltr"])
+def test_same_hits_embedded_and_sharded(dense_sharded, profile):
+    """Ids, ranks, scores and the explained stage ranks of two shards equal one node's."""
+    one, two = dense_sharded
+    for text in ("hypersonic heat flow", "dessert recipe with cocoa", "king pawn"):
+        a = one.query(text, profile=profile, k=5, explain=True, with_text=True)
+        b = two.query(text, profile=profile, k=5, explain=True, with_text=True)
+        if profile == "ltr":  # the features' account is the same; floats summed elsewhere
+            assert [(h.id, h.rank) for h in a] == [(h.id, h.rank) for h in b]
+            assert [h.explain["stages"] for h in a] == [h.explain["stages"] for h in b]
+            assert np.allclose([h.score for h in a], [h.score for h in b], rtol=1e-5)
+            continue
+        _same(a, b)
+    flt = {"year": {"gte": 1970}}
+    _same(one.query("flow", profile=profile, k=8, filter=flt),
+          two.query("flow", profile=profile, k=8, filter=flt))
 
 
 @pytest.mark.slow

@@ -76,3 +76,50 @@ def test_the_client_loads_no_storage_writer_encoder_or_dataset_module():
                  "polyindex.query", "pyarrow.dataset", "sentence_transformers", "torch", "faiss")
     loaded = [m for m in out if m.startswith(forbidden)]
     assert not loaded, f"the client pulled in {loaded}"
+
+
+def _mismatches(impl, proto) -> list[str]:
+    """How ``impl``'s methods differ from the protocol's signatures: a protocol parameter
+    missing or of another kind or default, or an extra parameter a caller would have to pass."""
+    import inspect
+    out = []
+    for name, want in vars(proto).items():
+        if name.startswith("_") or not callable(want):
+            continue
+        have = getattr(impl, name, None)
+        if have is None:
+            out.append(f"{impl.__name__}.{name} is missing")
+            continue
+        p_want = list(inspect.signature(want).parameters.values())[1:]
+        p_have = dict(list(inspect.signature(have).parameters.items())[1:])
+        for p in p_want:
+            q = p_have.pop(p.name, None)
+            if q is None or q.kind != p.kind or (
+                    p.default is not Ellipsis and q.default != p.default):
+                out.append(f"{impl.__name__}.{name}: parameter {p} is {q}")
+        for q in p_have.values():
+            if q.kind != q.KEYWORD_ONLY or q.default is q.empty:
+                out.append(f"{impl.__name__}.{name}: extra parameter {q} must be keyword-only "
+                           "with a default")
+    return out
+
+
+def test_embedded_remote_and_sharded_implement_one_interface():
+    from polyindex.client.remote import Client, RemoteCollection
+    from polyindex.collection import Collection
+    from polyindex.distributed.router import ShardedCollection
+    from polyindex.distributed.serving import ShardedEngine
+    from polyindex.engine import Engine
+    from polyindex.types import CollectionAPI, EngineAPI
+    bad = [m for impl in (Collection, RemoteCollection, ShardedCollection)
+           for m in _mismatches(impl, CollectionAPI)]
+    bad += [m for impl in (Engine, Client, ShardedEngine) for m in _mismatches(impl, EngineAPI)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_interface_check_sees_a_drifted_signature():
+    from polyindex.types import CollectionAPI
+
+    class Drifted:
+        def query(self, text, k=5): ...
+    assert any("query" in m for m in _mismatches(Drifted, CollectionAPI))

@@ -38,6 +38,10 @@ class LocalShards:
     def broadcast(self, calls: dict) -> None:
         self.each(calls)
 
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
 
 class RayShards:
     """Shards as Ray actors: ``handles[shard][replica]``."""

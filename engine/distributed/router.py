@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
-from polyindex.errors import InvalidArgument
-from polyindex.query.pipeline import fuse, order_ties
+from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.query.pipeline import explain_hits, fuse, order_ties
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.types import MAX_K, Hit, HitLists
@@ -82,10 +82,10 @@ class ShardedCollection:
         """Upsert: the batch is encoded here once (as one node encodes it) and each shard is
         sent its documents with their embeddings; shards commit independently."""
         from polyindex.ingest.documents import from_user
-        spec = self.vector_spec()
+        spec, fields = self.vector_spec(), self.describe()["fields"]
         unique: dict = {}
-        for i, d in enumerate(docs):
-            doc = from_user(d, i, spec)
+        for i, d in enumerate(docs):  # checked whole here: no shard commits a bad batch's part
+            doc = from_user(d, i, spec, fields)
             unique.pop(doc.id, None)
             unique[doc.id] = doc
         batch = list(unique.values())
@@ -103,6 +103,8 @@ class ShardedCollection:
         return sum(self.backend.each(calls, write=True).values())
 
     def delete(self, ids: Sequence[str]) -> int:
+        from polyindex.ingest.documents import check_ids
+        ids = check_ids(ids)  # as one node: a bare string is refused, not split into ids
         parts: dict[int, list[str]] = {}
         for i in ids:
             parts.setdefault(shard_of(i, self.n_shards), []).append(i)
@@ -110,7 +112,8 @@ class ShardedCollection:
         return sum(self.backend.each(calls, write=True).values())
 
     def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list:
-        ids = list(ids)
+        from polyindex.ingest.documents import check_ids
+        ids = list(check_ids(ids))
         parts: dict[int, list[int]] = {}
         for n, i in enumerate(ids):
             parts.setdefault(shard_of(i, self.n_shards), []).append(n)
@@ -130,11 +133,14 @@ class ShardedCollection:
         return [got[s] for s in range(self.n_shards)]
 
     def info(self) -> dict:
+        """One node's ``info`` (the config from shard 0, counts and sizes summed; ``version``
+        the sum of the shards' manifest versions, which grows with every commit), plus the
+        shards' own."""
         infos = self._infos()
-        out = {"name": self.name, "shards": self.n_shards, "replicas": self.backend.n_replicas}
-        for key in ("documents", "segments", "deleted_rows", "bytes", "wal_bytes"):
+        out = {**infos[0], "name": self.name, "shards": self.n_shards,
+               "replicas": self.backend.n_replicas}
+        for key in ("version", "documents", "segments", "deleted_rows", "bytes", "wal_bytes"):
             out[key] = sum(int(i.get(key) or 0) for i in infos)
-        out["indexes"] = infos[0].get("indexes")
         out["per_shard"] = infos
         return out
 
@@ -156,19 +162,24 @@ class ShardedCollection:
             self._encoder = get_encoder(d["model"], d["dtype"])
         return self._encoder
 
-    def query(self, text=None, *, vector=None, **kw) -> list[Hit]:
+    def query(self, text: str | None = None, *, vector=None, using: str | None = None,
+              tokens=None, k: int = 10, profile=None, filter: dict | None = None,
+              explain: bool = False, with_text: bool = False,
+              with_metadata: bool | None = None) -> list[Hit]:
         return self.query_batch(None if text is None else [text],
-                                vectors=None if vector is None else [vector], **kw)[0]
+                                vectors=None if vector is None else [vector], using=using,
+                                tokens=None if tokens is None else [tokens], k=k,
+                                profile=profile, filter=filter, explain=explain,
+                                with_text=with_text, with_metadata=with_metadata)[0]
 
-    def query_batch(self, texts=None, *, vectors=None, using=None, tokens=None, k: int = 10,
-                    profile=None, filter: dict | None = None, explain: bool = False,
+    def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
+                    using: str | None = None, tokens=None, k: int = 10, profile=None,
+                    filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
                     allow_partial: bool = False) -> HitLists:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-            raise InvalidArgument(f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        if explain:
-            raise InvalidArgument("explain is not available on a sharded collection yet "
-                                  "(query one shard's directory for an explained answer)")
+            raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
+                f"k must be an integer in 1..{MAX_K}, got {k!r}")
         queries = make_queries(texts, vectors, using, tokens)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
@@ -185,14 +196,18 @@ class ShardedCollection:
         answers, down = self._retrieve(queries, profile, ks, filter, allow_partial)
         stage_lists, ids = self._merge(answers, ks, len(queries))
         keep = max(k, prof.rerank["window"]) if prof.rerank else k
-        fused = [fuse(prof, [(s[qi], kk[qi]) for s, kk in stage_lists], keep)
-                 for qi in range(len(queries))]
+        per_query = [[(s[qi], kk[qi]) for s, kk in stage_lists] for qi in range(len(queries))]
+        fused = [(*fuse(prof, lists, keep), None) for lists in per_query]
         if prof.rerank is not None:
             window = prof.rerank["window"]
-            cands = [(kk[:window], sc[:window]) for kk, sc in fused]
+            cands = [(kk[:window], sc[:window]) for kk, sc, _ in fused]
             fused = self._rerank(queries, prof, cands, stage_lists,
-                                 {s: a.get("snapshot") for s, a in answers.items()})
-        out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc in fused)
+                                 {s: a.get("snapshot") for s, a in answers.items()}, explain)
+        out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc, _ in fused)
+        if explain:  # the merged lists explained as one node's (no kind's own account)
+            for hits, lists, (kk, _, details) in zip(out, per_query, fused):
+                explain_hits(prof, lists, hits, kk[:k], None if details is None
+                             else details[:k])
         if with_text or with_metadata:
             self._payload(out, with_text, with_text if with_metadata is None else with_metadata)
         out.unavailable_shards = tuple(down)
@@ -230,7 +245,8 @@ class ShardedCollection:
             parts = self.backend.each({s: ("table", self.name) for s in range(self.n_shards)},
                                       allow_partial=allow_partial)
             parts = {s: p for s, p in parts.items() if p is not None}
-            total = TermTable.merge([p[1] for p in parts.values()])
+            tables = [p[1] for p in parts.values()]  # None: the collection has no lexical
+            total = TermTable.merge(tables) if all(t is not None for t in tables) else None
             self.backend.broadcast({s: ("install", self.name, self._version + 1, total, p[0])
                                     for s, p in parts.items()})
             self._version += 1
@@ -259,9 +275,9 @@ class ShardedCollection:
             out.append((scores, keys))
         return out, ids
 
-    def _rerank(self, queries, prof, cands, stage_lists, tokens: dict):
-        """``tokens``: per shard, the snapshot its retrieve answered from (the candidates'
-        keys are its rows)."""
+    def _rerank(self, queries, prof, cands, stage_lists, tokens: dict, explain: bool = False):
+        """Per query (keys, scores, details or None); ``tokens``: per shard, the snapshot its
+        retrieve answered from (the candidates' keys are its rows)."""
         spec = prof.rerank
         by_shard = _split(cands, self.n_shards)
         if "index" in spec:  # one kind's own score: exact per candidate, merged here
@@ -269,11 +285,11 @@ class ShardedCollection:
             got = self.backend.each({s: ("kind_scores", self.name, queries, loc, spec,
                                          tokens.get(s)) for s, (loc, _) in by_shard.items()})
             scores = _gather(cands, by_shard, {s: g for s, g in got.items()}, np.float32)
-            return [(kk, sc) for kk, sc, _ in order_by(cands, scores, spec, False)]
+            return order_by(cands, scores, spec, explain)
         from polyindex.rerank import features, schema, stage
         ranker = self._ranker(spec["model"])
         if ranker.falls_back():  # as one node: the fused order, no features computed
-            return [(np.asarray(kk), ranker.prior_weight * np.asarray(sc, np.float64))
+            return [(np.asarray(kk), ranker.prior_weight * np.asarray(sc, np.float64), None)
                     for kk, sc in cands]
         names = self.describe()["feature_names"]
         ranker.check_names(names)
@@ -292,7 +308,7 @@ class ShardedCollection:
             features.fusion_features(keys, per_query, [st.index for st in prof.retrieve], qptr, X)
             X[:, schema.INDEX["fused_score"]] = np.concatenate(
                 [np.asarray(sc, np.float32) for _, sc in cands])
-        return [(kk, sc) for kk, sc, _ in stage.order(ranker, X, qptr, cands, names, False)]
+        return stage.order(ranker, X, qptr, cands, names, explain)
 
     def _ranker(self, model: str):
         ranker = self._rankers.get(model)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
+from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL
 from polyindex.distributed import cluster
-from polyindex.distributed.backends import RayShards
+from polyindex.distributed.backends import LocalShards, RayShards
 from polyindex.distributed.router import ShardedCollection
 from polyindex.errors import FailedPrecondition, InvalidArgument, NotFound
 from polyindex.storage.fsutil import write_atomic
@@ -82,6 +84,21 @@ class ShardedEngine:
         self.backend = RayShards(self.handles)
         self._collections: dict[str, ShardedCollection] = {}
 
+    @classmethod
+    def in_process(cls, path: str | Path, *, shards: int | None = None) -> "ShardedEngine":
+        """The same router over shards in this process (one replica each, no Ray): for
+        tests and one-machine tools; the answers are the Ray deployment's."""
+        from polyindex.distributed.shard import Shard
+        self = cls.__new__(cls)
+        self.path = Path(path).resolve()
+        self.readonly = False
+        self.n_shards = shard_count(self.path, shards)
+        self.handles, self._started_ray = [], False
+        self.backend = LocalShards([Shard(self.path / f"shard-{s:03d}", shard=s)
+                                    for s in range(self.n_shards)])
+        self._collections = {}
+        return self
+
     # -- the engine surface ----------------------------------------------------------------
     def list_collections(self) -> list[str]:
         return self.backend.one("names")
@@ -89,12 +106,20 @@ class ShardedEngine:
     def collection(self, name: str) -> ShardedCollection:
         coll = self._collections.get(name)
         if coll is None:
-            if name not in self.list_collections():
-                raise NotFound(f"no collection {name!r}")
+            names = self.list_collections()
+            if name not in names:  # as one node says it
+                raise NotFound(f"collection {name!r} not found (have: "
+                               f"{', '.join(names) or 'none'})")
             coll = self._collections[name] = ShardedCollection(name, self.backend)
         return coll
 
-    def create_collection(self, name: str, indexes, **kw) -> ShardedCollection:
+    def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
+                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          segment_size: int = 50_000, fields: dict[str, str] | None = None,
+                          profiles: dict[str, dict] | None = None,
+                          exist_ok: bool = False) -> ShardedCollection:
+        kw = {"model": model, "dtype": dtype, "segment_size": segment_size, "fields": fields,
+              "profiles": profiles, "exist_ok": exist_ok}
         self.backend.each({s: ("create", name, list(indexes), kw)
                            for s in range(self.n_shards)}, write=True)
         self._collections.pop(name, None)
@@ -106,10 +131,15 @@ class ShardedEngine:
 
     def pids(self) -> list[list[int]]:
         """Per shard, per replica: the actor's process id (for tests and operators)."""
+        if isinstance(self.backend, LocalShards):
+            return [[os.getpid()] for _ in range(self.n_shards)]
         ray = self.backend.ray
         return [[ray.get(h.call.remote("ping"))[2] for h in hs] for hs in self.handles]
 
     def close(self) -> None:
+        if isinstance(self.backend, LocalShards):
+            self.backend.close()
+            return
         ray = self.backend.ray
         # every follower at once, then every writer at once (a writer seals its buffer)
         for group in ([h for hs in self.handles for h in hs[1:]], [hs[0] for hs in self.handles]):

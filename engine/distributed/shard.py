@@ -53,10 +53,11 @@ class Shard:
     def table(self, name: str) -> tuple[int, object]:
         """(WAL seq, this shard's own term statistics) for the router's collection-wide sum."""
         from polyindex.rerank.stats import local_table
-        _, snap, seq = self._current(name)
+        coll, snap, seq = self._current(name)
         got = self._local.get(name)
-        if got is None or got[0] != seq:
-            got = self._local[name] = (seq, local_table(snap))
+        if got is None or got[0] != seq:  # no lexical kind: no term statistics to sum
+            got = self._local[name] = (seq, local_table(snap) if "lexical" in coll.kinds
+                                       else None)
         return got
 
     def install(self, name: str, version: int, table, seq: int) -> None:

@@ -8,14 +8,22 @@ from typing import Any
 import numpy as np
 
 from polyindex.errors import InputError, InvalidArgument
-from polyindex.ingest.records import document_from_record
+from polyindex.ingest.records import document_from_record, typed_value
 from polyindex.types import Document
 
 
-def from_user(obj: Any, i: int, spec) -> Document:
+def from_user(obj: Any, i: int, spec, fields: dict[str, str] | None = None) -> Document:
     """Accept Documents or dicts ({"id"|"_id", "title"?, "text", "metadata"?, "vector"?,
-    "vectors"?, ...}); vectors are checked against the collection's fields (``spec``)."""
+    "vectors"?, ...}); vectors are checked against the collection's vector fields (``spec``),
+    metadata against its declared ``fields``, before anything is written."""
     if isinstance(obj, Document):
+        for name, ftype in (fields or {}).items():
+            if name in obj.metadata:
+                try:
+                    typed_value(obj.metadata[name], ftype)
+                except ValueError as e:
+                    raise InputError(str(e), source="add()", line=i + 1, doc_id=obj.id,
+                                     field=name) from None
         if spec or obj.vectors or obj.tokens is not None:
             from polyindex.ingest.tokens import as_tokens
             from polyindex.ingest.vectors import as_vector
@@ -35,7 +43,7 @@ def from_user(obj: Any, i: int, spec) -> Document:
         return obj
     if not isinstance(obj, dict):
         raise InputError(f"document must be a dict, got {type(obj).__name__}", line=i + 1)
-    item = document_from_record(obj, source="add()", line=i + 1, vectors=spec)
+    item = document_from_record(obj, source="add()", line=i + 1, fields=fields, vectors=spec)
     if isinstance(item, InputError):
         raise item
     return item

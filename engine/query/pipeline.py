@@ -226,23 +226,29 @@ def _hits(snapshot, keys, scores, profile, lists, payload, details=None,
     if any(payload) and hits:
         _payload(snapshot, hits, keys, *payload)
     if lists is not None:
-        per_stage = []
-        for st, (s, kk) in zip(profile.retrieve, lists):
-            valid = kk >= 0
-            per_stage.append((st.index, {int(key): (rank + 1, float(sc)) for rank, (key, sc) in
-                                         enumerate(zip(kk[valid].tolist(), s[valid].tolist()))}))
-        for h, key in zip(hits, keys.tolist()):
-            h.explain = {"stages": {name: ({"rank": m[key][0], "score": m[key][1]} if key in m
-                                           else None) for name, m in per_stage},
-                         "fused": {"method": profile.fuse["method"] if len(lists) > 1 else None,
-                                   "score": h.score}}
-        if details is not None:  # the rerank stage's own account (features, contributions)
-            for h, d in zip(hits, details):
-                h.explain["fused"]["score"] = d.get("fused_score")
-                h.explain["rerank"] = d
+        explain_hits(profile, lists, hits, keys, details)
         if query is not None and hits:
             _index_explain(snapshot, profile, query, hits, keys)
     return hits
+
+
+def explain_hits(profile: Profile, lists, hits: list[Hit], keys, details=None) -> None:
+    """Each hit's account: its rank and score in every retrieve stage (``lists``: the
+    query's per-stage (scores, keys)), the fusion, and the rerank stage's own ``details``
+    (features, contributions). The sharded router explains its merged lists the same way."""
+    per_stage = []
+    for st, (s, kk) in zip(profile.retrieve, lists):
+        valid = kk >= 0
+        per_stage.append((st.index, {int(key): (rank + 1, float(sc)) for rank, (key, sc) in
+                                     enumerate(zip(kk[valid].tolist(), s[valid].tolist()))}))
+    for h, key in zip(hits, np.asarray(keys).tolist()):
+        h.explain = {"stages": {name: ({"rank": m[key][0], "score": m[key][1]} if key in m
+                                       else None) for name, m in per_stage},
+                     "fused": {"method": profile.fuse["method"] if len(lists) > 1 else None,
+                               "score": h.score}}
+    for h, d in zip(hits, details or ()):
+        h.explain["fused"]["score"] = d.get("fused_score")
+        h.explain["rerank"] = d
 
 
 def _payload(snapshot, hits: list[Hit], keys, with_text: bool, with_metadata: bool) -> None:
