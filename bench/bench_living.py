@@ -125,6 +125,8 @@ def main() -> None:
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     os.environ.setdefault("POLYINDEX_SEAL_DOCS", "5000")
+    from polyindex.config import reload_settings
+    reload_settings()  # settings are read once: again, with the line above
     import polyindex
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -195,7 +197,7 @@ def main() -> None:
     coll.seal()
     t0 = time.perf_counter()
     from polyindex.storage.merge_policy import TieredPolicy
-    policy = TieredPolicy.from_env()
+    policy = TieredPolicy.from_settings()
     while time.perf_counter() - t0 < args.settle:
         if policy.plan(coll.sealed_snapshot().manifest.segments) is None:
             break

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import polyindex
+from polyindex.config import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -453,8 +454,7 @@ def part_d(eng, passes: int) -> dict:
                       f"target <= +10% (issue 21) {verdict(ok_ltr)}")
     return {"median_ms": med, "mean_ms": mean, "added": added, "cpu_median_ms": cpu_med,
             "cpu_added": cpu_added, "pass": ok, "pass_ltr": ok_ltr, "load_average": os.getloadavg(),
-            "queries": len(qs), "passes": passes, "faiss_threads": os.environ.get(
-                "POLYINDEX_FAISS_THREADS", "default (1)")}
+            "queries": len(qs), "passes": passes, "faiss_threads": settings().faiss_threads}
 
 
 def main() -> int:

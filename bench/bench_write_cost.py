@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep collections built by a former run")
     args = ap.parse_args()
     os.environ["POLYINDEX_MERGE"] = "0"
+    from polyindex.config import reload_settings
+    reload_settings()  # settings are read once: again, with the line above
     import polyindex
     rng = np.random.default_rng(0)
     vocab = np.array([f"w{i}" for i in range(20_000)])

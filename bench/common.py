@@ -33,11 +33,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from polyindex.config import settings  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 WORK = BENCH / ".work"
 RESULTS = BENCH / "results"
-DATA = Path(os.environ.get("POLYINDEX_BENCH_DATA", REPO.parent / "shared" / "data"))
+DATA = Path(settings().bench_data or REPO.parent / "shared" / "data")
 ENGINE_DATA = WORK / "engine"  # engine data directory shared by bench_quality and bench_speed
 
 MEASURE_NAMES = ("nDCG@10", "R@100", "MRR@10", "MAP")

@@ -10,12 +10,11 @@ torch, faiss and triton are imported only when asked for.
 from __future__ import annotations
 
 import functools
-import os
 
+from polyindex.config import settings
 from polyindex.errors import InvalidArgument
 
 DEVICES = ("cpu", "cuda")
-KERNELS_ENV = "POLYINDEX_KERNELS"  # "torch": the cuda/ kernels on a cpu placement too
 FAISS_GPU_MAX_K = 2048  # faiss GPU's limit on k and nprobe (GPU_MAX_SELECTION_K)
 
 
@@ -49,7 +48,7 @@ def check_device(device: str) -> str:
 
 def torch_kernels(device: str) -> bool:
     """Whether a placement scores with the torch kernels of ``polyindex.cuda``."""
-    return device == "cuda" or os.environ.get(KERNELS_ENV, "").lower() == "torch"
+    return device == "cuda" or settings().kernels == "torch"
 
 
 def kernel_device(device: str) -> str:

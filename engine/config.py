@@ -1,8 +1,10 @@
-"""Collection configuration: what a collection stores and how it encodes, validated once."""
+"""Collection configuration (what a collection stores and how it encodes) and the process's
+settings (the one reader of ``POLYINDEX_*``), each validated once."""
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from polyindex.errors import InvalidArgument
 
@@ -84,3 +86,147 @@ class CollectionConfig:
     def from_json(cls, data: dict) -> "CollectionConfig":
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+# -- process settings --------------------------------------------------------------------------
+# Every ``POLYINDEX_*`` environment variable is read here and nowhere else: once, into a frozen
+# ``Settings``, each value parsed and checked, so a bad one is a clear error at start (the CLI
+# reads them before it does anything) instead of a surprise in a background thread.
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("is not a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def _number(kind, lo=None, hi=None):
+    def parse(raw: str):
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"is not {'an integer' if kind is int else 'a number'}") from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi) or value != value:
+            raise ValueError(f"is out of range ({lo if lo is not None else '-inf'}.."
+                             f"{hi if hi is not None else 'inf'})")
+        return value
+    return parse
+
+
+def _choice(*allowed: str):
+    def parse(raw: str) -> str:
+        if raw.strip().lower() not in allowed:
+            raise ValueError(f"is not one of {', '.join(repr(a) for a in allowed)}")
+        return raw.strip().lower()
+    return parse
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _setting(env: str, default, parse, doc: str):
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The process's settings (``settings()``); README's settings table lists them."""
+    seal_docs: int = _setting("POLYINDEX_SEAL_DOCS", 5_000, _number(int, 1),
+                              "online writes: seal the buffer at this many documents")
+    seal_seconds: float = _setting("POLYINDEX_SEAL_SECONDS", 30.0, _number(float, 0.001),
+                                   "online writes: or when the oldest buffered write is this old")
+    max_backlog: int = _setting("POLYINDEX_MAX_BACKLOG", 0, _number(int, 0),
+                                "unsealed documents past which writes are refused while "
+                                "sealing fails (0: max(50,000, 10 x seal_docs))")
+    merge: bool = _setting("POLYINDEX_MERGE", True, _bool, "background merging of an online "
+                           "collection's segments")
+    merge_factor: int = _setting("POLYINDEX_MERGE_FACTOR", 4, _number(int, 2),
+                                 "merge policy: segments of one tier merged at once")
+    merge_floor: int = _setting("POLYINDEX_MERGE_FLOOR", 20_000, _number(int, 1),
+                                "merge policy: segments below this many rows are all tier 0")
+    merge_max_rows: int = _setting("POLYINDEX_MERGE_MAX_ROWS", 5_000_000, _number(int, 1),
+                                   "merge policy: background merges stop growing segments here")
+    merge_deletes: float = _setting("POLYINDEX_MERGE_DELETES", 0.2, _number(float, 0.0, 1.0),
+                                    "merge policy: a segment this much deleted is rewritten")
+    build_worker: bool = _setting("POLYINDEX_BUILD_WORKER", True, _bool,
+                                  "build merged segments in a child process (off: in-process)")
+    overlap_encode: bool = _setting("POLYINDEX_OVERLAP_ENCODE", False, _bool,
+                                    "bulk indexing encodes the next segment while one builds "
+                                    "(always on a GPU)")
+    filter_cache_mb: int = _setting("POLYINDEX_FILTER_CACHE_MB", 256, _number(int, 0),
+                                    "memory for cached filter masks")
+    blockmax: bool = _setting("POLYINDEX_BLOCKMAX", True, _bool,
+                              "lexical top-k by block-max MaxScore where it pays")
+    faiss_threads: int = _setting("POLYINDEX_FAISS_THREADS", 1, _number(int, 1, 1024),
+                                  "faiss threads per dense query")
+    faiss_mmap: bool = _setting("POLYINDEX_FAISS_MMAP", True, _bool,
+                                "memory-map faiss index files instead of reading them")
+    kernels: str = _setting("POLYINDEX_KERNELS", "", _choice("", "numba", "torch"),
+                            "'torch': the cuda/ kernels on a CPU placement too")
+    keep_ray: bool = _setting("POLYINDEX_KEEP_RAY", False, _bool,
+                              "leave a Ray this process started running after a sharded close")
+    failpoints: str = _setting("POLYINDEX_FAILPOINTS", "", _text,
+                               "tests: failpoints to arm, e.g. 'wal.append.fsync=enospc@2'")
+    failpoint_log: str = _setting("POLYINDEX_FAILPOINT_LOG", "", _text,
+                                  "tests: a file every failpoint hit is appended to")
+    bench_data: str = _setting("POLYINDEX_BENCH_DATA", "", _text,
+                               "bench/: the BEIR collections (default ../shared/data)")
+
+    @classmethod
+    def from_environ(cls, environ) -> "Settings":
+        values, unknown = {}, []
+        known = {f.metadata["env"] for f in fields(cls)}
+        for f in fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None:
+                continue
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError as e:
+                raise InvalidArgument(f"{f.metadata['env']}={raw!r} {e} "
+                                      f"({f.metadata['doc']})") from None
+        unknown = sorted(k for k in environ if k.startswith("POLYINDEX_") and k not in known)
+        if unknown:  # a misspelt setting would otherwise be ignored without a word
+            raise InvalidArgument(f"unknown setting {unknown[0]} (known: "
+                                  f"{', '.join(sorted(known))})")
+        return cls(**values)
+
+    def table(self) -> list[dict]:
+        """Each setting: its variable, value, default, whether it was set, what it does."""
+        return [{"env": f.metadata["env"], "value": getattr(self, f.name),
+                 "default": f.default, "default_text": _shown(f.default),
+                 "set": getattr(self, f.name) != f.default, "doc": f.metadata["doc"]}
+                for f in fields(self)]
+
+
+def _shown(value) -> str:
+    """A default as a user would write it in the environment."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value) if value != "" else "unset"
+
+
+_settings: Settings | None = None
+
+
+def settings() -> Settings:
+    """The process's settings, read from the environment on first use."""
+    global _settings
+    if _settings is None:
+        _settings = Settings.from_environ(os.environ)
+    return _settings
+
+
+def reload_settings() -> Settings:
+    """Read the environment again (tests that change a setting in this process)."""
+    global _settings
+    _settings = None
+    return settings()
+
+
+def child_environ() -> dict[str, str]:
+    """This process's environment for a helper process, without the failpoints it armed."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("POLYINDEX_FAILPOINT")}

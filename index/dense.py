@@ -23,13 +23,13 @@ documents first (``polyindex.index.prf``).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
 import faiss
 import numpy as np
 
+from polyindex.config import settings
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import dense_compact, dense_filtered, dense_presence, prf
@@ -47,7 +47,7 @@ from polyindex.index.protocol import (
 # get their parallelism from concurrent requests instead. POLYINDEX_FAISS_THREADS overrides.
 # OpenMP's thread count is a per-thread setting, so searches set it in the searching thread
 # (a server's workers, the threads of a caller); this sets it for the importing thread.
-QUERY_THREADS = int(os.environ.get("POLYINDEX_FAISS_THREADS", "1"))
+QUERY_THREADS = settings().faiss_threads
 faiss.omp_set_num_threads(QUERY_THREADS)
 
 # A flat scan of 384-d rows costs ~45 ns a row while they fit the last-level cache and
@@ -170,7 +170,7 @@ def _flat_view(index) -> np.ndarray | None:
 # MMAP_IFC for IVF and maps only the lists. An index type that cannot be read this way (an
 # older faiss without the flag, a type whose reader rejects it) is read into memory as before.
 MMAP_FLAGS = getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | getattr(faiss, "IO_FLAG_READ_ONLY", 0)
-MMAP = os.environ.get("POLYINDEX_FAISS_MMAP", "1") != "0"
+MMAP = settings().faiss_mmap
 
 
 def read_index(path: Path):

@@ -35,7 +35,6 @@ so a document scores the same whatever segment it is in. Default term score (Luc
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from polyindex.config import settings
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import blockmax, bm25, docids, postings, prf, vocabulary
 from polyindex.index.analyzer import Analyzer
@@ -81,7 +81,7 @@ _BOUNDS_SCHEMA = {"last": pa.int32(), "max_tf": pa.int32(), "min_len": pa.int32(
 _BLOCKS_SCHEMA = {**_BOUNDS_SCHEMA, "first": pa.int32(), "wide_at": pa.int64()}
 _WIDE_SCHEMA = {"high": pa.uint16()}
 # POLYINDEX_BLOCKMAX=0 scores every query term-at-a-time (same answer; for comparisons)
-BLOCKMAX = os.environ.get("POLYINDEX_BLOCKMAX", "1") != "0"
+BLOCKMAX = settings().blockmax
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
 _PARAMS = bm25.KNOBS + prf.LEXICAL_KEYS

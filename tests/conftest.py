@@ -96,3 +96,20 @@ def eng(tmp_path):
     e = polyindex.open(tmp_path / "data")
     yield e
     e.close()
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """``setting(ENV, value)``: change a ``POLYINDEX_*`` setting for this test (settings are
+    read once per process: ``config.reload_settings``), restored after it."""
+    from polyindex import config
+
+    def change(env: str, value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv(env, raising=False)
+        else:
+            monkeypatch.setenv(env, value)
+        config.reload_settings()
+    yield change
+    monkeypatch.undo()
+    config.reload_settings()

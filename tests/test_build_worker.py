@@ -108,13 +108,13 @@ def test_the_build_process_exits_when_its_parent_dies_mid_job(tmp_path):
 
 
 def test_online_seals_and_merges_are_built_by_the_build_process_with_equal_results(tmp_path,
-                                                                                   monkeypatch):
-    monkeypatch.setenv("POLYINDEX_MERGE", "0")
+                                                                                   setting):
+    setting("POLYINDEX_MERGE", "0")
     kinds = ["lexical", "dense:HNSW16,Flat"]
     batches = [_docs(150, s, prefix=f"b{s}-") for s in range(3)]
     results = {}
     for mode in ("1", "0"):
-        monkeypatch.setenv("POLYINDEX_BUILD_WORKER", mode)
+        setting("POLYINDEX_BUILD_WORKER", mode)
         with polyindex.open(tmp_path / mode, online=True) as eng:
             coll = eng.create_collection("c", kinds, model=None)
             for b in batches:

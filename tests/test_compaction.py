@@ -250,8 +250,9 @@ def test_a_crash_at_every_merge_step_loses_nothing(tmp_path):
     assert set(crashed) == set(MERGE_POINTS)
 
 
-def test_online_collection_merges_in_the_background_while_written(tmp_path, monkeypatch):
-    monkeypatch.setenv("POLYINDEX_MERGE_FACTOR", "3")
+def test_online_collection_merges_in_the_background_while_written(tmp_path, monkeypatch,
+                                                                  setting):
+    setting("POLYINDEX_MERGE_FACTOR", "3")
     monkeypatch.setattr("polyindex.online.merging.INTERVAL_S", 0.2)
     expected: dict[str, str] = {}
     with polyindex.open(tmp_path, online=True) as eng:

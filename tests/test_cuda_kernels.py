@@ -11,7 +11,7 @@ import pytest
 from polyindex.cuda import dense as tdense
 from polyindex.cuda import multivector as tmv
 from polyindex.cuda import sparse as tsparse
-from polyindex.cuda.device import KERNELS_ENV, check_device, torch_kernels
+from polyindex.cuda.device import check_device, torch_kernels
 from polyindex.errors import InvalidArgument
 from polyindex.index import multivector_kernels as mk
 from polyindex.index import postings, sparse_kernels
@@ -177,18 +177,18 @@ def _check_dense(x, q, metric, nlist=16):
         close(s.numpy(), np.where(fr < 0, -np.inf, sign * fs))
 
 
-def test_placement_errors_and_switch(monkeypatch):
+def test_placement_errors_and_switch(setting):
     with pytest.raises(InvalidArgument, match="device must be one of"):
         check_device("gpu")
     import torch
     if not torch.cuda.is_available() and faiss.get_num_gpus() == 0:
         with pytest.raises(InvalidArgument, match="sees a GPU"):
             check_device("cuda")
-    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    setting("POLYINDEX_KERNELS", None)
     assert not torch_kernels("cpu") and torch_kernels("cuda")
-    monkeypatch.setenv(KERNELS_ENV, "numba")
+    setting("POLYINDEX_KERNELS", "numba")
     assert not torch_kernels("cpu")
-    monkeypatch.setenv(KERNELS_ENV, "torch")
+    setting("POLYINDEX_KERNELS", "torch")
     assert torch_kernels("cpu")
 
 
@@ -244,11 +244,11 @@ def demo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("profile", ["dense", "sparse", "multivector"])
-def test_demo_collection_torch_path_equals_cpu(demo, profile, monkeypatch):
+def test_demo_collection_torch_path_equals_cpu(demo, profile, setting):
     coll, queries, _ = demo
-    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    setting("POLYINDEX_KERNELS", None)
     ref = coll.query_batch(queries, k=20, profile=profile)
-    monkeypatch.setenv(KERNELS_ENV, "torch")
+    setting("POLYINDEX_KERNELS", "torch")
     got = coll.query_batch(queries, k=20, profile=profile)
     assert all(len(h) > 0 for h in ref) and sum(len(h) for h in ref) > 10 * len(queries)
     for a, b in zip(got, ref):
@@ -265,7 +265,7 @@ def test_demo_embeddings_dense_twin(demo):
     _check_dense(x, q, "ip", nlist=8)
 
 
-def test_bulk_encoding_overlapped_with_building(tmp_path, monkeypatch):
+def test_bulk_encoding_overlapped_with_building(tmp_path, setting):
     """The cuda placement's bulk pipeline (encode segment i+1 while segment i is built),
     forced on a CPU: the same segments, ingest positions and search results as in order."""
     import polyindex
@@ -274,7 +274,7 @@ def test_bulk_encoding_overlapped_with_building(tmp_path, monkeypatch):
     try:
         colls = []
         for name, flag in (("seq", "0"), ("overlap", "1")):
-            monkeypatch.setenv("POLYINDEX_OVERLAP_ENCODE", flag)
+            setting("POLYINDEX_OVERLAP_ENCODE", flag)
             c = eng.create_collection(name, ["dense", MV], segment_size=8)
             report = c.index(src)
             assert (report.indexed, report.segments) == (24, 3)

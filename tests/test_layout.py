@@ -123,3 +123,60 @@ def test_the_interface_check_sees_a_drifted_signature():
     class Drifted:
         def query(self, text, k=5): ...
     assert any("query" in m for m in _mismatches(Drifted, CollectionAPI))
+
+
+def test_only_config_reads_polyindex_settings():
+    """Every ``POLYINDEX_*`` variable is read by ``polyindex.config`` alone (``settings()``):
+    no other module of the package names one outside its docstrings (bench/ and tests/ set
+    some for the processes they start)."""
+    found = []
+    for folder in ("engine", "index", "rerank", "cuda", "proto"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ENGINE / "config.py":
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                      ast.AsyncFunctionDef))
+                    and n.body and isinstance(n.body[0], ast.Expr)
+                    and isinstance(n.body[0].value, ast.Constant)}
+            found += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                      and n.value.startswith("POLYINDEX_") and id(n) not in docs]
+    assert not found, "POLYINDEX_* read outside polyindex.config:\n" + "\n".join(found)
+
+
+def test_settings_are_checked_and_documented_in_one_table():
+    import re
+
+    from polyindex.config import Settings
+    from polyindex.errors import InvalidArgument
+    assert Settings.from_environ({}) == Settings()
+    got = Settings.from_environ({"POLYINDEX_SEAL_DOCS": "20", "POLYINDEX_MERGE": "off"})
+    assert (got.seal_docs, got.merge) == (20, False)
+    for env, bad, why in (("POLYINDEX_SEAL_DOCS", "many", "not an integer"),
+                          ("POLYINDEX_SEAL_DOCS", "0", "out of range"),
+                          ("POLYINDEX_MERGE", "maybe", "not a boolean"),
+                          ("POLYINDEX_KERNELS", "cuda", "not one of"),
+                          ("POLYINDEX_SEAL_DOC", "5", "unknown setting POLYINDEX_SEAL_DOC")):
+        with pytest.raises(InvalidArgument, match=why):
+            Settings.from_environ({env: bad})
+    readme = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(POLYINDEX_[A-Z_]+)` \| `([^`]*)` \|", readme, re.M))
+    assert rows == {s["env"]: s["default_text"] for s in Settings().table()}
+
+
+def test_a_bad_setting_stops_the_cli_with_one_line(tmp_path):
+    import os
+    res = subprocess.run([sys.executable, "-m", "polyindex.cli.main", "info", "--settings"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "POLYINDEX_SEAL_SECONDS": "soon"})
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error (INVALID_ARGUMENT): POLYINDEX_SEAL_SECONDS='soon' is not a number (online "
+        "writes: or when the oldest buffered write is this old)"]
+    res = subprocess.run([sys.executable, "-m", "polyindex.cli.main", "info", "--settings",
+                          "--json"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "POLYINDEX_SEAL_DOCS": "7"})
+    table = {s["env"]: s for s in __import__("json").loads(res.stdout)}
+    assert table["POLYINDEX_SEAL_DOCS"]["value"] == 7 and table["POLYINDEX_SEAL_DOCS"]["set"]

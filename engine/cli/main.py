@@ -366,12 +366,21 @@ def tune_bm25(data: Path = DataOpt, collection: str = CollOpt,
 
 @app.command()
 def info(data: Optional[Path] = typer.Option(None, "--data", help="Data directory."),
+         settings: bool = typer.Option(False, "--settings", help="Show the process settings (POLYINDEX_* environment variables): value, default, what each does."),
          collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Describe this collection (default: list them)."),
          server: Optional[str] = typer.Option(None, "--server", help="Describe the server at HOST:PORT instead: its processes (pid, role, requests) and collections."),
          token_file: Optional[Path] = typer.Option(None, "--token-file", help="With --server: file holding the bearer token."),
          as_json: bool = JsonOpt):
     """Describe a collection, or list the collections (or a running server's processes)."""
-    from polyindex.cli.show import show_collection, show_collections, show_server
+    from polyindex.cli.show import show_collection, show_collections, show_server, show_settings
+    if settings:
+        from polyindex.config import settings as current
+        table = current().table()
+        if as_json:
+            print(json.dumps(table))
+        else:
+            show_settings(out, table)
+        return
     if server is not None:
         from polyindex.client.remote import Client
         token = token_file.read_text().strip() if token_file else None
@@ -515,6 +524,8 @@ def serve(data: Path = DataOpt,
 
 def main() -> None:
     try:
+        from polyindex.config import settings
+        settings()  # a bad POLYINDEX_* value is an error before any command starts
         app()
     except PolyindexError as e:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)

@@ -92,3 +92,14 @@ def show_server(out: Console, address: str, stats: dict) -> None:
     for name, c in stats["collections"].items():
         out.print(f"  {escape(name)}: {c['documents']:,} documents, {c['segments']:,} segments",
                   highlight=False)
+
+
+def show_settings(out: Console, table: list[dict]) -> None:
+    """The process settings (``polyindex info --settings``): set ones first, then defaults."""
+    view = Table(title="settings (POLYINDEX_* environment variables)", title_justify="left")
+    for col in ("variable", "value", "default", "what it does"):
+        view.add_column(col, overflow="fold")
+    for s in sorted(table, key=lambda s: not s["set"]):
+        view.add_row(s["env"], f"[bold]{escape(str(s['value']))}[/bold]" if s["set"]
+                     else escape(str(s["value"])), escape(str(s["default"])), escape(s["doc"]))
+    out.print(view)

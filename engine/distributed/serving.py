@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL
+from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL, settings
 from polyindex.distributed import cluster
 from polyindex.distributed.backends import LocalShards, RayShards
 from polyindex.distributed.router import ShardedCollection
@@ -151,5 +151,5 @@ class ShardedEngine:
                     pass
             for h in group:
                 ray.kill(h)
-        if self._started_ray and os.environ.get("POLYINDEX_KEEP_RAY") != "1":
+        if self._started_ray and not settings().keep_ray:
             ray.shutdown()

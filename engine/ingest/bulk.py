@@ -8,10 +8,10 @@ committed segment; duplicate ids are upserts (last write wins, also within a seg
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from polyindex.config import settings
 from polyindex.types import document_text
 
 from polyindex.errors import InputError
@@ -105,7 +105,7 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
 
 def _overlaps(collection) -> bool:
     return getattr(collection, "device", "cpu") == "cuda" \
-        or os.environ.get("POLYINDEX_OVERLAP_ENCODE") == "1"
+        or settings().overlap_encode
 
 
 class _Overlap:

@@ -9,9 +9,9 @@ them). ``POLYINDEX_MERGE=0`` turns background merging off (``compact`` still wor
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
+from polyindex.config import settings
 from polyindex.errors import NotFound
 from polyindex.storage.merge import Cancelled
 from polyindex.storage.merge_policy import TieredPolicy
@@ -32,9 +32,9 @@ class BackgroundMerger:
 
     @classmethod
     def start_for(cls, coll) -> "BackgroundMerger | None":
-        if os.environ.get("POLYINDEX_MERGE", "1") == "0":
+        if not settings().merge:
             return None
-        merger = cls(coll, TieredPolicy.from_env())
+        merger = cls(coll, TieredPolicy.from_settings())
         coll._online.on_sealed = merger.wake
         merger._thread.start()
         return merger

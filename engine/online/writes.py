@@ -13,12 +13,12 @@ without limit. On open, the WAL records above the manifest's ``wal_through`` are
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 import numpy as np
 
+from polyindex.config import settings
 from polyindex.errors import NotFound, ResourceExhausted
 from polyindex.online.view import (Buffer, BufferedView, encode_array, remote_build,
                                    remove_segments)
@@ -28,11 +28,11 @@ from polyindex.types import Document
 
 # Seal when this many documents are buffered, or when the oldest buffered write is this old
 # (settable per process, e.g. for `polyindex serve`, by environment variable).
-SEAL_DOCS = int(os.environ.get("POLYINDEX_SEAL_DOCS", 5_000))
-SEAL_SECONDS = float(os.environ.get("POLYINDEX_SEAL_SECONDS", 30.0))
+SEAL_DOCS = settings().seal_docs
+SEAL_SECONDS = settings().seal_seconds
 # Unsealed documents beyond which writes are refused while sealing fails (memory is bounded
 # by this, the WAL's disk use likewise); generous, so that a slow seal never trips it.
-MAX_BACKLOG = int(os.environ.get("POLYINDEX_MAX_BACKLOG", 0)) or None
+MAX_BACKLOG = settings().max_backlog or None
 BACKOFF_S = (0.5, 30.0)  # first and longest wait between retries of a failed seal
 log = logging.getLogger("polyindex.online")
 

@@ -17,7 +17,6 @@ the normalized filter. Cached masks are read-only.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import threading
 from collections import OrderedDict
@@ -27,10 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from polyindex.config import settings
 from polyindex.errors import InvalidArgument
 from polyindex.index.masks import IdentityLRU, freeze, nothing
 
-MASK_CACHE_BYTES = int(os.environ.get("POLYINDEX_FILTER_CACHE_MB", "256")) << 20
+MASK_CACHE_BYTES = settings().filter_cache_mb << 20
 MASK_CACHE_ENTRIES = 16_384
 COMPILED_ENTRIES = 256
 # what allow_mask did, for tests and benchmarks: evaluated (a pass over the segment's rows),

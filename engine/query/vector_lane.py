@@ -19,12 +19,12 @@ general path, which gives the error its message.
 """
 from __future__ import annotations
 
-import os
 
 import faiss
 import numpy as np
 
-from polyindex.cuda.device import KERNELS_ENV
+
+from polyindex.config import settings
 from polyindex.index import dense, dense_filtered, dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
@@ -58,7 +58,7 @@ class Plan:
         exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
         self.parts = []  # (base,) + a segment's part (``_segment_part``), or a stack's
         # the placement rule (``_plain_cpu``) reads this setting: a cached part must too
-        key = (tuple(sorted(fparams.items())), os.environ.get(KERNELS_ENV, ""))
+        key = (tuple(sorted(fparams.items())), settings().kernels)
         stacks = snapshot.stacks
         skip_to = 0
         for i, (base, seg, live) in enumerate(zip(snapshot.bases, segments, snapshot.live)):

@@ -31,6 +31,8 @@ import time
 import traceback
 from typing import Callable
 
+from polyindex.config import child_environ, settings
+
 NICE = 10            # below the serving threads; the OS still gives it any idle core
 WATCH_S = 0.05       # how often the child checks that its parent is alive
 _HEADER = struct.Struct("<Q")
@@ -46,7 +48,7 @@ class Stopped(Exception):
 
 
 def enabled() -> bool:
-    return os.environ.get("POLYINDEX_BUILD_WORKER", "1") != "0"
+    return settings().build_worker
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -89,7 +91,7 @@ class BuildWorker:
     def _ensure(self) -> subprocess.Popen:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POLYINDEX_FAILPOINT")}
+        env = child_environ()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "polyindex.storage.build_worker", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)

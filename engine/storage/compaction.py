@@ -64,7 +64,7 @@ def compact(coll, max_segments: int | None = None, on_merge=None) -> dict:
     if max_segments is not None and (not isinstance(max_segments, int)
                                      or isinstance(max_segments, bool) or max_segments < 1):
         raise InvalidArgument(f"max_segments must be a positive integer, got {max_segments!r}")
-    policy = TieredPolicy.from_env()
+    policy = TieredPolicy.from_settings()
     before = storage_report(coll)
     merges = []
     t0 = time.perf_counter()

@@ -23,6 +23,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from polyindex.config import settings
+
 ACTIONS = ("error", "enospc", "edquot", "crash")
 _ERRNO = {"error": errno.EIO, "enospc": errno.ENOSPC, "edquot": errno.EDQUOT}
 
@@ -141,12 +143,12 @@ def counts() -> dict[str, int]:
 
 def _from_environment() -> None:
     global _log_file
-    spec = os.environ.get("POLYINDEX_FAILPOINTS", "")
+    spec = settings().failpoints
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         name, _, rest = part.partition("=")
         action, _, nth = (rest or "error").partition("@")
         arm(name.strip(), action.strip(), int(nth) if nth else 1)
-    path = os.environ.get("POLYINDEX_FAILPOINT_LOG")
+    path = settings().failpoint_log
     if path:
         _log_file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
         _refresh()

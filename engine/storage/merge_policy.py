@@ -17,10 +17,10 @@ Settable per process: ``POLYINDEX_MERGE_FACTOR``, ``POLYINDEX_MERGE_FLOOR``,
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from polyindex.config import settings
 from polyindex.storage.manifest import SegmentEntry
 
 
@@ -39,12 +39,10 @@ class TieredPolicy:
     deletes_pct: float = 0.2      # a segment this much deleted is rewritten alone (Lucene: 20-33%)
 
     @classmethod
-    def from_env(cls) -> "TieredPolicy":
-        env = os.environ.get
-        return cls(factor=max(2, int(env("POLYINDEX_MERGE_FACTOR", cls.factor))),
-                   floor_rows=max(1, int(env("POLYINDEX_MERGE_FLOOR", cls.floor_rows))),
-                   max_rows=max(1, int(env("POLYINDEX_MERGE_MAX_ROWS", cls.max_rows))),
-                   deletes_pct=float(env("POLYINDEX_MERGE_DELETES", cls.deletes_pct)))
+    def from_settings(cls) -> "TieredPolicy":
+        s = settings()
+        return cls(factor=s.merge_factor, floor_rows=s.merge_floor, max_rows=s.merge_max_rows,
+                   deletes_pct=s.merge_deletes)
 
     def tier(self, rows: int) -> int:
         if rows < self.floor_rows:
