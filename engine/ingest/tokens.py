@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from polyindex.errors import InputError
-from polyindex.ingest.vectors import MAX_DIM, check_values
+from polyindex.ingest.values import MAX_DIM, check_values
 
 TOKENS_KEY = "tokens"
 MAX_TOKENS = 65_536  # tokens of one document (ColPali pages have ~1,030)

@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from polyindex.errors import InputError, InvalidArgument
-from polyindex.ingest.vectors import MAX_ABS
+from polyindex.ingest.values import MAX_ABS
 from polyindex.types import Document
 
 VECTOR_FORMATS = {".npy": "npy", ".fvecs": "fvecs", ".bvecs": "bvecs", ".hdf5": "hdf5",

@@ -17,12 +17,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from polyindex.errors import InputError, InvalidArgument
+from polyindex.ingest.tokens import token_spec
+from polyindex.ingest.values import MAX_DIM, check_values
 
 UNNAMED = "dense"
 VECTOR_KEYS = ("vector", "vectors", "tokens")  # record keys that are vectors, never metadata
-# Past 1e15 a square is 1e30: a 65,536-d inner product or L2 distance could leave float32.
-MAX_ABS = 1e15
-MAX_DIM = 65_536
 
 
 def as_vector(value: Any, field: str) -> np.ndarray:
@@ -45,19 +44,6 @@ def as_vector(value: Any, field: str) -> np.ndarray:
         raise ValueError(f"vector has {len(arr)} dimensions (max {MAX_DIM})")
     check_values(arr, lambda i: f"vector component {i[0]}")
     return arr if arr.dtype == np.float32 else arr.astype(np.float32)
-
-
-def check_values(arr: np.ndarray, what) -> None:
-    """ValueError unless every value is finite and at most ``MAX_ABS`` in magnitude;
-    ``what(index)`` names the first bad position (an index tuple) in the message."""
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        at = tuple(int(i[0]) for i in np.nonzero(~np.isfinite(arr)))
-        raise ValueError(f"{what(at)} is {arr[at]} (NaN and infinity are refused)")
-    big = np.abs(arr) > MAX_ABS
-    if big.any():
-        at = tuple(int(i[0]) for i in np.nonzero(big))
-        raise ValueError(f"{what(at)} is {float(arr[at]):g}, over the limit of {MAX_ABS:g} "
-                         "in magnitude")
 
 
 def vectors_of_record(rec: dict[str, Any]) -> tuple[dict[str, np.ndarray] | None, str | None, str | None]:
@@ -117,7 +103,6 @@ class VectorSpec:
         if model is None and UNNAMED not in fields and \
                 any(k.needs_embeddings for k in kinds.values()):
             fields[UNNAMED] = FieldSpec(UNNAMED, None, None)  # e.g. a tree over user vectors
-        from polyindex.ingest.tokens import token_spec
         return cls(fields, token_spec(kinds))
 
     def __bool__(self) -> bool:
