@@ -211,3 +211,34 @@ def test_a_segment_in_the_placeholder_layout_still_opens_and_answers_the_same(tm
     assert got == want  # placeholders (score 0, above the negative scores) never come back
     assert coll.get(["d0"], with_vectors=True)[0].vectors == {}
     assert np.array_equal(coll.get(["d2"], with_vectors=True)[0].vectors["image"], x[2])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat", "IVF2,Flat"])
+@pytest.mark.parametrize("online", [False, True], ids=["sealed", "buffer"])
+def test_a_segment_where_no_document_has_the_field_answers(tmp_path, factory, online):
+    """Issue 37 defect 3: a segment (or write buffer) whose rows all leave the optional field
+    out has an empty slot space; its search must pad, not index an empty slot->row map."""
+    eng = polyindex.open(tmp_path / "data", online=online)
+    coll = eng.create_collection("v", ["dense:dim=4,Flat", f"dense@opt:dim=3,optional,{factory}"],
+                                 model=None, fields={"year": "int"})
+    x = vecs(10, 4, seed=5)
+    coll.add([{"id": f"n{i}", "text": "x", "metadata": {"year": 2000 + i},
+               "vectors": {"dense": x[i]}} for i in range(10)])
+
+    def queries(present):
+        q = np.ones(3, np.float32)
+        assert _ids(coll.query(vector=q, using="opt", k=3)) == present[:3]
+        assert _ids(coll.query(vector=q, using="opt", k=3,
+                               filter={"year": {"gte": 2003}})) == present[:3]
+        assert [_ids(h) for h in coll.query_batch(vectors=[q, -q], using="opt", k=2)] == \
+            [present[:2], present[::-1][:2]]
+
+    queries([])  # no document has the field anywhere
+    # a later batch has it: the first batch's rows still hold no present row
+    coll.add([{"id": f"o{i}", "text": "y", "metadata": {"year": 2010},
+               "vectors": {"dense": x[i], "opt": [3.0 - i, 3.0 - i, 3.0 - i]}}
+              for i in range(3)])
+    queries(["o0", "o1", "o2"])
+    coll.seal()  # online: the buffer's rows become segments
+    queries(["o0", "o1", "o2"])
+    eng.close()
