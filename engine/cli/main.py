@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--json`, not `--json <bool>`
@@ -127,6 +128,8 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
             raise InvalidArgument(f"collection {collection!r} exists with indexes "
                                   f"{coll.config.indexes}; --index gave {index}")
+        check_declared(collection, coll.config.fields,
+                       dict(_parse_field(f) for f in field or []), "--field")
     else:
         fields = dict(_parse_field(f) for f in field or [])
         kw = {} if model is None else {"model": None if model.lower() == "none" else model}

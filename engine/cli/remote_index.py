@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyindex.config import check_declared
 from polyindex.errors import AlreadyExists, InputError, PolyindexError
 
 BATCH = 1000  # documents per Upsert call: each call is all or nothing, and acknowledged
@@ -44,6 +45,8 @@ def index_via_server(address: str, name: str, source, *, indexes, fields, token=
             except AlreadyExists:
                 pass  # created meanwhile by another client: not ours to drop
         coll = client.collection(name)
+        if not created:  # checked before anything is sent
+            check_declared(name, coll.fields, fields, "--field")
         try:
             _send(coll, address, source, skip_invalid, progress, report)
         except BaseException:
