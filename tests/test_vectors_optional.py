@@ -242,3 +242,21 @@ def test_a_segment_where_no_document_has_the_field_answers(tmp_path, factory, on
     coll.seal()  # online: the buffer's rows become segments
     queries(["o0", "o1", "o2"])
     eng.close()
+
+
+def test_through_a_server_no_document_with_the_field_is_no_hits_not_internal(tmp_path):
+    """Issue 37 defect 3 as a remote user met it (INTERNAL IndexError)."""
+    from polyindex.client.remote import Client
+    from polyindex.service.server import serve
+    srv = serve(tmp_path / "data", port=0, frontend="python")
+    try:
+        with Client(srv.address) as c:
+            coll = c.create_collection("v", ["dense:dim=4,Flat", "dense@opt:dim=3,optional,Flat"],
+                                       model=None)
+            coll.add([{"id": f"n{i}", "text": "x", "vectors": {"dense": [1.0, 0.0, 0.0, float(i)]}}
+                      for i in range(10)])
+            assert coll.query(vector=[1, 1, 1], using="opt") == []
+            coll.add([{"id": "o", "text": "y", "vectors": {"dense": [0.0, 1, 0, 0], "opt": [1, 1, 1]}}])
+            assert [h.id for h in coll.query(vector=[1, 1, 1], using="opt")] == ["o"]
+    finally:
+        srv.stop(grace=2)
