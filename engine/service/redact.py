@@ -19,8 +19,9 @@ from pathlib import Path
 from polyindex.errors import InputError, PolyindexError
 
 DATA = "<data>"
-# A path token starts after none of these (a word, a longer path's earlier part) ...
-_NOT_AFTER = r"(?<![\w.~/-])"
+# A path token starts after none of these (a word, a longer path's earlier part; an absolute
+# one may follow a '/': file:///srv/d) ...
+_NOT_AFTER = r"(?<![\w.~-])"
 # ... and ends at a separator, the text's end, or a character no name continues with (a
 # sentence's full stop counts: "in /srv/d." but not "/srv/d.bak")
 _ENDS = r"(?=/|$|\.(?![\w-])|[^\w.-])"
@@ -29,7 +30,7 @@ _ENDS = r"(?=/|$|\.(?![\w-])|[^\w.-])"
 def _token(root: str) -> re.Pattern:
     if os.path.isabs(root):
         return re.compile(_NOT_AFTER + re.escape(root) + _ENDS)
-    return re.compile(_NOT_AFTER + re.escape(root) + r"(?=/)")
+    return re.compile(_NOT_AFTER + r"(?<!/)" + re.escape(root) + r"(?=/)")
 
 
 class Redactor:
