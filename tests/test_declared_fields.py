@@ -12,7 +12,8 @@ from polyindex.client.remote import Client
 from polyindex.errors import InvalidArgument
 from polyindex.service.server import serve
 
-CSV = "id,title,text,year,lang\nc1,One,wing flutter,2022,en\nc2,Two,heat transfer,2019,fr\n"
+DOCS = [{"id": "c1", "title": "One", "text": "wing flutter", "year": 2022, "lang": "en"},
+        {"id": "c2", "title": "Two", "text": "heat transfer", "year": 2019, "lang": "fr"}]
 MORE = "id,title,text,year,lang\nc3,Three,wing tips,2023,en\n"
 
 
@@ -24,12 +25,12 @@ def _index(cli, src, *args):
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "server"])
 def test_index_field_on_an_existing_collection(tmp_path, cli, remote):
     data = tmp_path / "data"
-    (tmp_path / "docs.csv").write_text(CSV)
     (tmp_path / "more.csv").write_text(MORE)
+    with polyindex.open(data) as eng:  # the collection as a first `index --field year:int` left it
+        eng.create_collection("c", ["lexical"], fields={"year": "int"}).add(DOCS)
     srv = serve(data, port=0, frontend="python") if remote else None
     where = ("--data", data) + (("--server", srv.address) if remote else ())
     try:
-        assert _index(cli, tmp_path / "docs.csv", *where, "--field", "year:int").returncode == 0
         new = _index(cli, tmp_path / "more.csv", *where, "--field", "lang:string")
         assert new.returncode == 2, new.stderr
         assert "collection 'c' exists without field 'lang' (--field gave lang:string; " \

@@ -66,4 +66,5 @@ def test_every_spelling_of_the_directory_as_a_path_and_nothing_else(tmp_path, mo
     for message, want in cases.items():
         assert r.text(message) == want, message
     clean = r.error(Corrupt(f"{absolute}/c/m.json: damaged (have: {data}, named)"))
-    assert type(clean) is Corrupt and str(clean) == f"<data>/c/m.json: damaged (have: {data}, named)"
+    assert type(clean) is Corrupt
+    assert str(clean) == f"<data>/c/m.json: damaged (have: {data}, named)"

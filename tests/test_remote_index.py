@@ -30,7 +30,8 @@ def test_csv_through_a_server_keeps_the_declared_types(tmp_path, server, cli):
     with Client(server.address) as c:
         coll = c.collection("c")
         assert coll.count() == 3
-        assert [h.id for h in coll.query("wing heat year", filter={"year": {"gte": 2020}})] == ["c1"]
+        hits = coll.query("wing heat year", filter={"year": {"gte": 2020}})
+        assert [h.id for h in hits] == ["c1"]
         one, three = coll.get(["c1", "c3"])
         assert one.metadata["year"] == 2022 and type(one.metadata["year"]) is int
         assert "year" not in three.metadata  # an empty cell is no value, as locally
@@ -57,7 +58,8 @@ def test_a_record_the_server_refuses_is_named_by_file_and_a_kept_collection_stay
     src = tmp_path / "vecs.jsonl"
     src.write_text('{"id": "v1", "text": "a", "vectors": {"img": [0.5, 0.5]}}\n'
                    '{"id": "v2", "text": "b", "vectors": {"img": [1.0, 2.0, 3.0]}}\n')
-    r = cli("index", src, "--collection", "v", "--server", server.address, "--data", tmp_path / "data", "--no-progress",
+    r = cli("index", src, "--collection", "v", "--server", server.address, "--data",
+            tmp_path / "data", "--no-progress",
             timeout=120)
     assert r.returncode == 2, r.stderr
     assert "vecs.jsonl" in r.stderr and "id='v2'" in r.stderr and "add()" not in r.stderr, r.stderr
@@ -68,4 +70,5 @@ def test_a_record_the_server_refuses_is_named_by_file_and_a_kept_collection_stay
             tmp_path / "data", "--no-progress", timeout=120)
     assert r.returncode == 0, r.stderr
     with Client(server.address) as c:  # the record's vector travels with it
-        assert [h.id for h in c.collection("v").query(vector=[0.0, 1.0], using="img", k=1)] == ["v1"]
+        hits = c.collection("v").query(vector=[0.0, 1.0], using="img", k=1)
+        assert [h.id for h in hits] == ["v1"]

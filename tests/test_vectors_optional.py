@@ -256,7 +256,8 @@ def test_through_a_server_no_document_with_the_field_is_no_hits_not_internal(tmp
             coll.add([{"id": f"n{i}", "text": "x", "vectors": {"dense": [1.0, 0.0, 0.0, float(i)]}}
                       for i in range(10)])
             assert coll.query(vector=[1, 1, 1], using="opt") == []
-            coll.add([{"id": "o", "text": "y", "vectors": {"dense": [0.0, 1, 0, 0], "opt": [1, 1, 1]}}])
+            coll.add([{"id": "o", "text": "y",
+                       "vectors": {"dense": [0.0, 1, 0, 0], "opt": [1, 1, 1]}}])
             assert [h.id for h in coll.query(vector=[1, 1, 1], using="opt")] == ["o"]
     finally:
         srv.stop(grace=2)

@@ -60,15 +60,14 @@ def _send(coll, address: str, source, skip_invalid: bool, progress: bool,
           report: RemoteReport) -> None:
     from polyindex.ingest.progress import progress_bar
     batch: list = []
-
-    def flush():
-        report.indexed += _add(coll, batch, source.name)
-        report.batches += 1
-        advance(len(batch))
-        batch.clear()
-
     with progress_bar(f"sending {source.path.name} to {address}", source.estimate_total(),
                       enabled=progress) as advance:
+        def flush():
+            report.indexed += _add(coll, batch, source.name)
+            report.batches += 1
+            advance(len(batch))
+            batch.clear()
+
         for _pos, item in source.records(0, coll.fields):
             if isinstance(item, InputError):
                 if not skip_invalid:
@@ -91,9 +90,8 @@ def _add(coll, batch: list, source: str) -> int:
     except InputError as e:
         if e.source != "add()":
             raise
-        raise InputError(e.reason, source=source, field=e.field,
-                         doc_id=e.doc_id if e.doc_id is not None or not e.line else batch[e.line - 1].id
-                         ) from None
+        doc_id = e.doc_id if e.doc_id is not None or not e.line else batch[e.line - 1].id
+        raise InputError(e.reason, source=source, field=e.field, doc_id=doc_id) from None
 
 
 def _is_empty(coll) -> bool:
