@@ -261,3 +261,31 @@ def test_through_a_server_no_document_with_the_field_is_no_hits_not_internal(tmp
             assert [h.id for h in coll.query(vector=[1, 1, 1], using="opt")] == ["o"]
     finally:
         srv.stop(grace=2)
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["sealed", "buffer"])
+def test_too_few_vectors_to_train_are_searched_exactly_until_a_batch_has_enough(tmp_path, online):
+    """Issue 37 defect 3's IVF variant: the first batch with the field has one vector, fewer
+    than IVF2 (or a first one-document batch than IVF4,PQ2) needs to train: was a faiss
+    RuntimeError (INTERNAL); now that segment is exact and a later batch trains the index."""
+    import faiss
+    eng = polyindex.open(tmp_path / "data", online=online)
+    coll = eng.create_collection("v", ["dense:dim=4,Flat", "dense@opt:dim=3,optional,IVF2,Flat"],
+                                 model=None)
+    coll.add([{"id": f"n{i}", "text": "x", "vectors": {"dense": [1.0, 0, 0, i]}}
+              for i in range(10)])
+    coll.add([{"id": "o0", "text": "y", "vectors": {"dense": [0.0, 1, 0, 0], "opt": [3, 3, 3]}}])
+    assert _ids(coll.query(vector=[1, 1, 1], using="opt")) == ["o0"]
+    x = vecs(40, 3, seed=7)
+    coll.add([{"id": f"o{i}", "text": "z", "vectors": {"dense": [0.0, 0, 1, i], "opt": x[i]}}
+              for i in range(1, 40)])
+    coll.seal()
+    want = ["o0"] + [f"o{i}" for i in np.argsort(-(x[1:] @ np.ones(3)), kind="stable")[:4] + 1]
+    prof = {"retrieve": [{"index": "dense@opt", "k": 5, "params": "nprobe=2"}]}
+    assert _ids(coll.query(vector=[1, 1, 1], using="opt", k=5, profile=prof)) == want
+    last = coll.sealed_snapshot().segments[-1].indexes["dense@opt"]
+    assert faiss.try_extract_index_ivf(last.index) is not None  # trained once there were enough
+    one = eng.create_collection("p", ["dense:dim=8,IVF4,PQ2"], model=None)
+    one.add([{"id": "a", "text": "", "vectors": {"dense": np.ones(8)}}])
+    assert _ids(one.query(vector=np.ones(8))) == ["a"]
+    eng.close()
