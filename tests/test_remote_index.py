@@ -72,3 +72,15 @@ def test_a_record_the_server_refuses_is_named_by_file_and_a_kept_collection_stay
     with Client(server.address) as c:  # the record's vector travels with it
         hits = c.collection("v").query(vector=[0.0, 1.0], using="img", k=1)
         assert [h.id for h in hits] == ["v1"]
+
+
+def test_a_new_collection_gets_the_model_and_segment_size_asked_for(tmp_path, server, cli):
+    src = tmp_path / "vecs.jsonl"
+    src.write_text('{"id": "v1", "text": "a", "vector": [0.5, 0.5]}\n')
+    r = cli("index", src, "--collection", "v", "--index", "dense:dim=2", "--model", "none",
+            "--segment-size", "7", "--server", server.address, "--data", tmp_path / "data",
+            "--no-progress", timeout=120)
+    assert r.returncode == 0, r.stderr
+    with Client(server.address) as c:
+        info = c.collection("v").info()
+        assert info["model"] is None and info["segment_size"] == 7 and info["documents"] == 1

@@ -26,9 +26,11 @@ class RemoteReport:
 
 
 def index_via_server(address: str, name: str, source, *, indexes, fields, token=None,
-                     skip_invalid: bool = False, progress: bool = True) -> tuple[RemoteReport, int]:
+                     skip_invalid: bool = False, progress: bool = True,
+                     create: dict | None = None) -> tuple[RemoteReport, int]:
     """Stream ``source`` into collection ``name`` of the server at ``address`` (created with
-    ``indexes``/``fields`` when missing); returns the report and the collection's count.
+    ``indexes``/``fields`` and ``create``'s model, dtype, segment_size when missing); returns
+    the report and the collection's count.
 
     Records are read with the collection's declared fields, as the local path reads them (a
     CSV cell ``2022`` of ``year:int`` is sent as 2022; a bad one is named by file:line). A
@@ -40,7 +42,8 @@ def index_via_server(address: str, name: str, source, *, indexes, fields, token=
         created = False
         if name not in client.list_collections():
             try:
-                client.create_collection(name, indexes or ["lexical", "dense"], fields=fields)
+                client.create_collection(name, indexes or ["lexical", "dense"], fields=fields,
+                                         **(create or {}))
                 created = True
             except AlreadyExists:
                 pass  # created meanwhile by another client: not ours to drop
