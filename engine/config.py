@@ -23,6 +23,28 @@ def validate_name(name: str, what: str = "collection") -> str:
     return name
 
 
+def check_declared(collection: str, declared: dict[str, str], asked: dict[str, str],
+                   how: str = "fields") -> None:
+    """Fields asked of an existing collection must be among those it declared, with the same
+    type (then asking is a no-op). A field is declared when the collection is created: a
+    filter reads its typed column, which documents already stored were written without."""
+    known = ", ".join(f"{k}:{v}" for k, v in declared.items()) or "none"
+    for name, ftype in asked.items():
+        have = declared.get(name)
+        if have is None:
+            raise InvalidArgument(
+                f"collection {collection!r} exists without field {name!r} ({how} gave "
+                f"{name}:{ftype}; declared: {known}): fields are declared when a collection "
+                f"is created, since its stored documents have no typed {name!r} column to "
+                f"filter on; index into a new collection with {name}:{ftype}, or drop "
+                f"{collection!r} and index it again")
+        if have != ftype:
+            raise InvalidArgument(
+                f"field {name!r} of collection {collection!r} is declared {have}; {how} gave "
+                f"{name}:{ftype} (a field's type cannot change: its stored documents were "
+                f"typed {have})")
+
+
 @dataclass
 class CollectionConfig:
     name: str

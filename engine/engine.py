@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Sequence
 
 from polyindex.collection import Collection
-from polyindex.config import DEFAULT_INDEXES, DEFAULT_MODEL, CollectionConfig, validate_name
+from polyindex.config import (
+    DEFAULT_INDEXES,
+    DEFAULT_MODEL,
+    CollectionConfig,
+    check_declared,
+    validate_name,
+)
 from polyindex.cuda.device import check_device
 from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound
 from polyindex.index.protocol import from_factory
@@ -90,7 +96,9 @@ class Engine:
             folder = self.path / name
             if (folder / MANIFEST).exists():
                 if exist_ok:
-                    return self.collection(name)
+                    coll = self.collection(name)
+                    check_declared(name, coll.config.fields, config.fields)
+                    return coll
                 raise AlreadyExists(f"collection {name!r} already exists")
             # Build the collection in a temporary folder and rename it in: all or nothing.
             tmp = self.path / f".{name}.creating-{uid}"

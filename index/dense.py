@@ -126,6 +126,19 @@ def _faiss_params(params: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in params.items() if k not in prf.DENSE_KEYS}
 
 
+def _trains(index, x: np.ndarray) -> bool:
+    """Train ``index`` on ``x``; False when faiss refuses for too few vectors (an IVF with more
+    lists, a PQ with more centroids than ``x`` has rows: a first batch of one document, an
+    optional field few documents have), which would otherwise fail the write as INTERNAL."""
+    try:
+        index.train(x)
+    except RuntimeError as e:
+        if "should be at least as large as number of clusters" in str(e):
+            return False
+        raise
+    return True
+
+
 def faiss_kwargs(params: dict[str, str]) -> dict:
     """The typed faiss search arguments of a stage's params (``nprobe``, ``efSearch``)."""
     return {key: SEARCH_PARAMS[key](v) for key, v in _faiss_params(params).items()
@@ -453,8 +466,8 @@ class DenseKind(IndexKind):
         if not len(x):  # an optional field no sampled document has: trained later
             return
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
-        index.train(x)
-        self.template = index
+        if _trains(index, x):  # else too few vectors yet: trained by a later commit's sample
+            self.template = index
 
     def _template_file(self) -> str:
         return TEMPLATE_FILE if self.field == UNNAMED else f"dense.{self.field}.template.faiss"
@@ -491,12 +504,12 @@ class DenseKind(IndexKind):
             index = faiss.clone_index(self.template)
         else:
             index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
-            if not index.is_trained:  # a per-segment fallback; collections train a template first
-                if not len(x):  # no document of the segment has the field: nothing to learn
-                    factory = "Flat"
-                    index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
-                else:
-                    index.train(np.ascontiguousarray(x, dtype=np.float32))
+            # a per-segment fallback (collections train a template first); a segment with
+            # no vector of the field, or too few to train on, is searched exactly instead
+            if not index.is_trained and not (
+                    len(x) and _trains(index, np.ascontiguousarray(x, dtype=np.float32))):
+                factory = "Flat"
+                index = faiss.index_factory(x.shape[1], factory, faiss_metric(self.metric))
         if len(x):
             index.add(np.ascontiguousarray(x, dtype=np.float32))
         faiss.write_index(index, str(folder / self.index_file))

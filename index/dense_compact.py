@@ -24,6 +24,9 @@ class CompactSegment(SegmentIndex):  # and StoredVectors
         self.presence = Presence(present)  # the vector lane sends such segments to ``search``
         self.n_rows = len(present)
         self.rows_of = np.flatnonzero(present)                 # slot -> row
+        # slot -> row with faiss's -1 padding mapped to -1 (the last entry): no np.where
+        # branch indexes an empty rows_of when no row of the segment has a vector
+        self._row_or_pad = np.append(self.rows_of, -1)
         self.slot_of = np.cumsum(present, dtype=np.int64) - 1  # row -> slot, where present
         self.metric, self.device, self.on_gpu = inner.metric, inner.device, inner.on_gpu
         self.folder, self.index, self.hnsw_ef = inner.folder, inner.index, inner.hnsw_ef
@@ -38,7 +41,7 @@ class CompactSegment(SegmentIndex):  # and StoredVectors
 
     def search(self, prepared, k, params, allow):
         scores, slots = self.inner.search(prepared, k, params, self.slots(allow))
-        return scores, np.where(slots >= 0, self.rows_of[np.maximum(slots, 0)], -1)
+        return scores, self._row_or_pad[slots]
 
     def _present(self, rows: np.ndarray) -> np.ndarray:
         ok = (rows >= 0) & (rows < self.n_rows)

@@ -211,3 +211,81 @@ def test_a_segment_in_the_placeholder_layout_still_opens_and_answers_the_same(tm
     assert got == want  # placeholders (score 0, above the negative scores) never come back
     assert coll.get(["d0"], with_vectors=True)[0].vectors == {}
     assert np.array_equal(coll.get(["d2"], with_vectors=True)[0].vectors["image"], x[2])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat", "IVF2,Flat"])
+@pytest.mark.parametrize("online", [False, True], ids=["sealed", "buffer"])
+def test_a_segment_where_no_document_has_the_field_answers(tmp_path, factory, online):
+    """Issue 37 defect 3: a segment (or write buffer) whose rows all leave the optional field
+    out has an empty slot space; its search must pad, not index an empty slot->row map."""
+    eng = polyindex.open(tmp_path / "data", online=online)
+    coll = eng.create_collection("v", ["dense:dim=4,Flat", f"dense@opt:dim=3,optional,{factory}"],
+                                 model=None, fields={"year": "int"})
+    x = vecs(10, 4, seed=5)
+    coll.add([{"id": f"n{i}", "text": "x", "metadata": {"year": 2000 + i},
+               "vectors": {"dense": x[i]}} for i in range(10)])
+
+    def queries(present):
+        q = np.ones(3, np.float32)
+        assert _ids(coll.query(vector=q, using="opt", k=3)) == present[:3]
+        assert _ids(coll.query(vector=q, using="opt", k=3,
+                               filter={"year": {"gte": 2003}})) == present[:3]
+        assert [_ids(h) for h in coll.query_batch(vectors=[q, -q], using="opt", k=2)] == \
+            [present[:2], present[::-1][:2]]
+
+    queries([])  # no document has the field anywhere
+    # a later batch has it: the first batch's rows still hold no present row
+    coll.add([{"id": f"o{i}", "text": "y", "metadata": {"year": 2010},
+               "vectors": {"dense": x[i], "opt": [3.0 - i, 3.0 - i, 3.0 - i]}}
+              for i in range(3)])
+    queries(["o0", "o1", "o2"])
+    coll.seal()  # online: the buffer's rows become segments
+    queries(["o0", "o1", "o2"])
+    eng.close()
+
+
+def test_through_a_server_no_document_with_the_field_is_no_hits_not_internal(tmp_path):
+    """Issue 37 defect 3 as a remote user met it (INTERNAL IndexError)."""
+    from polyindex.client.remote import Client
+    from polyindex.service.server import serve
+    srv = serve(tmp_path / "data", port=0, frontend="python")
+    try:
+        with Client(srv.address) as c:
+            coll = c.create_collection("v", ["dense:dim=4,Flat", "dense@opt:dim=3,optional,Flat"],
+                                       model=None)
+            coll.add([{"id": f"n{i}", "text": "x", "vectors": {"dense": [1.0, 0.0, 0.0, float(i)]}}
+                      for i in range(10)])
+            assert coll.query(vector=[1, 1, 1], using="opt") == []
+            coll.add([{"id": "o", "text": "y",
+                       "vectors": {"dense": [0.0, 1, 0, 0], "opt": [1, 1, 1]}}])
+            assert [h.id for h in coll.query(vector=[1, 1, 1], using="opt")] == ["o"]
+    finally:
+        srv.stop(grace=2)
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["sealed", "buffer"])
+def test_too_few_vectors_to_train_are_searched_exactly_until_a_batch_has_enough(tmp_path, online):
+    """Issue 37 defect 3's IVF variant: the first batch with the field has one vector, fewer
+    than IVF2 (or a first one-document batch than IVF4,PQ2) needs to train: was a faiss
+    RuntimeError (INTERNAL); now that segment is exact and a later batch trains the index."""
+    import faiss
+    eng = polyindex.open(tmp_path / "data", online=online)
+    coll = eng.create_collection("v", ["dense:dim=4,Flat", "dense@opt:dim=3,optional,IVF2,Flat"],
+                                 model=None)
+    coll.add([{"id": f"n{i}", "text": "x", "vectors": {"dense": [1.0, 0, 0, i]}}
+              for i in range(10)])
+    coll.add([{"id": "o0", "text": "y", "vectors": {"dense": [0.0, 1, 0, 0], "opt": [3, 3, 3]}}])
+    assert _ids(coll.query(vector=[1, 1, 1], using="opt")) == ["o0"]
+    x = vecs(40, 3, seed=7)
+    coll.add([{"id": f"o{i}", "text": "z", "vectors": {"dense": [0.0, 0, 1, i], "opt": x[i]}}
+              for i in range(1, 40)])
+    coll.seal()
+    want = ["o0"] + [f"o{i}" for i in np.argsort(-(x[1:] @ np.ones(3)), kind="stable")[:4] + 1]
+    prof = {"retrieve": [{"index": "dense@opt", "k": 5, "params": "nprobe=2"}]}
+    assert _ids(coll.query(vector=[1, 1, 1], using="opt", k=5, profile=prof)) == want
+    last = coll.sealed_snapshot().segments[-1].indexes["dense@opt"]
+    assert faiss.try_extract_index_ivf(last.index) is not None  # trained once there were enough
+    one = eng.create_collection("p", ["dense:dim=8,IVF4,PQ2"], model=None)
+    one.add([{"id": "a", "text": "", "vectors": {"dense": np.ones(8)}}])
+    assert _ids(one.query(vector=np.ones(8))) == ["a"]
+    eng.close()

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--json`, not `--json <bool>`
@@ -108,7 +109,8 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         fields = dict(_parse_field(f) for f in field or [])
         report, count = index_via_server(server, collection, source, indexes=index,
                                          fields=fields, skip_invalid=skip_invalid,
-                                         progress=progress)
+                                         progress=progress,
+                                         create=_create_options(model, dtype, segment_size))
         payload = {**report.to_json(), "collection": collection, "documents": count}
         if as_json:
             print(json.dumps(payload))
@@ -127,13 +129,12 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
             raise InvalidArgument(f"collection {collection!r} exists with indexes "
                                   f"{coll.config.indexes}; --index gave {index}")
+        check_declared(collection, coll.config.fields,
+                       dict(_parse_field(f) for f in field or []), "--field")
     else:
         fields = dict(_parse_field(f) for f in field or [])
-        kw = {} if model is None else {"model": None if model.lower() == "none" else model}
-        if dtype is not None:
-            kw["dtype"] = dtype
-        coll = eng.create_collection(collection, index or ["lexical", "dense"],
-                                     segment_size=segment_size, fields=fields, **kw)
+        coll = eng.create_collection(collection, index or ["lexical", "dense"], fields=fields,
+                                     **_create_options(model, dtype, segment_size))
     try:
         if ray:
             from polyindex.distributed.ingest import ray_index
@@ -157,6 +158,17 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         out.print(f"indexed {report.indexed:,} documents into {collection!r} "
                   f"({report.segments} segment(s), {report.skipped_invalid} invalid skipped); "
                   f"collection now has {payload['documents']:,} documents")
+
+
+def _create_options(model: str | None, dtype: str | None, segment_size: int) -> dict:
+    """A new collection's --model ('none': no model), --dtype and --segment-size, for the
+    local engine and a server alike."""
+    kw: dict = {"segment_size": segment_size}
+    if model is not None:
+        kw["model"] = None if model.lower() == "none" else model
+    if dtype is not None:
+        kw["dtype"] = dtype
+    return kw
 
 
 def _describe(factory: str) -> str:

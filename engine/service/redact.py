@@ -3,16 +3,34 @@
 Error messages and collection info are written for the embedded engine, where naming a file
 by its absolute path helps. Over the wire the data directory becomes ``<data>`` (a damaged
 file is still named, relative to it) and a bulk-indexed source file is named by its base name.
+
+Only whole path tokens are replaced, never a substring of a word: with ``serve --data d`` a
+message reading "not found (have: named, ...)" must keep its words. An absolute spelling is
+replaced where it stands alone or begins a longer path; a relative one (``d``, ``data``: a
+word as much as a path) only where it begins a path inside it (``d/docs/manifest.json``).
 """
 from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 
 from polyindex.errors import InputError, PolyindexError
 
 DATA = "<data>"
+# A path token starts after none of these (a word, a longer path's earlier part; an absolute
+# one may follow a '/': file:///srv/d) ...
+_NOT_AFTER = r"(?<![\w.~-])"
+# ... and ends at a separator, the text's end, or a character no name continues with (a
+# sentence's full stop counts: "in /srv/d." but not "/srv/d.bak")
+_ENDS = r"(?=/|$|\.(?![\w-])|[^\w.-])"
+
+
+def _token(root: str) -> re.Pattern:
+    if os.path.isabs(root):
+        return re.compile(_NOT_AFTER + re.escape(root) + _ENDS)
+    return re.compile(_NOT_AFTER + r"(?<!/)" + re.escape(root) + r"(?=/)")
 
 
 class Redactor:
@@ -20,11 +38,12 @@ class Redactor:
         path = Path(data_dir)
         spellings = {str(path), str(path.absolute()), os.path.realpath(path)}
         # Longest first, so /srv/data/x is not half-replaced by a shorter spelling's match
-        self._roots = sorted((s for s in spellings if s not in ("", ".")), key=len, reverse=True)
+        roots = sorted((s for s in spellings if s not in ("", ".")), key=len, reverse=True)
+        self._tokens = [_token(root) for root in roots]
 
     def text(self, message: str) -> str:
-        for root in self._roots:
-            message = message.replace(root, DATA)
+        for token in self._tokens:
+            message = token.sub(DATA, message)
         return message
 
     def error(self, exc: PolyindexError) -> PolyindexError:
