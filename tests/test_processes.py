@@ -262,3 +262,25 @@ def test_a_directory_held_by_another_writer_fails_clearly(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "did not start" in r.stderr and "already open for writing" in r.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_group_starts_again_at_once_on_its_port_after_sigterm(tmp_path):
+    """A clean stop leaves the server's side of its connections in TIME_WAIT on the port
+    (the server closed first); the next group's check of the port must not trip on them."""
+    port = free_port()
+    for attempt in range(3):
+        proc, address = start(tmp_path, "--port", str(port))
+        assert address == f"127.0.0.1:{port}"
+        held = socket.create_connection(("127.0.0.1", port), timeout=10)  # open across the stop
+        with Client(address) as c:
+            c.list_collections()
+        assert stop(proc) == 0, proc.stderr.read()[-2000:]
+        while held.recv(65536):  # read to the server's FIN (unread bytes would make it a reset)
+            pass
+        held.close()  # after the server's close: the server's side waits in TIME_WAIT

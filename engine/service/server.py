@@ -23,6 +23,7 @@ from polyindex.service import native_front, reflection
 from polyindex.service.affinity import parse_cpus, pin_process
 from polyindex.service.auth import TokenAuth
 from polyindex.service.metrics import Metrics
+from polyindex.service.ports import check_free
 from polyindex.service.servicer import Limits, PolyindexService
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
 
@@ -150,6 +151,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         raise InvalidArgument(f"the native gRPC front end is not available: {native_front.MISSING}")
     front_cls = GrpcioFront if frontend == "python" or not native_front.available() else NativeFront
     tls = None if tls_cert is None else (_read(tls_key), _read(tls_cert))
+    if member is None:  # a group's parent checked its port; gRPC's bind would log a dump
+        check_free(host, port)
     own_engine = engine is None
     if member is not None:
         readonly = member.role != "writer"  # followers follow the writer's commits and WAL

@@ -4,8 +4,8 @@ The parent starts no gRPC at all (the gRPC Python multiprocessing rule: nothing 
 exist in a process that forks); it checks the port, spawns the workers as fresh interpreters
 (``service.worker``), watches them and stops them:
 
-- **The port**: a plain bind first, so a port that any other program holds (even with
-  SO_REUSEPORT) fails with a clear error instead of being shared silently; then the parent
+- **The port**: a bind first without SO_REUSEPORT (``service.ports``), so a port that any
+  other program holds (even with SO_REUSEPORT) fails with a clear error instead of being shared silently; then the parent
   keeps a bound, never listening SO_REUSEPORT socket on it for its lifetime (it takes no
   connections, and keeps programs without SO_REUSEPORT off the port while workers restart).
   The workers listen on it with SO_REUSEPORT: the kernel spreads new connections over them.
@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from polyindex.errors import FailedPrecondition, Internal, InvalidArgument
+from polyindex.service.ports import bind_probe
 
 READY_WAIT_S = 300.0  # a worker loads its collections before it is ready
 STOP_MARGIN_S = 30.0   # beyond the grace: the writer's last seal
@@ -45,16 +46,11 @@ POLL_S = 0.2
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """Check that no other program holds ``host:port`` and keep it for the group."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        probe.bind((host, port))  # no SO_REUSEPORT: fails if anyone holds the port at all
-        port = probe.getsockname()[1]
-    except OSError as e:
-        raise FailedPrecondition(f"cannot listen on {host}:{port}: {e.strerror} (another "
-                                 "program holds the port?)") from None
-    finally:
-        probe.close()
+    # No SO_REUSEPORT: fails if anyone listens on the port at all; SO_REUSEADDR: a previous
+    # group's connections in TIME_WAIT do not (a restart right after a clean stop)
+    probe = bind_probe(host, port)
+    family, port = probe.family, probe.getsockname()[1]
+    probe.close()
     keep = socket.socket(family, socket.SOCK_STREAM)
     keep.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
