@@ -264,7 +264,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             messages.append(msg)
         if not context.is_active():
             raise Cancelled("Upsert was cancelled by the client; nothing was written")
-        return self._forward("Upsert", iter(messages), context, name)
+        return self._forward("Upsert", messages, context, name)  # a list: sent again on a retry
 
     @_rpc
     def Delete(self, req, context, tags):
