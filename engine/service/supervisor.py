@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from polyindex.errors import FailedPrecondition, Internal, InvalidArgument
+from polyindex.service.exposure import check_exposure
 from polyindex.service.ports import bind_probe
 
 READY_WAIT_S = 300.0  # a worker loads its collections before it is ready
@@ -134,7 +135,7 @@ class Worker:
 class Group:
     def __init__(self, data, processes: int, *, host: str, port: int, token_file, tls_cert,
                  tls_key, workers: int, frontend: str, readonly: bool, cpus: str | None,
-                 grace: float):
+                 grace: float, insecure: bool = False, model_root=None):
         self.host, self.grace = host, grace
         self._keep = reserve_port(host, port)
         self.port = self._keep.getsockname()[1]
@@ -143,7 +144,8 @@ class Group:
                "runtime": str(self.runtime), "token_file": str(token_file) if token_file else None,
                "tls_cert": str(tls_cert) if tls_cert else None,
                "tls_key": str(tls_key) if tls_key else None, "workers": workers,
-               "frontend": frontend, "readonly": readonly, "cpus": cpus, "grace": grace}
+               "frontend": frontend, "readonly": readonly, "cpus": cpus, "grace": grace,
+               "insecure": insecure, "model_root": str(model_root) if model_root else None}
         self.workers = [Worker(i, cfg) for i in range(processes)]
         self.metrics_port: int | None = None
         self._http = None
@@ -227,12 +229,17 @@ class Group:
 def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 50051,
               token_file=None, tls_cert=None, tls_key=None, workers: int = 8,
               metrics_port: int | None = None, frontend: str = "auto", readonly: bool = False,
-              cpus: str | None = None, grace: float = 5.0) -> None:
+              cpus: str | None = None, grace: float = 5.0, insecure: bool = False,
+              model_root=None) -> None:
     """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``)."""
     if processes < 2:
         raise InvalidArgument(f"a process group needs 2 or more processes, got {processes}")
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
+    warning = check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
+                             insecure=insecure)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if not readonly:
         Path(data).mkdir(parents=True, exist_ok=True)  # followers never create it
     done = threading.Event()
@@ -240,7 +247,8 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
         signal.signal(sig, lambda *_: done.set())
     group = Group(data, processes, host=host, port=port, token_file=token_file,
                   tls_cert=tls_cert, tls_key=tls_key, workers=workers, frontend=frontend,
-                  readonly=readonly, cpus=cpus, grace=grace)
+                  readonly=readonly, cpus=cpus, grace=grace, insecure=insecure,
+                  model_root=model_root)
     group.start()
     if metrics_port is not None:
         group.serve_metrics(metrics_port)
