@@ -20,7 +20,8 @@ def test_serve_beyond_loopback_without_a_token_is_refused_before_binding(tmp_pat
     r = cli("serve", "--data", data, "--host", "0.0.0.0", "--port", "0", *extra, timeout=60)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error (INVALID_ARGUMENT): --host 0.0.0.0 "), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error (INVALID_ARGUMENT): --host 0.0.0.0 "), lines
     assert "--insecure" in lines[0] and "--token-file" in lines[0]
     assert not data.exists()  # refused before anything was opened or bound
 

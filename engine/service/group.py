@@ -119,7 +119,8 @@ class Member:
                 if ours and (code == grpc.StatusCode.DEADLINE_EXCEEDED or
                              (code == grpc.StatusCode.UNAVAILABLE and retried)):
                     raise Unavailable(f"{method}: the group's writer did not answer within "
-                                      f"{FORWARD_WAIT_S:.0f} s (restarting?): {e.details()}") from None
+                                      f"{FORWARD_WAIT_S:.0f} s (restarting?): "
+                                      f"{e.details()}") from None
                 raise from_rpc_error(e) from None
 
     def peers(self, context) -> list[tuple[int, pb.StatsResponse | str]]:

@@ -9,7 +9,9 @@
   default deadline, so the server loads every served collection's model when it starts, in
   a thread (the port comes up at once; health answers NOT_SERVING until every model is ready,
   then SERVING), and a new collection's at its creation. A query that comes first waits for
-  the load (``encode.text.get_encoder`` loads each model once, under a lock).
+  the load (``encode.text.get_encoder`` loads each model once, under a lock). A model that
+  fails to load is logged and health still turns SERVING: that collection's queries say why,
+  the others serve.
 """
 from __future__ import annotations
 
@@ -112,6 +114,8 @@ class ModelLoader:
         self.ready = threading.Event()
         models = {m: [c for c in cs if _needs_model(c)] for m, cs in served.items()}
         self.models = {m: cs for m, cs in models.items() if cs}
+        if not self.models:
+            self.ready.set()
 
     def start(self, on_ready: Callable[[], None]) -> None:
         threading.Thread(target=self._run, args=(on_ready,), name="model-load",

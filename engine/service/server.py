@@ -41,6 +41,7 @@ class Server:
         self.host, self.port, self.tls, self.metrics_port = host, front.port, tls, metrics_port
         self.frontend = front.name
         self.member = None  # set by serve() for a worker of `serve --processes N`
+        self.models_ready = threading.Event()  # set by serve(): the served models are loaded
         self._stopped = threading.Event()
 
     @property
