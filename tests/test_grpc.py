@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 import polyindex
 from polyindex import Unauthenticated
 from polyindex.client.remote import Client, RemoteCollection
-from polyindex.errors import Internal
+from polyindex.errors import FailedPrecondition
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.service.metrics import Metrics
@@ -362,12 +363,25 @@ def test_message_size_limit(tmp_path, frontend):
 def test_a_busy_port_is_an_error_and_releases_the_data(tmp_path, frontend):
     first = serve(tmp_path / "a", port=0, frontend=frontend)
     try:
-        with pytest.raises(Internal, match="cannot listen"):
+        with pytest.raises(FailedPrecondition, match="cannot listen"):
             serve(tmp_path / "b", port=first.port, frontend=frontend)
         again = serve(tmp_path / "b", port=0, frontend=frontend)  # the failed one let go of b
         again.stop(grace=1)
     finally:
         first.stop(grace=1)
+
+
+@pytest.mark.parametrize("fe", [pytest.param("native", marks=NEEDS_NATIVE), "python"])
+def test_serve_on_a_busy_port_prints_one_line(tmp_path, cli, fe):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r = cli("serve", "--data", tmp_path, "--port", port, "--frontend", fe, timeout=60)
+    assert r.returncode == 1  # not bad input: the machine's state (README: 2 is bad input)
+    assert r.stderr.strip().splitlines() == [
+        f"error (FAILED_PRECONDITION): cannot listen on 127.0.0.1:{port}: Address already in "
+        "use (another program holds the port?)"], r.stderr
 
 
 def test_client_transport_must_be_known():

@@ -262,3 +262,58 @@ def test_a_directory_held_by_another_writer_fails_clearly(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "did not start" in r.stderr and "already open for writing" in r.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_group_starts_again_at_once_on_its_port_after_sigterm(tmp_path):
+    """A clean stop leaves the server's side of its connections in TIME_WAIT on the port
+    (the server closed first); the next group's check of the port must not trip on them."""
+    port = free_port()
+    for attempt in range(3):
+        proc, address = start(tmp_path, "--port", str(port))
+        assert address == f"127.0.0.1:{port}"
+        held = socket.create_connection(("127.0.0.1", port), timeout=10)  # open across the stop
+        with Client(address) as c:
+            c.list_collections()
+        assert stop(proc) == 0, proc.stderr.read()[-2000:]
+        while held.recv(65536):  # read to the server's FIN (unread bytes would make it a reset)
+            pass
+        held.close()  # after the server's close: the server's side waits in TIME_WAIT
+
+
+@pytest.mark.slow  # a group's start, a writer's restart and a stop: 20-30 s here
+def test_a_write_through_a_follower_waits_out_a_killed_writers_restart(tmp_path, frontend):
+    proc, address = start(tmp_path, "--frontend", frontend)
+    try:
+        with Client(address) as c:
+            c.create_collection("c", ["lexical"])
+        follower = connect_to(address, "follower")
+        assert follower.upsert("before", "alpha before") == 1  # its channel to the writer is up
+        writer = connect_to(address, "writer")
+        wpid = writer.pid
+        writer.channel.close()
+        os.kill(wpid, signal.SIGKILL)
+        start_s = time.monotonic()
+        for i in range(3):  # sent at once: the follower's connection to the writer just broke
+            msg = pb.UpsertRequest(collection="c", documents=[pb.Document(id=f"during-{i}",
+                                                                          text="alpha during")])
+            assert follower.stub.Upsert(iter([msg]), timeout=60).upserted == 1
+        deleted = follower.stub.Delete(pb.DeleteRequest(collection="c", ids=["before"]),
+                                       timeout=60)
+        assert deleted.deleted == 1
+        assert time.monotonic() - start_s < 40
+        new_writer = connect_to(address, "writer")
+        assert new_writer.pid != wpid  # the writer that acknowledged them is the new one
+        for conn in (follower, new_writer):
+            for i in range(3):
+                eventually(lambda: conn.has(f"during-{i}"), f"during-{i} on the {conn.role}")
+            eventually(lambda: not conn.has("before"), f"the delete on the {conn.role}")
+        assert proc.poll() is None
+    finally:
+        rc = stop(proc)
+    assert rc == 0, proc.stderr.read()[-2000:]

@@ -504,15 +504,23 @@ def serve(data: Path = DataOpt,
           shards: Optional[int] = typer.Option(None, "--shards", min=1, help="Serve DATA as a sharded directory on Ray (ids hashed to S shards, each its own data directory served by Ray actors); S is fixed when the directory is created. Needs the ray extra."),
           replicas: int = typer.Option(1, "--replicas", min=1, help="With --shards: Ray actors per shard (one writer, the others read-only followers of its WAL)."),
           ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
+          insecure: bool = typer.Option(False, "--insecure", help="Serve a --host beyond loopback in plaintext with no token (refused without this flag): anyone who reaches it can read, write and drop every collection."),
+          model_root: Optional[Path] = typer.Option(None, "--model-root", metavar="DIR", help="Clients creating a collection may name a model folder under DIR (besides the shipped model and those of the served collections)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
+    from polyindex.service.exposure import check_exposure
+    # before anything binds a port or starts Ray
+    check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
+                   insecure=insecure)
+    if model_root is not None and not model_root.is_dir():
+        raise InvalidArgument(f"--model-root {model_root} is not a directory")
     from polyindex.cuda.device import check_device
     check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly)
+              readonly=readonly, insecure=insecure, model_root=model_root)
     if shards is not None or (data / "shards.json").is_file():
         if device != "cpu":  # the shard actors open their engines on the CPU
             raise InvalidArgument("--device cuda does not go with --shards")

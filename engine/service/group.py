@@ -21,9 +21,11 @@ import grpc
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
-from polyindex.wire.grpc_errors import from_rpc_error
+from polyindex.wire.grpc_errors import Unavailable, from_rpc_error
 
 FORWARD_WAIT_S = 30.0  # a write waits this long at most for the writer (e.g. while it restarts)
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # pauses between a forwarded write's tries
+_RETRIED = frozenset({"Upsert", "Delete"})  # idempotent: see Member.forward
 PEER_TIMEOUT_S = 2.0   # a sibling that does not answer Stats within this is reported, not waited for
 _PASSED = ("authorization",)  # metadata a forwarded call carries on (the writer checks it too)
 INTERNAL_KEY = "polyindex-internal"  # on calls between the processes of a group: the sender's pid
@@ -74,20 +76,52 @@ class Member:
                 ch = self._channels[worker] = grpc.insecure_channel(
                     f"unix:{socket_path(self.runtime, worker)}",
                     options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+                             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                             # a restarted sibling's socket is found within a second (grpc's
+                             # default reconnect backoff grows to 120 s)
+                             ("grpc.initial_reconnect_backoff_ms", 100),
+                             ("grpc.max_reconnect_backoff_ms", 1000)])
             return pb_grpc.PolyindexStub(ch)
 
     def forward(self, method: str, request, context):
         """Call ``method`` on the writer with the client's credentials and what is left of
-        its deadline; its failure is raised as the exception it stands for."""
+        its deadline (at most ``FORWARD_WAIT_S``); its failure is raised as the exception it
+        stands for. ``request``: a message, or a list of them (a stream: sent again whole on
+        a retry).
+
+        ``wait_for_ready`` waits while the writer cannot be reached (restarting), but a call
+        sent on a connection that has just broken (the writer killed a moment ago) fails at
+        once with UNAVAILABLE. Upsert and Delete are retried then, until the bound: retrying
+        one whose outcome is unknown is safe, an upsert is idempotent by id (last write wins)
+        and so is a delete (a retried one may count fewer ``deleted``). CreateCollection and
+        DropCollection are not (a retry could answer ALREADY_EXISTS or NOT_FOUND for the
+        call's own effect): they are sent once. grpc's own retry policy does not fit: it
+        gives up on a stream past its per-call buffer (256 KB), and an Upsert may be 1 GiB."""
         left = context.time_remaining()
-        timeout = FORWARD_WAIT_S if left is None else max(0.0, min(left, FORWARD_WAIT_S))
+        bound = FORWARD_WAIT_S if left is None else max(0.0, min(left, FORWARD_WAIT_S))
+        ours = left is None or left > FORWARD_WAIT_S  # the wait runs out before the client's
+        deadline = time.monotonic() + bound
         metadata = _internal_metadata(context)
-        try:
-            return getattr(self.stub(0), method)(request, timeout=timeout, metadata=metadata,
-                                                 wait_for_ready=True)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                return getattr(self.stub(0), method)(
+                    iter(request) if isinstance(request, list) else request,
+                    timeout=max(0.0, deadline - time.monotonic()), metadata=metadata,
+                    wait_for_ready=True)
+            except grpc.RpcError as e:
+                code, retried = e.code(), method in _RETRIED
+                if code == grpc.StatusCode.UNAVAILABLE and retried:
+                    if time.monotonic() + pause < deadline:
+                        time.sleep(pause)
+                        pause = min(2 * pause, RETRY_MAX_S)
+                        continue
+                if ours and (code == grpc.StatusCode.DEADLINE_EXCEEDED or
+                             (code == grpc.StatusCode.UNAVAILABLE and retried)):
+                    raise Unavailable(f"{method}: the group's writer did not answer within "
+                                      f"{FORWARD_WAIT_S:.0f} s (restarting?): "
+                                      f"{e.details()}") from None
+                raise from_rpc_error(e) from None
 
     def peers(self, context) -> list[tuple[int, pb.StatsResponse | str]]:
         """(worker, its Stats or why it did not answer) for every other worker, asked at once."""

@@ -172,6 +172,12 @@ class NativeFront:
         self.port = self._server.port()
         atexit.register(self.stop, 0.0)  # C++ threads must not call into a finalizing Python
 
+    def set_serving(self, serving: bool) -> None:
+        # An extension built before set_serving (a stale `make native`) answers SERVING
+        set_serving = getattr(self._server, "set_serving", None)
+        if set_serving is not None:
+            set_serving(bool(serving))
+
     def not_serving(self) -> None:
         self._server.not_serving()
 

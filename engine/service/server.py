@@ -23,6 +23,9 @@ from polyindex.service import native_front, reflection
 from polyindex.service.affinity import parse_cpus, pin_process
 from polyindex.service.auth import TokenAuth
 from polyindex.service.metrics import Metrics
+from polyindex.service.exposure import check_exposure
+from polyindex.service.models import ModelLoader, ModelPolicy, collection_models
+from polyindex.service.ports import check_free
 from polyindex.service.servicer import Limits, PolyindexService
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
 
@@ -38,6 +41,7 @@ class Server:
         self.host, self.port, self.tls, self.metrics_port = host, front.port, tls, metrics_port
         self.frontend = front.name
         self.member = None  # set by serve() for a worker of `serve --processes N`
+        self.models_ready = threading.Event()  # set by serve(): the served models are loaded
         self._stopped = threading.Event()
 
     @property
@@ -103,6 +107,12 @@ class GrpcioFront:
         server.start()
         self._server = server
 
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE):  # ignored once not_serving() was called
+            self._health.set(name, status)
+
     def not_serving(self) -> None:
         self._health.enter_graceful_shutdown()
 
@@ -131,7 +141,7 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
           tls_cert=None, tls_key=None, workers: int = 8, metrics_port: int | None = None,
           max_message_bytes: int = MAX_MESSAGE_BYTES, limits: Limits = Limits(),
           engine=None, frontend: str = "auto", readonly: bool = False, member=None,
-          device: str = "cpu") -> Server:
+          device: str = "cpu", insecure: bool = False, model_root=None) -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
     ``device``: "cpu" or "cuda" (the engine's placement, ``polyindex.cuda``).
@@ -139,7 +149,11 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     (native when built). Both serve the same servicer, auth, errors and metrics. ``member``:
     this process is one worker of ``serve --processes N`` (``service.group.Member``): it
     shares the port (SO_REUSEPORT), listens on its private socket too, and is the writer
-    (worker 0) or a read-only follower forwarding writes to it."""
+    (worker 0) or a read-only follower forwarding writes to it. ``insecure``: serve a host
+    beyond loopback with no token and no TLS (refused otherwise, ``service.exposure``).
+    ``model_root``: folders under it may be named as a new collection's model by clients
+    (``service.models``). The served collections' models load in a thread; health answers
+    NOT_SERVING until they are ready."""
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
     if workers < 1:
@@ -150,6 +164,12 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         raise InvalidArgument(f"the native gRPC front end is not available: {native_front.MISSING}")
     front_cls = GrpcioFront if frontend == "python" or not native_front.available() else NativeFront
     tls = None if tls_cert is None else (_read(tls_key), _read(tls_cert))
+    warning = check_exposure(host, token=bool(token), tls=tls_cert is not None,
+                             insecure=insecure)
+    if warning and member is None:  # a group's parent said it once
+        print(warning, file=sys.stderr, flush=True)
+    if member is None:  # a group's parent checked its port; gRPC's bind would log a dump
+        check_free(host, port)
     own_engine = engine is None
     if member is not None:
         readonly = member.role != "writer"  # followers follow the writer's commits and WAL
@@ -159,7 +179,10 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     metrics = Metrics(engine, member)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        front = front_cls(PolyindexService(engine, metrics, limits, member), bind, token=token,
+        served = collection_models(engine)
+        loader = ModelLoader(served)
+        models = ModelPolicy(served, model_root, loader)
+        front = front_cls(PolyindexService(engine, metrics, limits, member, models), bind, token=token,
                           on_reject=lambda m: metrics.observe(m.rsplit("/", 1)[-1],
                                                               "UNAUTHENTICATED", 0.0),
                           tls=tls, workers=workers, max_message_bytes=max_message_bytes,
@@ -170,8 +193,11 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         if own_engine:
             engine.close()  # nothing will serve it: release its lock, flush its WAL
         raise
+    if loader.models:  # health: NOT_SERVING until every model is loaded
+        front.set_serving(False)
+        loader.start(on_ready=lambda: front.set_serving(True))
     srv = Server(front, engine, metrics, host, tls is not None, bound_metrics)
-    srv.member = member
+    srv.member, srv.models_ready = member, loader.ready
     return srv
 
 

@@ -79,10 +79,12 @@ def check_deadline(context: grpc.ServicerContext, what: str) -> None:
 
 
 class PolyindexService(pb_grpc.PolyindexServicer):
-    def __init__(self, engine, metrics, limits: Limits = Limits(), member=None):
+    def __init__(self, engine, metrics, limits: Limits = Limits(), member=None, models=None):
         """``member``: this process's place in a ``serve --processes N`` group
-        (``service.group.Member``); a follower forwards every write to the group's writer."""
-        self.engine, self.metrics, self.limits = engine, metrics, limits
+        (``service.group.Member``); a follower forwards every write to the group's writer.
+        ``models``: which models a new collection may name (``service.models.ModelPolicy``;
+        None: any, as the embedded engine)."""
+        self.engine, self.metrics, self.limits, self.models = engine, metrics, limits, models
         self.redact = Redactor(engine.path)  # remote clients never see the server's paths
         self.member = member
         self.forwards = member is not None and member.forwards
@@ -264,7 +266,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             messages.append(msg)
         if not context.is_active():
             raise Cancelled("Upsert was cancelled by the client; nothing was written")
-        return self._forward("Upsert", iter(messages), context, name)
+        return self._forward("Upsert", messages, context, name)  # a list: sent again on a retry
 
     @_rpc
     def Delete(self, req, context, tags):
@@ -289,17 +291,30 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     @_rpc
     def CreateCollection(self, req, context, tags):
         if self.forwards:
-            return self._forward("CreateCollection", req, context)
+            response = self._forward("CreateCollection", req, context)
+            self._created(req.name)
+            return response
         kw = {"fields": dict(req.fields), "exist_ok": req.exist_ok}
         for key in ("segment_size", "model", "dtype"):
             if req.HasField(key):
                 kw[key] = getattr(req, key)
         if kw.get("model") == "none":
             kw["model"] = None
+        elif "model" in kw and self.models is not None:  # never any server path a client names
+            kw["model"] = self.models.check(kw["model"])
         if req.HasField("profiles"):
             kw["profiles"] = from_struct(req.profiles)
         coll = self.engine.create_collection(req.name, list(req.indexes) or DEFAULT_INDEXES, **kw)
+        self._created(coll.name)
         return pb.CollectionInfo(name=coll.name, info=to_struct(self.redact.info(coll.info())))
+
+    def _created(self, name: str) -> None:
+        """A new collection's model loads now, not at its first query."""
+        if self.models is not None:
+            try:
+                self.models.created(self.engine.collection(name))
+            except PolyindexError:  # dropped meanwhile: nothing to load
+                pass
 
     @_rpc
     def DropCollection(self, req, context, tags):

@@ -4,8 +4,8 @@ The parent starts no gRPC at all (the gRPC Python multiprocessing rule: nothing 
 exist in a process that forks); it checks the port, spawns the workers as fresh interpreters
 (``service.worker``), watches them and stops them:
 
-- **The port**: a plain bind first, so a port that any other program holds (even with
-  SO_REUSEPORT) fails with a clear error instead of being shared silently; then the parent
+- **The port**: a bind first without SO_REUSEPORT (``service.ports``), so a port that any
+  other program holds (even with SO_REUSEPORT) fails with a clear error instead of being shared silently; then the parent
   keeps a bound, never listening SO_REUSEPORT socket on it for its lifetime (it takes no
   connections, and keeps programs without SO_REUSEPORT off the port while workers restart).
   The workers listen on it with SO_REUSEPORT: the kernel spreads new connections over them.
@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 from polyindex.errors import FailedPrecondition, Internal, InvalidArgument
+from polyindex.service.exposure import check_exposure
+from polyindex.service.ports import bind_probe
 
 READY_WAIT_S = 300.0  # a worker loads its collections before it is ready
 STOP_MARGIN_S = 30.0   # beyond the grace: the writer's last seal
@@ -45,16 +47,11 @@ POLL_S = 0.2
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """Check that no other program holds ``host:port`` and keep it for the group."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        probe.bind((host, port))  # no SO_REUSEPORT: fails if anyone holds the port at all
-        port = probe.getsockname()[1]
-    except OSError as e:
-        raise FailedPrecondition(f"cannot listen on {host}:{port}: {e.strerror} (another "
-                                 "program holds the port?)") from None
-    finally:
-        probe.close()
+    # No SO_REUSEPORT: fails if anyone listens on the port at all; SO_REUSEADDR: a previous
+    # group's connections in TIME_WAIT do not (a restart right after a clean stop)
+    probe = bind_probe(host, port)
+    family, port = probe.family, probe.getsockname()[1]
+    probe.close()
     keep = socket.socket(family, socket.SOCK_STREAM)
     keep.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
@@ -138,7 +135,7 @@ class Worker:
 class Group:
     def __init__(self, data, processes: int, *, host: str, port: int, token_file, tls_cert,
                  tls_key, workers: int, frontend: str, readonly: bool, cpus: str | None,
-                 grace: float):
+                 grace: float, insecure: bool = False, model_root=None):
         self.host, self.grace = host, grace
         self._keep = reserve_port(host, port)
         self.port = self._keep.getsockname()[1]
@@ -147,7 +144,8 @@ class Group:
                "runtime": str(self.runtime), "token_file": str(token_file) if token_file else None,
                "tls_cert": str(tls_cert) if tls_cert else None,
                "tls_key": str(tls_key) if tls_key else None, "workers": workers,
-               "frontend": frontend, "readonly": readonly, "cpus": cpus, "grace": grace}
+               "frontend": frontend, "readonly": readonly, "cpus": cpus, "grace": grace,
+               "insecure": insecure, "model_root": str(model_root) if model_root else None}
         self.workers = [Worker(i, cfg) for i in range(processes)]
         self.metrics_port: int | None = None
         self._http = None
@@ -231,12 +229,17 @@ class Group:
 def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 50051,
               token_file=None, tls_cert=None, tls_key=None, workers: int = 8,
               metrics_port: int | None = None, frontend: str = "auto", readonly: bool = False,
-              cpus: str | None = None, grace: float = 5.0) -> None:
+              cpus: str | None = None, grace: float = 5.0, insecure: bool = False,
+              model_root=None) -> None:
     """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``)."""
     if processes < 2:
         raise InvalidArgument(f"a process group needs 2 or more processes, got {processes}")
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
+    warning = check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
+                             insecure=insecure)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if not readonly:
         Path(data).mkdir(parents=True, exist_ok=True)  # followers never create it
     done = threading.Event()
@@ -244,7 +247,8 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
         signal.signal(sig, lambda *_: done.set())
     group = Group(data, processes, host=host, port=port, token_file=token_file,
                   tls_cert=tls_cert, tls_key=tls_key, workers=workers, frontend=frontend,
-                  readonly=readonly, cpus=cpus, grace=grace)
+                  readonly=readonly, cpus=cpus, grace=grace, insecure=insecure,
+                  model_root=model_root)
     group.start()
     if metrics_port is not None:
         group.serve_metrics(metrics_port)

@@ -68,7 +68,8 @@ def _serve(cfg: dict):
             return serve(cfg["data"], host=cfg["host"], port=cfg["port"], token=token,
                          tls_cert=cfg.get("tls_cert"), tls_key=cfg.get("tls_key"),
                          workers=cfg["workers"], metrics_port=0, frontend=cfg["frontend"],
-                         member=member)
+                         member=member, insecure=cfg.get("insecure", False),
+                         model_root=cfg.get("model_root"))
         except FailedPrecondition:
             # A restarted writer's predecessor may still be releasing the directory's lock;
             # at the group's start, a lock held by another program fails at once

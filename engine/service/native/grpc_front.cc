@@ -303,6 +303,16 @@ PyObject* Server_not_serving(ServerObject* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// Health answers SERVING or NOT_SERVING for every service (the models loading at start);
+// after not_serving() it stays NOT_SERVING (gRPC ignores it after the service's Shutdown).
+PyObject* Server_set_serving(ServerObject* self, PyObject* arg) {
+  int serving = PyObject_IsTrue(arg);
+  if (serving < 0) return nullptr;
+  if (self->front->server && self->front->server->GetHealthCheckService() != nullptr)
+    self->front->server->GetHealthCheckService()->SetServingStatus(serving != 0);
+  Py_RETURN_NONE;
+}
+
 // Stop taking calls, let in-flight ones finish for up to `grace` seconds, then cancel them.
 PyObject* Server_shutdown(ServerObject* self, PyObject* arg) {
   double grace = PyFloat_AsDouble(arg);
@@ -321,6 +331,7 @@ PyObject* Server_shutdown(ServerObject* self, PyObject* arg) {
 PyMethodDef kServerMethods[] = {
     {"port", (PyCFunction)Server_port, METH_NOARGS, "The bound port."},
     {"not_serving", (PyCFunction)Server_not_serving, METH_NOARGS, "Health answers NOT_SERVING from now on."},
+    {"set_serving", (PyCFunction)Server_set_serving, METH_O, "Health answers SERVING (True) or NOT_SERVING."},
     {"shutdown", (PyCFunction)Server_shutdown, METH_O, "Drain for up to `grace` seconds, then stop; blocks."},
     {nullptr, nullptr, 0, nullptr}};
 
