@@ -228,8 +228,22 @@ class WriteAheadLog:
                          f"{self._end} is removed")
         try:
             self._cut()
+        except OSError:  # _partial stays set: the next append (or rotate, or close) retries
+            self._spoil()
+
+    def _spoil(self) -> None:
+        """While the cut fails: zero the failed frame's marker (best effort), so that a whole
+        frame whose fsync failed is read by neither a follower nor a recovery as a write;
+        a recovery cuts it as a torn tail (its bytes kept in ``torn/``)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)  # no O_APPEND: pwrite in place
+            try:
+                if os.fstat(fd).st_size >= self._end + 2:
+                    os.pwrite(fd, b"\0\0", self._end)
+            finally:
+                os.close(fd)
         except OSError:
-            pass  # _partial stays set: the next append (or rotate, or close) tries again
+            pass
 
     def _cut(self) -> None:
         """Truncate the file being appended to back to its last acknowledged record."""
