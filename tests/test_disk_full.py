@@ -94,8 +94,9 @@ def all_ids(coll) -> set[str]:
     return {h.id for h in coll.query("alpha", profile="lexical", k=10_000)}
 
 
-def wal_records(wal: Path) -> list[int]:
-    """The sequence numbers a recovery would find (read from a copy: it may cut a tail)."""
+def wal_records(wal: Path, torn: bool = False) -> list[int]:
+    """The sequence numbers a recovery would find (read from a copy: it may cut a tail);
+    ``torn``: whether it must find (and keep in ``torn/``) a torn tail."""
     copy = Path(tempfile.mkdtemp(prefix="disk-wal-", dir="/tmp"))
     try:
         for p in wal.glob("wal-*.log"):
@@ -103,7 +104,8 @@ def wal_records(wal: Path) -> list[int]:
         log = WriteAheadLog(copy)
         seqs = [seq for seq, _ in log.replay()]
         log.close()
-        assert not (copy / "torn").exists(), "a failed append left bytes in the log"
+        assert (copy / "torn").exists() == torn, "torn tail expected" if torn else \
+            "a failed append left bytes in the log"
         return seqs
     finally:
         shutil.rmtree(copy)
@@ -111,28 +113,29 @@ def wal_records(wal: Path) -> list[int]:
 
 def test_embedded_writes_resume_after_a_full_disk(disk):
     data = disk / "D"
-    eng = polyindex.open(data, online=True)
-    coll = eng.create_collection("c", ["lexical"])
-    coll._online.seal_docs = coll._online.seal_seconds = 10**9  # seals when the test says
-    filler = fill(disk, 700_000)
     live: set[str] = set()
-    stream_until_full(coll, live)
-    with pytest.raises(OSError):  # the sealer's commit meets the full disk too...
-        coll.seal()
-    assert all_ids(coll) == live
-    filler.unlink()
-    coll.add(batch(10_000))  # ...and once space is free, everything goes on, no restart
-    live.update(d["id"] for d in batch(10_000))
-    coll.delete([sorted(live)[0]])
-    live.discard(sorted(live)[0])
-    assert all_ids(coll) == live
-    seqs = wal_records(data / "c" / "wal")  # what a crash now would replay: every ack, once
-    assert seqs == list(range(1, len(seqs) + 1))
-    with polyindex.open(data, readonly=True) as reader:  # a follower reads the same log
-        assert all_ids(reader.collection("c")) == live
-    coll.seal()  # the retried seal commits
-    assert coll.info()["seal_failures"] == 0
-    eng.close()
+    with polyindex.open(data, online=True) as eng:
+        coll = eng.create_collection("c", ["lexical"])
+        coll._online.seal_docs = coll._online.seal_seconds = 10**9  # seals when the test says
+        filler = fill(disk, 700_000)
+        stream_until_full(coll, live)
+        with pytest.raises(OSError):  # the sealer's commit meets the full disk too...
+            coll.seal()
+        # ...and leaves nothing of its segment taking the space writes need
+        assert not list((data / "c" / "segments").glob(".seg-*"))
+        assert all_ids(coll) == live
+        filler.unlink()
+        coll.add(batch(10_000))  # once space is free, everything goes on, no restart
+        live.update(d["id"] for d in batch(10_000))
+        coll.delete([sorted(live)[0]])
+        live.discard(sorted(live)[0])
+        assert all_ids(coll) == live
+        seqs = wal_records(data / "c" / "wal")  # what a crash now would replay: each ack once
+        assert seqs == list(range(1, len(seqs) + 1))
+        with polyindex.open(data, readonly=True) as reader:  # a follower reads the same log
+            assert all_ids(reader.collection("c")) == live
+        coll.seal()  # the retried seal commits
+        assert coll.info()["seal_failures"] == 0
     with polyindex.open(data, online=True) as again:
         assert all_ids(again.collection("c")) == live
 
@@ -173,27 +176,27 @@ def test_a_failed_cut_refuses_writes_until_a_retry_manages_it(tmp_path):
     """The append's fsync fails after its bytes are written, and so does the cut: the log
     refuses writes (RESOURCE_EXHAUSTED, saying why) and retries the cut on each write; once
     it works, writes go on and the log holds exactly the acknowledged records."""
-    eng = polyindex.open(tmp_path, online=True)
-    coll = eng.create_collection("c", ["lexical"])
-    coll.add(batch(0))
-    wal = coll.folder / "wal" / "wal-00000001.log"
-    size = wal.stat().st_size
-    failpoints.arm("wal.append.fsync", "enospc")
-    failpoints.arm("wal.undo.truncate", "enospc")
-    with pytest.raises(ResourceExhausted, match="disk is full"):
-        coll.add(batch(1))
-    assert wal.stat().st_size > size  # its bytes are still there...
-    with polyindex.open(tmp_path, readonly=True) as reader:  # ...and never read as a write
-        assert all_ids(reader.collection("c")) == {d["id"] for d in batch(0)}
-    failpoints.arm("wal.undo.truncate", "enospc")  # the retry fails too: still refused
-    with pytest.raises(ResourceExhausted, match="writes are refused until the partial record"):
-        coll.delete(["b0-0"])
-    failpoints.arm("wal.undo.truncate", "enospc")
-    coll.seal()  # commits, but must not rotate away from the uncut bytes (the tail's file)
-    assert sorted(p.name for p in wal.parent.glob("wal-*.log")) == [wal.name]
-    coll.add(batch(2))  # the cut works now: the write goes through, numbered 2
-    assert wal_records(wal.parent) == [1, 2]  # the failed record is gone
-    assert all_ids(coll) == {d["id"] for d in batch(0) + batch(2)}
-    eng.close()
+    with polyindex.open(tmp_path, online=True) as eng:
+        coll = eng.create_collection("c", ["lexical"])
+        coll.add(batch(0))
+        wal = coll.folder / "wal" / "wal-00000001.log"
+        size = wal.stat().st_size
+        failpoints.arm("wal.append.fsync", "enospc")
+        failpoints.arm("wal.undo.truncate", "enospc")
+        with pytest.raises(ResourceExhausted, match="disk is full"):
+            coll.add(batch(1))
+        assert wal.stat().st_size > size  # its bytes are still there...
+        with polyindex.open(tmp_path, readonly=True) as reader:  # ...and never read as a write
+            assert all_ids(reader.collection("c")) == {d["id"] for d in batch(0)}
+        assert wal_records(wal.parent, torn=True) == [1]  # a crash now: a torn tail, kept
+        failpoints.arm("wal.undo.truncate", "enospc")  # the retry fails too: still refused
+        with pytest.raises(ResourceExhausted, match="writes are refused until the partial record"):
+            coll.delete(["b0-0"])
+        failpoints.arm("wal.undo.truncate", "enospc")
+        coll.seal()  # commits, but must not rotate away from the uncut bytes (the tail's file)
+        assert sorted(p.name for p in wal.parent.glob("wal-*.log")) == [wal.name]
+        coll.add(batch(2))  # the cut works now: the write goes through, numbered 2
+        assert wal_records(wal.parent) == [1, 2]  # the failed record is gone
+        assert all_ids(coll) == {d["id"] for d in batch(0) + batch(2)}
     with polyindex.open(tmp_path) as again:
         assert all_ids(again.collection("c")) == {d["id"] for d in batch(0) + batch(2)}
