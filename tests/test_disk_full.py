@@ -200,3 +200,45 @@ def test_a_failed_cut_refuses_writes_until_a_retry_manages_it(tmp_path):
         assert all_ids(coll) == {d["id"] for d in batch(0) + batch(2)}
     with polyindex.open(tmp_path) as again:
         assert all_ids(again.collection("c")) == {d["id"] for d in batch(0) + batch(2)}
+
+
+def _words(i: int, n: int = 60) -> str:
+    import random
+    rng = random.Random(i)
+    return " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "river", "ocean", "forest",
+                                "desert", "harbor", "valley")) for _ in range(n)) + f" u{i}"
+
+
+def test_compact_and_index_on_a_full_disk_say_so_in_one_line(disk, tmp_path, cli):
+    data = disk / "D"
+    with polyindex.open(data) as eng:
+        coll = eng.create_collection("c", ["lexical"])
+        for s in range(6):
+            coll.add([{"id": f"d{i}", "text": _words(i)} for i in range(500 * s, 500 * (s + 1))])
+        coll.delete([f"d{i}" for i in range(0, 3000, 3)])
+        segments = len(coll.sealed_snapshot().manifest.segments)
+    assert segments >= 6
+    src = tmp_path / "more.jsonl"
+    src.write_text("".join(json.dumps({"id": f"m{i}", "text": _words(10_000 + i)}) + "\n"
+                           for i in range(3000)))
+    filler = fill(disk, 300_000)
+    res = cli("compact", "--data", data, "--collection", "c")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+    assert res.stderr.startswith("error (RESOURCE_EXHAUSTED): compacting 'c': the disk is full")
+    res = cli("index", src, "--data", data, "--collection", "c", "--index", "lexical",
+              "--no-progress")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+    assert re.match(r"error \(RESOURCE_EXHAUSTED\): indexing \S+ into 'c': the disk is full",
+                    res.stderr), res.stderr
+    assert not list((data / "c" / "segments").glob(".*"))  # nothing half built left behind
+    from polyindex.storage.verify import verify_data
+    assert all(r.ok for r in verify_data(data))
+    with polyindex.open(data) as eng:  # intact and usable; once space is free, both work
+        coll = eng.collection("c")
+        assert coll.count() == 2000 and "d1" in {h.id for h in coll.query("u1", k=3)}
+        filler.unlink()
+        assert coll.compact()["after"]["segments"] < segments
+        coll.index(src)
+        assert coll.count() == 5000

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.cli.disk_full import disk_full_error, is_disk_full, reported
 from polyindex.errors import InvalidArgument, PolyindexError
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--json`, not `--json <bool>`
@@ -141,8 +142,11 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                address=ray_address, skip_invalid=skip_invalid, force=force,
                                progress=progress)
         else:
-            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force,
-                                prune_quality=prune)
+            with reported(f"indexing {src} into {collection!r}",
+                          "every segment committed before stays, and the same command "
+                          "resumes after them once space is free"):
+                report = coll.index(source, skip_invalid=skip_invalid, progress=progress,
+                                    force=force, prune_quality=prune)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
         if created and not coll.sealed_snapshot().manifest.segments:
@@ -449,7 +453,10 @@ def compact(data: Path = DataOpt, collection: str = CollOpt,
             out.print(f"merged {len(r['sources'])} segment(s) -> {r['segment'] or '(none)'}: "
                       f"{r['rows']:,} rows kept, {r['rows_dropped']:,} deleted rows dropped, "
                       f"{r['seconds']:.1f} s", highlight=False)
-    report = coll.compact(max_segments=max_segments, on_merge=step)
+    with reported(f"compacting {collection!r}",
+                  "merges finished before stay and the collection is otherwise unchanged; "
+                  "free space and run compact again"):
+        report = coll.compact(max_segments=max_segments, on_merge=step)
     eng.close()
     if as_json:
         print(json.dumps(report))
@@ -515,7 +522,13 @@ def serve(data: Path = DataOpt,
 
 def main() -> None:
     try:
-        app()
+        try:
+            app()
+        except OSError as e:  # a full disk anywhere else: the same one line
+            if not is_disk_full(e):
+                raise
+            raise disk_full_error(e, " ".join(sys.argv[1:2]) or "polyindex",
+                                  "what was committed before stays") from e
     except PolyindexError as e:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
         err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,
