@@ -403,9 +403,10 @@ def info(data: Optional[Path] = typer.Option(None, "--data", help="Data director
 def verify(data: Path = DataOpt,
            collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Check only this collection."),
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")):
-    """Check every stored file in full (sizes, checksums, Arrow validation); list every damaged one and exit 1 if any."""
+    """Check every stored file in full (sizes, checksums, Arrow validation, write-ahead-log records); list every damaged one and exit 1 if any."""
+    from polyindex.online.wal_check import check_wal
     from polyindex.storage.verify import verify_data
-    reports = verify_data(data, collection)
+    reports = verify_data(data, collection, wal=check_wal)
     ok = all(r.ok for r in reports)
     if as_json:
         print(json.dumps({"ok": ok, "collections": [r.to_json() for r in reports]}))
@@ -422,11 +423,17 @@ def _print_verify(reports, ok: bool) -> None:
         if r.unchecked:
             notes.append(f"{len(r.unchecked)} format-1 file(s) without a checksum")
         if r.wal:
-            notes.append(f"{len(r.wal)} WAL file(s), {sum(w['size'] for w in r.wal):,} bytes, "
-                         "not checked")
+            notes.append(f"{len(r.wal)} WAL file(s), {sum(w['size'] for w in r.wal):,} bytes" +
+                         ("" if r.wal_checked else ", not checked"))
         state = "ok" if r.ok else f"{len(r.problems)} damaged file(s)"
         out.print(f"{r.name}: {state} ({'; '.join(notes)})", highlight=False, markup=False,
                   soft_wrap=True, style=None if r.ok else "red")
+        for w in r.wal:
+            if w.get("torn_tail_at") is not None:  # a crash mid-append: not damage
+                out.print(f"  {w['file']}: torn tail at byte {w['torn_tail_at']} of {w['size']} "
+                          "(an append a crash interrupted, never acknowledged; not corruption: "
+                          "the writer cuts it when it opens the collection)", highlight=False,
+                          markup=False, soft_wrap=True)
         for p in r.problems:
             out.print(f"  {p['file']}: {p['problem']}", highlight=False, markup=False,
                       soft_wrap=True)

@@ -27,6 +27,7 @@ import json
 import os
 import struct
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -114,6 +115,49 @@ def valid_after(data: bytes, pos: int) -> int | None:
     return None
 
 
+@dataclass
+class Scanned:
+    """What one log file holds (``scan``)."""
+
+    records: list[tuple[int, dict]]  # (seq, record) of the records above ``after``
+    last_seq: int                    # the highest seq so far, this file included
+    last_in_file: int                # the last seq in this file (0: no record)
+    torn_at: int | None              # offset of a torn tail (the newest file only)
+
+
+def scan(path: Path, data: bytes, newest: bool, last_seq: int, after: int) -> Scanned:
+    """Check every frame of one log file, writing nothing (recovery and ``polyindex verify``
+    share it). ``last_seq``: the highest seq of the files before; ``after``: the manifest's
+    ``wal_through``. An invalid frame with no valid one after it, in the newest file, is a
+    torn tail (its offset is returned); anything else wrong is ``Corrupt`` naming the file
+    and byte offset."""
+    pos, last, records = 0, 0, []
+    while pos < len(data):
+        got = frame_at(data, pos, last_seq)
+        if isinstance(got, str):
+            later = valid_after(data, pos)
+            if not newest or later is not None:
+                where = (f"; a valid record follows at byte {later}" if later is not None
+                         else " (not the newest log file)")
+                raise Corrupt(f"{path}: {got} at byte {pos} of {len(data)}{where}")
+            return Scanned(records, last_seq, last, pos)
+        end, seq, payload = got
+        if seq <= last_seq and seq > after:
+            raise Corrupt(f"{path}: record at byte {pos} has sequence number {seq}, "
+                          f"not above the previous {last_seq}")
+        try:
+            record = json.loads(payload)
+        except ValueError as e:
+            raise Corrupt(f"{path}: record at byte {pos} passed its checksum but is not "
+                          f"JSON ({e})") from e
+        if seq > after:
+            records.append((seq, record))
+        last_seq = max(last_seq, seq)
+        last = seq
+        pos = end
+    return Scanned(records, last_seq, last, None)
+
+
 class WriteAheadLog:
     def __init__(self, folder: Path, after: int = 0):
         """Open (and check) the log; ``after``: the manifest's ``wal_through``."""
@@ -147,32 +191,12 @@ class WriteAheadLog:
     def _scan(self, number: int, newest: bool) -> None:
         path = self.folder / file_name(number)
         data = path.read_bytes()
-        pos, last = 0, 0
-        while pos < len(data):
-            got = frame_at(data, pos, self.last_seq)
-            if isinstance(got, str):
-                later = valid_after(data, pos)
-                if not newest or later is not None:
-                    where = (f"; a valid record follows at byte {later}" if later is not None
-                             else " (not the newest log file)")
-                    raise Corrupt(f"{path}: {got} at byte {pos} of {len(data)}{where}")
-                self._cut_torn_tail(path, data, pos)
-                break
-            end, seq, payload = got
-            if seq <= self.last_seq and seq > self.after:
-                raise Corrupt(f"{path}: record at byte {pos} has sequence number {seq}, "
-                              f"not above the previous {self.last_seq}")
-            try:
-                record = json.loads(payload)
-            except ValueError as e:
-                raise Corrupt(f"{path}: record at byte {pos} passed its checksum but is not "
-                              f"JSON ({e})") from e
-            if seq > self.after:
-                self._records.append((seq, record))
-            self.last_seq = max(self.last_seq, seq)
-            last = seq
-            pos = end
-        self._last_in[number] = last
+        got = scan(path, data, newest, self.last_seq, self.after)
+        self._records.extend(got.records)
+        self.last_seq = got.last_seq
+        self._last_in[number] = got.last_in_file
+        if got.torn_at is not None:
+            self._cut_torn_tail(path, data, got.torn_at)
 
     def _cut_torn_tail(self, path: Path, data: bytes, pos: int) -> None:
         """A crash mid-append left an unacknowledged partial frame: keep its bytes as
