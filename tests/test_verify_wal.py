@@ -56,7 +56,7 @@ def test_verify_reports_a_torn_wal_tail_and_exits_0(tmp_path, cli):
     wal.write_bytes(torn)
     report = verify_data(image, wal=check_wal)[0].to_json()
     assert report["ok"] and report["wal_checked"]
-    assert report["wal"] == [{"file": str(wal), "size": len(torn), "records": 5,
+    assert report["wal"] == [{"file": str(wal), "size": len(torn), "unsealed_records": 5,
                               "torn_tail_at": len(whole)}]
     res = cli("verify", "--data", image)
     assert res.returncode == 0 and f"{wal}: torn tail at byte {len(whole)}" in res.stdout

@@ -33,7 +33,8 @@ class CollectionReport:
     bytes: int = 0           # bytes read to check them
     unchecked: list[str] = field(default_factory=list)  # format-1 files with nothing to check
     problems: list[dict] = field(default_factory=list)  # {"file", "problem"}
-    wal: list[dict] = field(default_factory=list)  # {"file", "size"[, "records", "torn_tail_at"]}
+    # {"file", "size"} (+ "unsealed_records", "torn_tail_at" when checked)
+    wal: list[dict] = field(default_factory=list)
     wal_checked: bool = False
 
     @property
