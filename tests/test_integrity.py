@@ -330,7 +330,9 @@ def test_verify_lists_every_damaged_file_and_exits_non_zero(golden, tmp_path, cl
     assert res.returncode == 1, res.stderr
     coll = json.loads(res.stdout)["collections"][0]
     assert sorted(p["file"] for p in coll["problems"]) == sorted(map(str, bad))
-    assert coll["wal"] == [{"file": str(data / "c" / "wal" / "wal-1.log"), "size": 10}]
+    # a lone unreadable frame at the end of the newest file: a torn tail, not damage
+    assert coll["wal"] == [{"file": str(data / "c" / "wal" / "wal-1.log"), "size": 10,
+                            "unsealed_records": 0, "torn_tail_at": 0}]
     human = cli("verify", "--data", data)
     assert human.returncode == 1
     for path in bad:

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.cli.disk_full import disk_full_error, is_disk_full, reported
 from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
@@ -142,8 +143,11 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                address=ray_address, skip_invalid=skip_invalid, force=force,
                                progress=progress)
         else:
-            report = coll.index(source, skip_invalid=skip_invalid, progress=progress, force=force,
-                                prune_quality=prune)
+            with reported(f"indexing {src} into {collection!r}",
+                          "every segment committed before stays, and the same command "
+                          "resumes after them once space is free"):
+                report = coll.index(source, skip_invalid=skip_invalid, progress=progress,
+                                    force=force, prune_quality=prune)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
         if created and not coll.sealed_snapshot().manifest.segments:
@@ -420,9 +424,10 @@ def info(data: Optional[Path] = typer.Option(None, "--data", help="Data director
 def verify(data: Path = DataOpt,
            collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Check only this collection."),
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")):
-    """Check every stored file in full (sizes, checksums, Arrow validation); list every damaged one and exit 1 if any."""
+    """Check every stored file in full (sizes, checksums, Arrow validation, write-ahead-log records); list every damaged one and exit 1 if any."""
+    from polyindex.online.wal_check import check_wal
     from polyindex.storage.verify import verify_data
-    reports = verify_data(data, collection)
+    reports = verify_data(data, collection, wal=check_wal)
     ok = all(r.ok for r in reports)
     if as_json:
         print(json.dumps({"ok": ok, "collections": [r.to_json() for r in reports]}))
@@ -439,11 +444,17 @@ def _print_verify(reports, ok: bool) -> None:
         if r.unchecked:
             notes.append(f"{len(r.unchecked)} format-1 file(s) without a checksum")
         if r.wal:
-            notes.append(f"{len(r.wal)} WAL file(s), {sum(w['size'] for w in r.wal):,} bytes, "
-                         "not checked")
+            notes.append(f"{len(r.wal)} WAL file(s), {sum(w['size'] for w in r.wal):,} bytes" +
+                         ("" if r.wal_checked else ", not checked"))
         state = "ok" if r.ok else f"{len(r.problems)} damaged file(s)"
         out.print(f"{r.name}: {state} ({'; '.join(notes)})", highlight=False, markup=False,
                   soft_wrap=True, style=None if r.ok else "red")
+        for w in r.wal:
+            if w.get("torn_tail_at") is not None:  # a crash mid-append: not damage
+                out.print(f"  {w['file']}: torn tail at byte {w['torn_tail_at']} of {w['size']} "
+                          "(an append a crash interrupted, never acknowledged; not corruption: "
+                          "the writer cuts it when it opens the collection)", highlight=False,
+                          markup=False, soft_wrap=True)
         for p in r.problems:
             out.print(f"  {p['file']}: {p['problem']}", highlight=False, markup=False,
                       soft_wrap=True)
@@ -470,7 +481,10 @@ def compact(data: Path = DataOpt, collection: str = CollOpt,
             out.print(f"merged {len(r['sources'])} segment(s) -> {r['segment'] or '(none)'}: "
                       f"{r['rows']:,} rows kept, {r['rows_dropped']:,} deleted rows dropped, "
                       f"{r['seconds']:.1f} s", highlight=False)
-    report = coll.compact(max_segments=max_segments, on_merge=step)
+    with reported(f"compacting {collection!r}",
+                  "merges finished before stay and the collection is otherwise unchanged; "
+                  "free space and run compact again"):
+        report = coll.compact(max_segments=max_segments, on_merge=step)
     eng.close()
     if as_json:
         print(json.dumps(report))
@@ -546,7 +560,13 @@ def main() -> None:
     try:
         from polyindex.config import settings
         settings()  # a bad POLYINDEX_* value is an error before any command starts
-        app()
+        try:
+            app()
+        except OSError as e:  # a full disk anywhere else: the same one line
+            if not is_disk_full(e):
+                raise
+            raise disk_full_error(e, " ".join(sys.argv[1:2]) or "polyindex",
+                                  "what was committed before stays") from e
     except PolyindexError as e:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
         err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,

@@ -5,12 +5,15 @@ earlier in the process, this reads every file again and reports every problem: t
 manifest (its checksum, structure and paths), each segment's files (size, xxh3, and Arrow
 validation of the Arrow IPC files; format-1 entries without sums: Arrow validation only),
 tombstone files (also their row ids against the segment and the manifest's deleted count)
-and collection artifacts. Write-ahead-log files are listed with their sizes, not checked.
+and collection artifacts. The write-ahead log is checked by the ``wal`` function the caller
+passes (``online.wal_check.check_wal``: the log's format is the online room's); without one
+its files are only listed with their sizes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from polyindex.config import validate_name
 from polyindex.errors import Corrupt, NotFound
@@ -30,7 +33,9 @@ class CollectionReport:
     bytes: int = 0           # bytes read to check them
     unchecked: list[str] = field(default_factory=list)  # format-1 files with nothing to check
     problems: list[dict] = field(default_factory=list)  # {"file", "problem"}
-    wal: list[dict] = field(default_factory=list)       # {"file", "size"}
+    # {"file", "size"} (+ "unsealed_records", "torn_tail_at" when checked)
+    wal: list[dict] = field(default_factory=list)
+    wal_checked: bool = False
 
     @property
     def ok(self) -> bool:
@@ -44,10 +49,15 @@ class CollectionReport:
         return {"collection": self.name, "folder": str(self.folder), "ok": self.ok,
                 "format_version": self.format_version, "files_checked": self.checked,
                 "bytes_checked": self.bytes, "unchecked": self.unchecked,
-                "problems": self.problems, "wal": self.wal}
+                "problems": self.problems, "wal": self.wal, "wal_checked": self.wal_checked}
 
 
-def verify_data(data: Path, collection: str | None = None) -> list[CollectionReport]:
+# (wal folder, the manifest's wal_through) -> (entries, problems as (file, why))
+WalCheck = Callable[[Path, int], "tuple[list[dict], list[tuple[Path, str]]]"]
+
+
+def verify_data(data: Path, collection: str | None = None,
+                wal: WalCheck | None = None) -> list[CollectionReport]:
     """Check one collection of a data directory, or every collection in it."""
     data = Path(data)
     if not data.is_dir():
@@ -56,22 +66,23 @@ def verify_data(data: Path, collection: str | None = None) -> list[CollectionRep
         folder = data / validate_name(collection)
         if not folder.is_dir():
             raise NotFound(f"collection {collection!r} not found in {data}")
-        return [verify_collection(folder)]
+        return [verify_collection(folder, wal)]
     # Dot-folders are leftovers of an interrupted create or drop, never collections.
-    return [verify_collection(p) for p in sorted(data.iterdir())
+    return [verify_collection(p, wal) for p in sorted(data.iterdir())
             if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).exists()]
 
 
-def verify_collection(folder: Path) -> CollectionReport:
+def verify_collection(folder: Path, wal: WalCheck | None = None) -> CollectionReport:
     report = CollectionReport(folder.name, folder)
-    _wal(report)
     try:
         manifest = read_manifest(folder)
     except FileNotFoundError:
         report.bad(folder / MANIFEST, "missing")
+        _wal(report, wal, 0)
         return report
     except Corrupt as e:
         report.bad(folder / MANIFEST, str(e))
+        _wal(report, wal, 0)
         return report
     report.format_version = manifest.format_version
     report.checked += 1
@@ -84,6 +95,7 @@ def verify_collection(folder: Path) -> CollectionReport:
         sums = manifest.artifact_sums.get(kind, {})
         for name in files:
             _file(report, folder / "artifacts" / kind / name, sums.get(name))
+    _wal(report, wal, manifest.wal_through)
     return report
 
 
@@ -142,8 +154,16 @@ def _tombstones(report: CollectionReport, folder: Path, entry) -> None:
     report.checked += 1
 
 
-def _wal(report: CollectionReport) -> None:
-    wal = report.folder / WAL_DIR
-    if wal.is_dir():
-        report.wal = [{"file": str(p), "size": p.stat().st_size}
-                      for p in sorted(wal.iterdir()) if p.is_file()]
+def _wal(report: CollectionReport, check: WalCheck | None, after: int) -> None:
+    folder = report.folder / WAL_DIR
+    if check is None:
+        if folder.is_dir():
+            report.wal = [{"file": str(p), "size": p.stat().st_size}
+                          for p in sorted(folder.iterdir()) if p.is_file()]
+        return
+    report.wal, problems = check(folder, after)
+    report.wal_checked = True
+    for path, why in problems:
+        report.bad(path, why)
+    report.checked += len(report.wal) - len(problems)
+    report.bytes += sum(w["size"] for w in report.wal)

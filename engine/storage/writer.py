@@ -86,10 +86,15 @@ def build_segment(folder: Path, docs: Sequence[Document], fields: dict[str, str]
     ``quality``/``pruned``: the documents' quality column and pruned rows."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    column, extra = stored_columns(kinds, embeddings, vectors)
-    write_docs(folder, docs, fields, column, extra, quality, pruned)
-    batch = batch_of(docs, embeddings, tokens, vectors, collection_rows, pruned)
-    return {name: kind.build(batch, folder) for name, kind in kinds.items()}
+    try:
+        column, extra = stored_columns(kinds, embeddings, vectors)
+        write_docs(folder, docs, fields, column, extra, quality, pruned)
+        batch = batch_of(docs, embeddings, tokens, vectors, collection_rows, pruned)
+        return {name: kind.build(batch, folder) for name, kind in kinds.items()}
+    except BaseException:
+        # A build that failed (a full disk) must not keep the space its retry needs
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def build_segment_columns(folder: Path, columns: tuple, fields: dict[str, str],
@@ -247,7 +252,11 @@ class Writer:
         extra = {} if quality is None else {"quality": quality, "pruned": pruned}
         infos = (build or build_segment)(tmp, docs, fields, self.kinds, embeddings, tokens,
                                          vectors, collection_rows=live, **extra)
-        return self._install(m, tmp, [d.id for d in docs], infos)
+        try:
+            return self._install(m, tmp, [d.id for d in docs], infos)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # not yet renamed: never committed
+            raise
 
     def commit_built(self, tmp: Path, n_rows: int, infos: dict[str, dict],
                      ingest: dict | None = None,

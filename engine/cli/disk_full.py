@@ -1,0 +1,35 @@
+"""A full disk met by a command: one line (RESOURCE_EXHAUSTED, exit 1), not a traceback.
+
+Storage raises the operating system's ENOSPC/EDQUOT as it comes (from Python or pyarrow);
+a command says what it was doing and what of its work was kept.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+
+from polyindex.errors import ResourceExhausted
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in DISK_FULL
+
+
+def disk_full_error(e: OSError, what: str, kept: str) -> ResourceExhausted:
+    where = f": {e.filename}" if e.filename else ""
+    return ResourceExhausted(f"{what}: the disk is full ({os.strerror(e.errno)}{where}); {kept}")
+
+
+@contextmanager
+def reported(what: str, kept: str):
+    """Turn a full disk inside the block into ``ResourceExhausted`` naming ``what`` and
+    ``kept`` (what survives: e.g. the segments committed before)."""
+    try:
+        yield
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise disk_full_error(e, what, kept) from e
