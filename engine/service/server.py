@@ -24,6 +24,8 @@ from polyindex.service.affinity import parse_cpus, pin_process
 from polyindex.service.auth import TokenAuth
 from polyindex.service.metrics import Metrics
 from polyindex.service.servicer import Limits, PolyindexService
+from polyindex.service.shutdown import stop_bounded
+from polyindex.types import SHUTDOWN_GRACE_S
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Polyindex"].full_name  # "polyindex.v1.Polyindex"
@@ -38,7 +40,12 @@ class Server:
         self.host, self.port, self.tls, self.metrics_port = host, front.port, tls, metrics_port
         self.frontend = front.name
         self.member = None  # set by serve() for a worker of `serve --processes N`
+        self.service = None  # the servicer, set by serve()
         self._stopped = threading.Event()
+
+    def in_flight(self) -> dict[str, int]:
+        """Calls running now, by RPC."""
+        return self.service.in_flight() if self.service is not None else {}
 
     @property
     def address(self) -> str:
@@ -158,8 +165,9 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         engine = Engine(data_dir, device=device, online=not readonly, readonly=readonly)
     metrics = Metrics(engine, member)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    service = PolyindexService(engine, metrics, limits, member)
     try:
-        front = front_cls(PolyindexService(engine, metrics, limits, member), bind, token=token,
+        front = front_cls(service, bind, token=token,
                           on_reject=lambda m: metrics.observe(m.rsplit("/", 1)[-1],
                                                               "UNAUTHENTICATED", 0.0),
                           tls=tls, workers=workers, max_message_bytes=max_message_bytes,
@@ -171,13 +179,15 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
             engine.close()  # nothing will serve it: release its lock, flush its WAL
         raise
     srv = Server(front, engine, metrics, host, tls is not None, bound_metrics)
-    srv.member = member
+    srv.member, srv.service = member, service
     return srv
 
 
-def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = None, **kw) -> None:
-    """Serve until SIGTERM/SIGINT, then stop gracefully (``polyindex serve``). ``cpus``
-    (e.g. ``"1"`` or ``"0-3"``) pins the process before any server thread starts."""
+def run(data_dir, *, token_file=None, grace: float = SHUTDOWN_GRACE_S, cpus: str | None = None,
+        **kw) -> None:
+    """Serve until SIGTERM/SIGINT, then stop gracefully within a bound (``polyindex serve``,
+    ``service.shutdown``). ``cpus`` (e.g. ``"1"`` or ``"0-3"``) pins the process before any
+    server thread starts."""
     if cpus is not None:
         pin_process(parse_cpus(cpus))
     token = None
@@ -199,4 +209,4 @@ def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = Non
         signal.signal(sig, lambda *_: done.set())
     while not done.wait(1.0):
         pass
-    srv.stop(grace)
+    stop_bounded(srv, grace)

@@ -6,8 +6,10 @@ pool; the engine's own per-collection locks guard writes, nothing here serialize
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -55,11 +57,16 @@ def _rpc(method):
     @functools.wraps(method)
     def wrapper(self, request, context):
         start, tags, err = time.perf_counter(), {"profile": ""}, None
+        with self._flight_lock:
+            self.flight[name] += 1
         try:
             check_deadline(context, name)
             response = method(self, request, context, tags)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
             err = self.redact.error(grpc_errors.as_polyindex_error(e, name))
+        finally:
+            with self._flight_lock:
+                self.flight[name] -= 1
         code = "OK" if err is None else grpc_errors.status_code(err).name
         # A call one process of a group makes to another (a forwarded write, a sibling's
         # Stats) is counted where the client's call arrived, not twice in the group's sums
@@ -86,6 +93,12 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         self.redact = Redactor(engine.path)  # remote clients never see the server's paths
         self.member = member
         self.forwards = member is not None and member.forwards
+        self.flight: collections.Counter = collections.Counter()  # calls running, by RPC
+        self._flight_lock = threading.Lock()
+
+    def in_flight(self) -> dict[str, int]:
+        with self._flight_lock:
+            return {rpc: n for rpc, n in self.flight.items() if n}
 
     def _forward(self, method: str, request, context, collection: str | None = None):
         """A follower's write: the writer answers; then this process catches up with the

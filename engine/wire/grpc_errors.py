@@ -68,6 +68,9 @@ def as_polyindex_error(exc: BaseException, rpc: str) -> PolyindexError:
         log.error("%s: %s", rpc, exc)
         return errors.ResourceExhausted(f"{rpc}: the server's disk is full "
                                         f"({os.strerror(exc.errno)}); nothing of it was kept")
+    if isinstance(exc, MemoryError):  # a limit missed something: the call fails, not the server
+        log.error("%s: out of memory", rpc)
+        return errors.ResourceExhausted(f"{rpc}: the server ran out of memory for this request")
     log.exception("%s failed with an unexpected error", rpc, exc_info=exc)
     return Internal(f"internal error in {rpc}: {type(exc).__name__} (see the server log)")
 
