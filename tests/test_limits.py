@@ -1,0 +1,161 @@
+"""Issue 37: nothing a request asks for can hurt the server.
+
+A real ``polyindex serve`` in a subprocess on loopback: absurd index factory strings are
+refused within 2 s naming the parameter while the server stays small, every request path's
+cap is enforced over gRPC with the right code, and SIGTERM stops the server within its
+documented bound with a call in flight, losing no acknowledged write.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
+from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.service.shutdown import bound
+from polyindex.types import MAX_BATCH, MAX_IDS, MAX_INDEXES, MAX_K, MAX_TEXT_CHARS
+
+INVALID, EXHAUSTED = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Served:
+    def __init__(self, data: Path, env: dict | None = None):
+        self.err_path = data.parent / f"{data.name}.stderr"
+        self.err = open(self.err_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "polyindex.cli.main", "serve", "--data", str(data),
+             "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=self.err,
+            text=True, env={**os.environ, **(env or {})})
+        line = self.proc.stdout.readline()
+        m = re.search(r"serving on (\S+)", line)
+        assert m, f"server did not start: {line!r} {self.err_path.read_text()[-2000:]}"
+        self.channel = grpc.insecure_channel(m.group(1))
+        self.stub = pb_grpc.PolyindexStub(self.channel)
+
+    def rss_kb(self, field: str = "VmHWM") -> int:
+        """The server's peak (VmHWM) or current (VmRSS) resident memory, from /proc."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(f"no {field} for pid {self.proc.pid}")
+
+    def stop(self) -> tuple[int, float]:
+        """SIGTERM; (exit code, seconds to exit)."""
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=bound() + 30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.channel.close()
+            self.err.close()
+        return code, time.monotonic() - start
+
+    def log(self) -> str:
+        return self.err_path.read_text()
+
+
+def status_of(call, *args, **kw) -> tuple[grpc.StatusCode, str, float]:
+    start = time.monotonic()
+    try:
+        call(*args, timeout=30, **kw)
+    except grpc.RpcError as e:
+        return e.code(), e.details(), time.monotonic() - start
+    return grpc.StatusCode.OK, "", time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    s = Served(tmp_path_factory.mktemp("limits") / "data")
+    yield s
+    code, took = s.stop()
+    assert code == 0 and took < bound(), (code, took, s.log()[-2000:])
+
+
+# -- index factory strings: parsed and bounded, never built --------------------------------------
+ABSURD = [  # (indexes, code, words the message must hold)
+    (["dense:IVF99999999,PQ3"], EXHAUSTED, ["IVF's nlist", "99999999"]),
+    (["dense:HNSW99999999,Flat"], EXHAUSTED, ["HNSW's M", "99999999"]),
+    (["dense@x:dim=8,PQ16"], INVALID, ["PQ's M", "16"]),  # more sub-quantizers than dims
+    (["dense@x:dim=1000000000,Flat"], INVALID, ["dim", "1000000000"]),
+    (["dense@x:dim=65536,OPQ64,PQ64"], EXHAUSTED, ["OPQ64", "memory budget"]),
+    (["dense@x:dim=8192,PQ64x16"], EXHAUSTED, ["PQ64x16", "memory budget"]),
+    (["dense:PQ8x99999999"], EXHAUSTED, ["PQ's bits"]),
+    (["dense:IVF1024(HNSW99999999),Flat"], INVALID, ["not a valid faiss index factory"]),
+    (["dense:NSG99999999"], INVALID, ["'NSG99999999'"]),
+    (["dense:PCA99999999,Flat"], INVALID, ["PCA's output dimension"]),
+    (["multivector:KMeans99999999"], INVALID, ["k must be in", "99999999"]),
+    (["multivector:KMeans65536,source=user,dim=65536"], EXHAUSTED, ["KMeans65536", "budget"]),
+    (["multivector:KMeans64,residual=OPQ8_999999999"], INVALID, ["opq_dim"]),
+    (["sparse:UHD999999999"], INVALID, ["D must be in", "999999999"]),
+    (["sparse:UHD4096,k=99999999"], INVALID, ["k must be in"]),
+    (["tree:branch=99999999"], INVALID, ["branch"]),
+    (["tree:leaf=99999999"], INVALID, ["leaf"]),
+    (["lexical:bm25,k1=1e308,b=99"], INVALID, ["b must be in"]),
+    ([f"dense@f{i}:dim=4,Flat" for i in range(MAX_INDEXES + 1)], EXHAUSTED, ["indexes", "max"]),
+]
+
+
+def test_absurd_create_collection_is_refused_fast_and_small(served):
+    for i, (indexes, code, words) in enumerate(ABSURD):
+        got, details, took = status_of(served.stub.CreateCollection, pb.CreateCollectionRequest(
+            name=f"absurd{i}", indexes=indexes, model="none"))
+        assert got == code, (indexes, got, details)
+        for w in words:
+            assert w in details, (indexes, details)
+        assert took < 2.0, (indexes, took)
+        assert served.rss_kb() < 1 << 20, (indexes, served.rss_kb())  # peak RSS under 1 GB
+    assert served.stub.ListCollections(pb.ListCollectionsRequest(), timeout=10).names == []
+
+
+# -- SIGTERM: bounded, with a call in flight, acknowledged writes kept ----------------------------
+@pytest.mark.slow  # three server starts and a stop at its bound: ~25 s
+def test_sigterm_stops_within_the_bound_with_a_call_in_flight(tmp_path):
+    # the close's seal never returns (a stand-in for a first seal training for minutes)
+    env = {"POLYINDEX_FAILPOINTS": "commit.segment.write=hang",
+           "POLYINDEX_SHUTDOWN_GRACE_S": "1", "POLYINDEX_SHUTDOWN_SEAL_S": "2"}
+    limit = bound(1, 2)
+    s = Served(tmp_path / "data", env)
+    s.stub.CreateCollection(pb.CreateCollectionRequest(name="c", indexes=["lexical"],
+                                                       model="none"), timeout=30)
+    docs = [pb.Document(id=f"d{i}", text=f"acknowledged {i}") for i in range(3)]
+    ack = s.stub.Upsert(iter([pb.UpsertRequest(collection="c", documents=docs)]), timeout=30)
+    assert ack.upserted == 3
+
+    def slow_stream():  # an Upsert whose stream stays open: in flight when SIGTERM comes
+        yield pb.UpsertRequest(collection="c", documents=[pb.Document(id="late", text="x")])
+        time.sleep(60)
+
+    answer = {}
+    t = threading.Thread(target=lambda: answer.update(code=status_of(
+        s.stub.Upsert, slow_stream())[0]), daemon=True)
+    t.start()
+    time.sleep(1.0)
+    code, took = s.stop()
+    log = s.log()
+    assert took < limit + 1.0, (took, limit, log[-2000:])
+    assert code == 0, log[-2000:]
+    assert "waiting up to 1 s for 1 Upsert in flight" in log, log[-2000:]
+    assert "sealing c (3 documents)" in log and "exiting now" in log, log[-2000:]
+    t.join(10)
+    assert answer.get("code") not in (None, grpc.StatusCode.OK)  # cut off, not written
+
+    s = Served(tmp_path / "data")  # the WAL replays the acknowledged writes
+    try:
+        got = s.stub.Get(pb.GetRequest(collection="c", ids=["d0", "d1", "d2", "late"]), timeout=30)
+        assert list(got.found) == [True, True, True, False]
+        assert [d.text for d in got.documents[:3]] == [f"acknowledged {i}" for i in range(3)]
+    finally:
+        code, took = s.stop()
+    assert code == 0 and took < bound(), (took, s.log()[-2000:])
