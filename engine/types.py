@@ -24,8 +24,8 @@ MAX_VECTOR_NORM = 1e15
 MAX_BATCH = 1024  # queries in one Query call
 MAX_TEXT_CHARS = 8192  # characters of one query text
 MAX_VECTOR_DIMS = 65_536  # dimensions of one vector (a field's declared dim too)
-MAX_FILTER_NODES = 1024  # conditions and values in one filter, all levels together
-MAX_FILTER_DEPTH = 16  # nesting of $and/$or/$not
+MAX_FILTER_NODES = 1024  # JSON nodes (keys, items, values) of one filter or inline profile
+MAX_FILTER_DEPTH = 32  # JSON nesting levels of one filter (or inline profile)
 
 # -- reads and writes ---------------------------------------------------------------------
 MAX_IDS = 10_000  # ids in one Get or Delete

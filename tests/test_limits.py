@@ -22,7 +22,9 @@ import pytest
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.service.shutdown import bound
-from polyindex.types import MAX_BATCH, MAX_IDS, MAX_INDEXES, MAX_K, MAX_TEXT_CHARS
+from polyindex.types import (MAX_BATCH, MAX_FIELDS, MAX_FILTER_DEPTH, MAX_FILTER_NODES, MAX_IDS,
+                             MAX_INDEXES, MAX_K, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS,
+                             MAX_UPSERT_RECORDS, MAX_VECTOR_DIMS)
 
 INVALID, EXHAUSTED = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -117,6 +119,91 @@ def test_absurd_create_collection_is_refused_fast_and_small(served):
         assert took < 2.0, (indexes, took)
         assert served.rss_kb() < 1 << 20, (indexes, served.rss_kb())  # peak RSS under 1 GB
     assert served.stub.ListCollections(pb.ListCollectionsRequest(), timeout=10).names == []
+
+
+# -- caps of every request path, over gRPC ------------------------------------------------------
+@pytest.fixture(scope="module")
+def caps(served):
+    served.stub.CreateCollection(pb.CreateCollectionRequest(
+        name="caps", indexes=["lexical", "dense@v:dim=4,Flat"], model="none"), timeout=30)
+    doc = pb.Document(id="a", text="alpha beta", vectors={"v": pb.Vector(values=[1, 0, 0, 0])})
+    assert served.stub.Upsert(iter([pb.UpsertRequest(collection="caps", documents=[doc])]),
+                              timeout=30).upserted == 1
+    return served.stub
+
+
+def _nested(depth: int) -> dict:
+    spec = {"lang": "en"}
+    for _ in range(depth):
+        spec = {"not": spec}
+    return spec
+
+
+QUERY_CAPS = [  # (request fields, code, words)
+    ({"text": "alpha", "k": MAX_K + 1}, EXHAUSTED, ["k must be", str(MAX_K)]),
+    ({"batch": [pb.QueryItem(text="alpha")] * (MAX_BATCH + 1)}, EXHAUSTED,
+     ["batch", str(MAX_BATCH)]),
+    ({"text": "a" * (MAX_TEXT_CHARS + 1)}, INVALID, ["text", str(MAX_TEXT_CHARS)]),
+    ({"vectors": {"v": pb.Vector(values=[0.5] * (MAX_VECTOR_DIMS + 1))}}, INVALID,
+     ["'v'", str(MAX_VECTOR_DIMS)]),
+    ({"vectors": {"v": pb.Vector(values=[0.5] * 5)}}, INVALID, ["dimension", "5", "4"]),
+    ({"text": "alpha", "filter": None, "_filter": {"lang": {"in": ["x"] * MAX_FILTER_NODES}}},
+     INVALID, ["filter", "nodes", str(MAX_FILTER_NODES)]),
+    ({"text": "alpha", "filter": None, "_filter": _nested(MAX_FILTER_DEPTH)}, INVALID,
+     ["filter", "deep", str(MAX_FILTER_DEPTH)]),
+]
+
+
+@pytest.mark.parametrize("fields,code,words", QUERY_CAPS)
+def test_query_caps(caps, fields, code, words):
+    from polyindex.wire.convert import to_struct
+    fields = dict(fields)
+    spec = fields.pop("_filter", None)
+    fields.pop("filter", None)
+    req = pb.QueryRequest(collection="caps", **fields)
+    if spec is not None:
+        req.filter.CopyFrom(to_struct(spec))
+    got, details, took = status_of(caps.Query, req)
+    assert got == code, (got, details)
+    assert all(w in details for w in words), details
+    assert took < 2.0
+
+
+def test_get_and_delete_caps(caps):
+    ids = [f"x{i}" for i in range(MAX_IDS + 1)]
+    for call, req in ((caps.Get, pb.GetRequest(collection="caps", ids=ids)),
+                      (caps.Delete, pb.DeleteRequest(collection="caps", ids=ids))):
+        got, details, _ = status_of(call, req)
+        assert got == EXHAUSTED and "ids" in details and str(MAX_IDS) in details, details
+    assert list(caps.Get(pb.GetRequest(collection="caps", ids=["a"]), timeout=10).found) == [True]
+
+
+def test_upsert_caps(caps):
+    def stream(n, per=25_000):
+        for start in range(0, n, per):
+            yield pb.UpsertRequest(collection="caps", documents=[
+                pb.Document(id=f"u{i}", text="t") for i in range(start, min(n, start + per))])
+    got, details, _ = status_of(caps.Upsert, stream(MAX_UPSERT_RECORDS + 1))
+    assert got == EXHAUSTED and "Upsert documents" in details, details
+    assert str(MAX_UPSERT_RECORDS) in details
+    big = pb.Document(id="big", text="x" * MAX_MESSAGE_BYTES)  # one message over gRPC's cap
+    got, details, _ = status_of(caps.Upsert, iter([pb.UpsertRequest(collection="caps",
+                                                                     documents=[big])]))
+    assert got == EXHAUSTED, details
+    got = caps.Get(pb.GetRequest(collection="caps", ids=["u0", "big"]), timeout=10)
+    assert list(got.found) == [False, False]  # nothing of either stream was written
+
+
+def test_create_collection_caps(caps):
+    for req, code, words in [
+        (pb.CreateCollectionRequest(name="n" * 129, indexes=["lexical"], model="none"),
+         INVALID, ["name", "1-128"]),
+        (pb.CreateCollectionRequest(name="f", indexes=["lexical"], model="none",
+                                    fields={f"f{i}": "int" for i in range(MAX_FIELDS + 1)}),
+         EXHAUSTED, ["fields", str(MAX_FIELDS)]),
+    ]:
+        got, details, _ = status_of(caps.CreateCollection, req)
+        assert got == code and all(w in details for w in words), (got, details)
 
 
 # -- SIGTERM: bounded, with a call in flight, acknowledged writes kept ----------------------------
