@@ -393,8 +393,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         if req.processes:
             resp.processes.append(resp.process)
             for worker, answer in (m.peers(context) if m else []):
-                if isinstance(answer, str):
-                    resp.processes.add(worker=worker, error=answer)
+                if isinstance(answer, str):  # still who it is: its pid and role
+                    resp.processes.add(worker=worker, error=answer, pid=m.pid_of(worker),
+                                       role=m.role_of(worker))
                 else:
                     resp.processes.append(answer.process)
             resp.processes.sort(key=lambda p: p.worker)
