@@ -28,6 +28,8 @@ MAX_FILTER_NODES = 1024  # JSON nodes (keys, items, values) of one filter or inl
 MAX_FILTER_DEPTH = 32  # JSON nesting levels of one filter (or inline profile)
 
 # -- reads and writes ---------------------------------------------------------------------
+MAX_ID_CHARS = 1024  # a document id
+MAX_TOKENS = 65_536  # tokens of one document's (or query's) token matrix (ColPali pages ~1,030)
 MAX_IDS = 10_000  # ids in one Get or Delete
 MAX_UPSERT_RECORDS = 100_000  # documents in one Upsert stream (held whole: all or nothing)
 MAX_UPSERT_BYTES = 1 << 30  # bytes of one Upsert stream

@@ -246,3 +246,20 @@ def test_sigterm_stops_within_the_bound_with_a_call_in_flight(tmp_path):
     finally:
         code, took = s.stop()
     assert code == 0 and took < bound(), (took, s.log()[-2000:])
+
+
+def test_the_readme_limits_table_is_the_code():
+    """README's "Limits" table states the caps ``polyindex.types`` enforces."""
+    from polyindex import types
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Limits", 1)[1].split("\n\n", 3)[2]
+    for cap, shown in [(types.MAX_K, "10,000"), (types.MAX_BATCH, "1,024"),
+                       (types.MAX_TEXT_CHARS, "8,192 characters"),
+                       (types.MAX_VECTOR_DIMS, "65,536 dimensions"),
+                       (types.MAX_FILTER_NODES, "1,024 JSON nodes"),
+                       (types.MAX_FILTER_DEPTH, "32 levels"), (types.MAX_IDS, "10,000"),
+                       (types.MAX_UPSERT_RECORDS, "100,000"), (types.MAX_ID_CHARS, "1,024 char"),
+                       (types.MAX_INDEXES, "16, "), (types.MAX_FIELDS, "256 |")]:
+        assert shown in table and f"{cap:,}" in shown, (cap, shown)
+    assert types.MAX_UPSERT_BYTES == 1 << 30 and "1 GiB" in table
+    assert types.MAX_MESSAGE_BYTES == 64 << 20 and "64 MiB" in table

@@ -17,12 +17,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from polyindex.errors import InputError, InvalidArgument
+from polyindex.types import MAX_VECTOR_DIMS
 
 UNNAMED = "dense"
 VECTOR_KEYS = ("vector", "vectors", "tokens")  # record keys that are vectors, never metadata
 # Past 1e15 a square is 1e30: a 65,536-d inner product or L2 distance could leave float32.
 MAX_ABS = 1e15
-MAX_DIM = 65_536
+MAX_DIM = MAX_VECTOR_DIMS
 
 
 def as_vector(value: Any, field: str) -> np.ndarray:
