@@ -94,17 +94,6 @@ def parse_body(body: str, where: str) -> tuple[dict[str, str], str]:
     return opts, ",".join(rest)
 
 
-def _keeps_vectors(index) -> bool:
-    """Does the faiss index hold every vector exactly (so nothing else needs to store it)?"""
-    index = faiss.downcast_index(index)
-    return isinstance(index, (faiss.IndexFlat, faiss.IndexHNSWFlat, faiss.IndexIVFFlat))
-
-
-def _probe(body: str, dim: int):
-    """An empty index of a factory string that ``faiss_factory.check`` passed at ``dim``."""
-    return faiss.index_factory(dim, body, faiss.METRIC_INNER_PRODUCT)
-
-
 def _faiss_params(params: dict[str, str]) -> dict[str, str]:
     """The search params faiss gets (the feedback ones act in ``prepare``)."""
     if not any(k in prf.DENSE_KEYS for k in params):
@@ -426,11 +415,10 @@ class DenseKind(IndexKind):
             return False
         if self.template is not None:
             return False
-        dim = self.dim or faiss_factory.ASSUMED_DIM
-        self._plan_for(dim, 0)
-        return not _probe(self.factory, dim).is_trained
+        # from the parse, not an empty index: the dimension may not be known yet
+        return self._plan_for(self.dim, 0).trains
 
-    def _plan_for(self, dim: int, rows: int, training: bool = True) -> faiss_factory.Plan:
+    def _plan_for(self, dim: int | None, rows: int, training: bool = True) -> faiss_factory.Plan:
         """The factory string checked again at the field's real dimension and ``rows``
         vectors, before faiss allocates anything for it."""
         plan = faiss_factory.check(self.factory, dim, where=self.name)

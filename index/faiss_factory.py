@@ -46,6 +46,7 @@ class Plan:
     vector_bytes: int
     keeps_vectors: bool  # Flat, HNSW..,Flat, IVF..,Flat: the exact vectors are in the index
     nlist: int = 0
+    trains: bool = False  # learns something first (faiss's ``is_trained`` of the empty index)
 
 
 def _fail(where: str, message: str, exhausted: bool = False):
@@ -68,7 +69,7 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
     parts = [p.strip() for p in body.split(",")]
     d = dim or ASSUMED_DIM
     known = dim is not None  # is d the real dimension (divisibility and upper bounds apply)?
-    fixed, stage, i, nlist, keeps = 0, 0, 0, 0, True
+    fixed, stage, i, nlist, keeps, trains = 0, 0, 0, 0, True, False
     coarse = None
     cost = {}  # parameter -> bytes, to name the biggest when over budget
 
@@ -84,6 +85,7 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
         if name is None:
             break
         keeps = False
+        trains = trains or name != "L2norm"  # rotations and projections are learned
         if name == "OPQ":
             d_out = _int(m.group(2), "OPQ's output dimension D", 1, MAX_VECTOR_DIMS, where) \
                 if m.group(2) else d
@@ -108,7 +110,7 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
         if m.group(2):
             q_m = _int(m.group(2), "IVF's HNSW M", 2, MAX_HNSW_M, where, exhausted=True)
             cost[f"IVF{nlist}_HNSW{q_m}"] = nlist * q_m * 8
-        coarse, i = "IVF", i + 1
+        coarse, i, trains = "IVF", i + 1, True
     elif name == "HNSW":
         hnsw_m = _int(m.group(1), "HNSW's M", 2, MAX_HNSW_M, where, exhausted=True)
         coarse, i = "HNSW", i + 1
@@ -130,14 +132,19 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
             if m.group(2) else 4 if fast else 8
         if fast and bits != 4:
             _fail(where, f"fast-scan PQ (fs) uses 4 bits per code, got {bits}")
+        if fast and coarse == "HNSW":
+            _fail(where, "is not a valid faiss index factory string: fast-scan PQ (fs) does "
+                  "not combine with HNSW<M> (use PQ<M> or IVF<n>,PQ<M>x4fs)")
         if known and d % M:
             _fail(where, f"PQ's M={M} must divide the dimension {d}")
         cost[parts[i - 1]] = d * (1 << bits) * 4
         code_bytes = (M * bits + 7) // 8
+        trains = True  # codebooks are learned
         keeps = False
     elif name == "SQ":
         code_bytes = {"4": d // 2 + 1, "6": (d * 6 + 7) // 8, "8": d}.get(m.group(1), d * 2)
         keeps = False
+        trains = trains or m.group(1) in ("4", "6", "8")  # ranges are learned; fp16 is not
     if i < len(parts) and _REFINE.fullmatch(parts[i]):
         code_bytes += d * 4
         keeps, i = False, i + 1
@@ -151,7 +158,7 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
               f"(the index memory budget is {budget / 2**20:,.0f} MB, POLYINDEX_INDEX_MEMORY_MB)",
               exhausted=True)
     vector_bytes = code_bytes + 8 + (hnsw_m * 2 * 4 * 2 if coarse == "HNSW" else 0)
-    return Plan(parts, fixed, vector_bytes, keeps, nlist)
+    return Plan(parts, fixed, vector_bytes, keeps, nlist, trains)
 
 
 def check_rows(plan: Plan, rows: int, where: str, budget: int = INDEX_MEMORY_BYTES, *,

@@ -263,3 +263,41 @@ def test_the_readme_limits_table_is_the_code():
         assert shown in table and f"{cap:,}" in shown, (cap, shown)
     assert types.MAX_UPSERT_BYTES == 1 << 30 and "1 GiB" in table
     assert types.MAX_MESSAGE_BYTES == 64 << 20 and "64 MiB" in table
+
+
+FAISS_STRINGS = ["Flat", "HNSW32", "HNSW16,Flat", "HNSW32,PQ8", "HNSW32,SQ8", "HNSW32,SQfp16",
+                 "IVF16,Flat", "IVF16,PQ8", "IVF16,PQ8x4fs", "IVF16_HNSW32,Flat", "IVF16,SQ8",
+                 "IVF16,SQfp16", "PQ8", "PQ8x4fs", "SQ4", "SQ8", "SQbf16", "OPQ8,PQ8",
+                 "OPQ8_64,IVF16,PQ8", "PCA64,Flat", "PCAR64,IVF16,Flat", "RR64,Flat",
+                 "L2norm,HNSW32,Flat", "IVF16,PQ8,RFlat", "PQ8,Refine(Flat)", "Flat,RFlat"]
+
+
+@pytest.mark.parametrize("dim", [96, 128])
+def test_the_parse_knows_what_faiss_would_build(dim):
+    """What the plan says without building (trains, keeps the exact vectors) is what faiss's
+    empty index says, for every form the grammar takes; faiss accepts each of them."""
+    import faiss
+
+    from polyindex.index import faiss_factory
+    for s in FAISS_STRINGS:
+        plan = faiss_factory.check(s, dim)
+        index = faiss.index_factory(dim, s, faiss.METRIC_INNER_PRODUCT)  # owns what downcast views
+        keeps = isinstance(faiss.downcast_index(index),
+                           (faiss.IndexFlat, faiss.IndexHNSWFlat, faiss.IndexIVFFlat))
+        assert (plan.trains, plan.keeps_vectors) == (not index.is_trained, keeps), s
+
+
+def test_a_field_without_a_declared_dim_trains_any_valid_pq(tmp_path):
+    """PQ6 divides a 12-d field but not the dimension the check assumes before the first
+    segment: the collection trains and answers (nothing is probed at a made-up dimension)."""
+    import numpy as np
+
+    import polyindex
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 12)).astype(np.float32)
+    with polyindex.open(tmp_path / "d") as eng:
+        coll = eng.create_collection("v", ["dense:PQ6x4"], model=None)
+        coll.add([{"id": f"d{i}", "vector": x[i].tolist()} for i in range(len(x))])
+        coll.seal()
+        hits = coll.query(vector=x[7].tolist(), k=3)
+    assert hits[0].id == "d7"
