@@ -42,9 +42,10 @@ MAX_FIELDS = 256  # metadata fields of one collection
 
 # -- index builds -------------------------------------------------------------------------
 # What one index's trained parts (centroids, codebooks, rotations) and one segment's index may
-# take, checked from the factory string before anything is built. POLYINDEX_INDEX_MEMORY_MB
-# raises it on a server with the memory for bigger indexes.
-INDEX_MEMORY_BYTES = int(os.environ.get("POLYINDEX_INDEX_MEMORY_MB", "1024")) << 20
+# take, checked from the factory string before anything is built: half the machine's memory
+# (a 1M x 384 HNSW segment of the ANN benchmark takes ~2 GB), or POLYINDEX_INDEX_MEMORY_MB.
+INDEX_MEMORY_BYTES = int(os.environ.get("POLYINDEX_INDEX_MEMORY_MB", "0")) << 20 or max(
+    1 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2)
 
 # -- shutdown -----------------------------------------------------------------------------
 # SIGTERM: in-flight calls get GRACE_S to finish (then are cancelled), the unsealed write

@@ -32,7 +32,6 @@ import numpy as np
 
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.types import MAX_VECTOR_DIMS
 from polyindex.index import dense_compact, dense_filtered, dense_presence, faiss_factory, prf
 from polyindex.index.protocol import (
     BuildBatch,
@@ -42,6 +41,7 @@ from polyindex.index.protocol import (
     empty_result,
     register,
 )
+from polyindex.types import MAX_VECTOR_DIMS
 
 # faiss spreads even a one-query search over OpenMP threads; measured here, a 11k x 384 flat
 # search took 13-31 ms that way and 1.9 ms single-threaded on a busy 2-core machine. Queries
