@@ -302,3 +302,36 @@ def test_a_field_without_a_declared_dim_trains_any_valid_pq(tmp_path):
         coll.seal()
         hits = coll.query(vector=x[7].tolist(), k=3)
     assert hits[0].id == "d7"
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.slow  # loads the embedding model
+def test_an_upsert_whose_call_is_over_stops_encoding(tmp_path):
+    """The model's encoding of an Upsert stops at its next chunk once the call is over (here
+    its deadline passed); nothing of it is written and the server goes idle."""
+    s = Served(tmp_path / "data")
+    try:
+        s.stub.CreateCollection(pb.CreateCollectionRequest(name="c", indexes=["lexical", "dense"]),
+                                timeout=60)
+        warm = pb.UpsertRequest(collection="c", documents=[pb.Document(id="w", text="warm up")])
+        assert s.stub.Upsert(iter([warm]), timeout=300).upserted == 1  # the model is loaded
+        words = "river flow bank water stone bridge city light night day".split()
+        docs = [pb.Document(id=f"d{i}", text=" ".join(words[(i + j) % 10] for j in range(60)))
+                for i in range(4000)]
+        got, _, _ = status_of(lambda r, **kw: s.stub.Upsert(r, **{**kw, "timeout": 3}),
+                              iter([pb.UpsertRequest(collection="c", documents=docs)]))
+        assert got == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(3)  # the chunk under way finishes
+        before = _cpu_s(s.proc.pid)
+        time.sleep(3)
+        busy = _cpu_s(s.proc.pid) - before
+        assert busy < 0.5, f"the server still worked {busy:.1f} s of CPU in 3 s"
+        found = s.stub.Get(pb.GetRequest(collection="c", ids=["d0", "d3999", "w"]), timeout=30)
+        assert list(found.found) == [False, False, True]
+    finally:
+        code, took = s.stop()
+    assert code == 0 and took < bound(), (took, s.log()[-2000:])

@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 
 from polyindex.config import DEFAULT_INDEXES
-from polyindex.errors import InputError, InvalidArgument, PolyindexError, ResourceExhausted
+from polyindex.errors import (InputError, InvalidArgument, PolyindexError, ResourceExhausted,
+                              cancelled)
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
@@ -93,12 +94,15 @@ def _rpc(method):
         start, tags, err = time.perf_counter(), {"profile": ""}, None
         with self._flight_lock:
             self.flight[name] += 1
+        # long work the call starts stops when the call is over (``errors.check_cancelled``)
+        token = cancelled.set(lambda: not context.is_active())
         try:
             check_deadline(context, name)
             response = method(self, request, context, tags)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
             err = self.redact.error(grpc_errors.as_polyindex_error(e, name))
         finally:
+            cancelled.reset(token)
             with self._flight_lock:
                 self.flight[name] -= 1
         code = "OK" if err is None else grpc_errors.status_code(err).name

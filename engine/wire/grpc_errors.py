@@ -36,14 +36,11 @@ class Unavailable(PolyindexError, ConnectionError):
     status = "UNAVAILABLE"
 
 
-class Cancelled(PolyindexError):
-    """The client cancelled the call (or went away) while the server was reading it."""
-
-    status = "CANCELLED"
+Cancelled = errors.Cancelled  # raised by the engine's long work too (``errors.check_cancelled``)
 
 
 _CLASSES = {cls.__name__: cls for cls in (
-    *errors.STATUS_NAMES, InputError, PolyindexError, DeadlineExceeded, Unavailable, Cancelled)}
+    *errors.STATUS_NAMES, InputError, PolyindexError, DeadlineExceeded, Unavailable)}
 _BY_CODE = {"INVALID_ARGUMENT": errors.InvalidArgument, "NOT_FOUND": errors.NotFound,
             "ALREADY_EXISTS": errors.AlreadyExists, "UNAUTHENTICATED": errors.Unauthenticated,
             "PERMISSION_DENIED": errors.Unauthenticated,
