@@ -69,7 +69,7 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
     parts = [p.strip() for p in body.split(",")]
     d = dim or ASSUMED_DIM
     known = dim is not None  # is d the real dimension (divisibility and upper bounds apply)?
-    fixed, stage, i, nlist, keeps, trains = 0, 0, 0, 0, True, False
+    i, nlist, keeps, trains = 0, 0, True, False
     coarse = None
     cost = {}  # parameter -> bytes, to name the biggest when over budget
 
