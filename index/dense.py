@@ -32,7 +32,7 @@ import numpy as np
 from polyindex.config import settings
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import dense_compact, dense_filtered, dense_presence, prf
+from polyindex.index import dense_compact, dense_filtered, dense_presence, faiss_factory, prf
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -41,6 +41,7 @@ from polyindex.index.protocol import (
     empty_result,
     register,
 )
+from polyindex.types import MAX_VECTOR_DIMS
 
 # faiss spreads even a one-query search over OpenMP threads; measured here, a 11k x 384 flat
 # search took 13-31 ms that way and 1.9 ms single-threaded on a busy 2-core machine. Queries
@@ -67,7 +68,7 @@ METRICS = ("ip", "cosine", "l2")
 SOURCES = ("model", "user")
 OPTIONS = ("dim", "metric", "source")
 FLAGS = ("optional",)  # options without a value
-MAX_DIM = 65_536
+MAX_DIM = MAX_VECTOR_DIMS
 UNNAMED = "dense"  # the field name of the unnamed field (a top-level "vector")
 _FIELD_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -91,32 +92,6 @@ def parse_body(body: str, where: str) -> tuple[dict[str, str], str]:
         else:
             rest.append(part)
     return opts, ",".join(rest)
-
-
-def _keeps_vectors(index) -> bool:
-    """Does the faiss index hold every vector exactly (so nothing else needs to store it)?"""
-    index = faiss.downcast_index(index)
-    return isinstance(index, (faiss.IndexFlat, faiss.IndexHNSWFlat, faiss.IndexIVFFlat))
-
-
-# A dimension every usual PQ/OPQ sub-quantizer count divides (8..192), to check a factory
-# string before the field's dimension is known.
-PROBE_DIM = 5760
-
-
-def _probe(body: str, dim: int | None = None):
-    """An empty index of a factory string (at the field's dimension when it is known)."""
-    return faiss.index_factory(dim or PROBE_DIM, body, faiss.METRIC_INNER_PRODUCT)
-
-
-def _check_factory(body: str, dim: int | None = None) -> None:
-    try:
-        _probe(body, dim)
-    except RuntimeError as e:
-        # faiss prefixes the reason with a C++ source location; keep only the reason
-        reason = str(e).strip().splitlines()[-1].rpartition(": ")[2] if str(e).strip() else ""
-        raise InvalidArgument(f"dense: {body!r} is not a valid faiss index factory string "
-                              f"({reason})") from None
 
 
 def _faiss_params(params: dict[str, str]) -> dict[str, str]:
@@ -405,8 +380,9 @@ class DenseKind(IndexKind):
                 raise InvalidArgument(f"{where}: dim must be an integer in 1..{MAX_DIM}, "
                                       f"got {opts['dim']!r}")
         self.dim = self.declared_dim  # learned from the first segment when not declared
-        if self.factory and self.factory != "auto":
-            _check_factory(self.factory, self.declared_dim)
+        # parsed and bounded, never built: a client's string must not allocate (issue 37)
+        self.plan = None if self._auto() else faiss_factory.check(
+            self.factory, self.declared_dim, where=where.partition(":")[0])
         self.template = None  # trained empty index (IVF/PQ), collection-level
         self.body = body
 
@@ -445,12 +421,23 @@ class DenseKind(IndexKind):
     def keeps_vectors(self) -> bool:
         """Whether every segment's faiss index holds the vectors exactly (Flat, HNSW..,Flat,
         IVF..,Flat): then a user-supplied field is stored only there, not also in docs.arrow."""
-        return self._auto() or _keeps_vectors(_probe(self.factory, self.dim))
+        return self._auto() or self.plan.keeps_vectors
 
     def needs_training(self) -> bool:
         if self._auto():
             return False
-        return self.template is None and not _probe(self.factory, self.dim).is_trained
+        if self.template is not None:
+            return False
+        # from the parse, not an empty index: the dimension may not be known yet
+        return self._plan_for(self.dim, 0).trains
+
+    def _plan_for(self, dim: int | None, rows: int, training: bool = True) -> faiss_factory.Plan:
+        """The factory string checked again at the field's real dimension and ``rows``
+        vectors, before faiss allocates anything for it."""
+        plan = faiss_factory.check(self.factory, dim, where=self.name)
+        if rows:
+            faiss_factory.check_rows(plan, rows, self.name, training=training)
+        return plan
 
     def _vectors_of(self, batch: BuildBatch) -> np.ndarray | None:
         if self.field == UNNAMED:
@@ -465,6 +452,7 @@ class DenseKind(IndexKind):
         x = np.ascontiguousarray(x[real], dtype=np.float32)
         if not len(x):  # an optional field no sampled document has: trained later
             return
+        self._plan_for(x.shape[1], len(x))
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
         if _trains(index, x):  # else too few vectors yet: trained by a later commit's sample
             self.template = index
@@ -500,6 +488,8 @@ class DenseKind(IndexKind):
         if missing.any():  # the index holds the present rows only (``dense_compact``)
             x = x[~missing]
         factory = self._factory_for(len(x), batch.collection_rows)
+        if not self._auto():
+            self._plan_for(x.shape[1], len(x), training=self.template is None)
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:

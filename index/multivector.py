@@ -61,7 +61,7 @@ from polyindex.index.multivector_files import (
     read_table,
     write_segment,
 )
-from polyindex.index.multivector_factory import DEFAULTS
+from polyindex.index.multivector_factory import DEFAULTS, check_memory
 from polyindex.index.multivector_factory import parse as _parse
 from polyindex.index.multivector_kernels import backend
 from polyindex.index.multivector_kernels import top as _top
@@ -328,6 +328,8 @@ class MultivectorKind(IndexKind):
             raise InvalidArgument("multivector: training needs documents with tokens")
         if not np.isfinite(x).all():
             raise InvalidArgument("multivector: token vectors contain NaN or infinity")
+        check_memory({"k": self.k, "m": self.m, "opq": self.opq, "opq_dim": self.opq_dim},
+                     x.shape[1], "multivector")
         self.codebook = codec.train(x, self.k, self.m, seed=self.seed, niter=self.niter,
                                     bits=self.bits, opq=self.opq, opq_dim=self.opq_dim)
 

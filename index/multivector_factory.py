@@ -2,8 +2,10 @@
 ``polyindex.index.multivector``) parsed and checked into its configuration."""
 from __future__ import annotations
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, ResourceExhausted
 from polyindex.index.protocol import option, parse_options
+from polyindex.config import index_memory_bytes
+from polyindex.types import MAX_VECTOR_DIMS
 
 DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
             "special": "drop", "seed": 0, "niter": 10, "nprobe": 4, "ndocs": 1024}
@@ -54,7 +56,7 @@ def parse(body: str) -> dict:
     if cfg["dim"] is not None and cfg["source"] != "user":
         raise InvalidArgument(f"{where}: dim is for source=user (the model's tokens have the "
                               "model's dimension)")
-    checks = (("k", 2, 65536), ("m", 0, 256), ("bits", 0, 64), ("seed", 0, 2**31 - 1),
+    checks = (("k", 2, 65536), ("m", 0, 256), ("opq_dim", 0, MAX_VECTOR_DIMS), ("bits", 0, 64), ("seed", 0, 2**31 - 1),
               ("niter", 1, 1000), ("nprobe", 1, 65536), ("ndocs", 1, 1_000_000))
     for key, lo, hi in checks:
         if not lo <= cfg[key] <= hi:
@@ -66,4 +68,19 @@ def parse(body: str) -> dict:
                               f"got {cfg['prune']}")
     if cfg["special"] not in ("drop", "keep"):
         raise InvalidArgument(f"{where}: special must be drop or keep, got {cfg['special']!r}")
+    if cfg["dim"] is not None:
+        check_memory(cfg, cfg["dim"], where)
     return cfg
+
+
+def check_memory(cfg: dict, dim: int, where: str) -> None:
+    """The codebook (K centroids) and the residual rotation at ``dim`` within the index
+    memory budget, before training allocates them."""
+    d_res = cfg["opq_dim"] or dim
+    cost = {f"KMeans{cfg['k']}": cfg["k"] * dim * 4,
+            f"residual OPQ{cfg['m']}": dim * d_res * 4 if cfg["opq"] else 0}
+    worst = max(cost, key=cost.get)
+    if sum(cost.values()) > (budget := index_memory_bytes()):
+        raise ResourceExhausted(f"{where}: {worst} would take {cost[worst] / 2**20:,.0f} MB at "
+                                f"dimension {dim} (the index memory budget is "
+                                f"{budget / 2**20:,.0f} MB, POLYINDEX_INDEX_MEMORY_MB)")

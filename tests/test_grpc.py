@@ -168,7 +168,7 @@ def test_upsert_is_all_or_nothing(stub):
     (dict(collection="docs", text="x", k=0), Code.INVALID_ARGUMENT, "k must be"),
     (dict(collection="docs"), Code.INVALID_ARGUMENT, "needs text or a vector"),
     (dict(collection="docs", text="x" * 8193), Code.INVALID_ARGUMENT, "max 8192"),
-    (dict(collection="docs", vector=[0.5] * 4097), Code.INVALID_ARGUMENT, "max 4096"),
+    (dict(collection="docs", vector=[0.5] * 65537), Code.INVALID_ARGUMENT, "max 65536"),
     (dict(collection="docs", text="x", batch=[pb.QueryItem(text="y")]), Code.INVALID_ARGUMENT, "not both"),
     (dict(collection="docs", batch=[pb.QueryItem(text="y")] * 1025), Code.RESOURCE_EXHAUSTED, "max 1024"),
     (dict(collection="docs", text="x", filter=to_struct({"colour": "red"})), Code.INVALID_ARGUMENT, "'colour'"),

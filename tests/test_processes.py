@@ -147,6 +147,36 @@ def test_info_shows_the_processes(group, cli):
     assert shown.returncode == 0 and "follower" in shown.stdout and "writer" in shown.stdout
 
 
+def test_info_shows_a_busy_process_by_pid_and_role(group):
+    """A process too busy to answer its sibling's Stats (here: stopped) is still named by
+    its pid and role, with a readable state (it was ``DEADLINE_EXCEE...`` and pid ``-``)."""
+    from rich.console import Console
+
+    from polyindex.cli.show import show_server
+    _, address = group
+    follower = connect_to(address, "follower")
+    writer_pid = pid_of(address, "writer")
+    os.kill(writer_pid, signal.SIGSTOP)
+    try:
+        stats = follower.stub.Stats(pb.StatsRequest(processes=True), timeout=10)
+    finally:
+        os.kill(writer_pid, signal.SIGCONT)
+        follower.channel.close()
+    busy = [p for p in stats.processes if p.error]
+    assert [(p.pid, p.role) for p in busy] == [(writer_pid, "writer")], stats.processes
+    assert busy[0].error == "busy: no answer within 2 s"
+    out = Console(width=200, record=True)
+    show_server(out, address, {"processes": [{"worker": p.worker, "pid": p.pid, "role": p.role,
+                                              "uptime_s": p.uptime_s,
+                                              "requests_total": p.requests_total,
+                                              "restarts": p.restarts, "error": p.error}
+                                             for p in stats.processes],
+                               "requests_all_total": 0, "collections": {}})
+    text = out.export_text()
+    assert f"{writer_pid}" in text and "busy: no answer within 2 s" in text, text
+    assert "DEADLINE" not in text
+
+
 def test_a_write_through_either_process_is_visible_through_every_process(group):
     _, address = group
     writer, follower = connect_to(address, "writer"), connect_to(address, "follower")

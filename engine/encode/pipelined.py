@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from polyindex.errors import check_cancelled
+
 # Tokenizing threads (each holds its own tokenizer and a batch). The Rust tokenizer already
 # spreads a batch over the cores: on the H200 machine (16 cores) 2 threads encoded 7,700
 # texts/s at batch 512, 8 threads 7,100.
@@ -58,6 +60,7 @@ def encode(model, texts: Sequence[str], batch_size: int, threads: int,
             nxt = min(len(batches), 2 * threads)  # the next batch to hand to the threads
             ahead = deque(pool.submit(tokenize, model, b) for b in batches[:nxt])
             for batch in batches:
+                check_cancelled(f"encoding {len(texts)} texts")
                 features = ahead.popleft().result()
                 if nxt < len(batches):
                     ahead.append(pool.submit(tokenize, model, batches[nxt]))

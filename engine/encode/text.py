@@ -11,7 +11,7 @@ import numpy as np
 
 from polyindex.config import DEFAULT_MODEL
 from polyindex.encode import pipelined
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, check_cancelled
 
 # Texts per encode call, i.e. per progress report: one batch, so a bulk run's bar moves every
 # few seconds even on a slow CPU (longest-first order makes the batches the same as in one call)
@@ -82,6 +82,7 @@ class Encoder:
                                           pipelined.threads_for(), on_batch)
             return out
         for start in range(0, n, chunk):
+            check_cancelled(f"encoding {n} texts")  # a chunk is ~64 texts: seconds at most
             idx = order[start:start + chunk]
             emb = self.model.encode([texts[i] for i in idx], batch_size=batch_size,
                                     normalize_embeddings=True, convert_to_numpy=True,

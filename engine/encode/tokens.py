@@ -22,6 +22,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from polyindex.encode.text import batching
+from polyindex.errors import check_cancelled
 from polyindex.index.protocol import DocTokens
 
 
@@ -125,6 +126,7 @@ class SentenceTokenEncoder:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         with self._lock:
             for start in range(0, n, chunk):
+                check_cancelled(f"encoding the tokens of {n} texts")
                 idx = order[start:start + chunk]
                 items = self._forward([texts[i] for i in idx], batch_size, salience)
                 sent = torch.stack([it["sentence_embedding"] for it in items])

@@ -9,9 +9,8 @@ from typing import Any
 from polyindex.errors import InputError
 from polyindex.ingest.tokens import as_tokens
 from polyindex.ingest.vectors import VECTOR_KEYS, vectors_of_record
-from polyindex.types import Document
+from polyindex.types import MAX_ID_CHARS, Document
 
-MAX_ID_CHARS = 1024
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
 

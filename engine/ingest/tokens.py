@@ -18,9 +18,9 @@ import numpy as np
 
 from polyindex.errors import InputError
 from polyindex.ingest.values import MAX_DIM, check_values
+from polyindex.types import MAX_TOKENS
 
 TOKENS_KEY = "tokens"
-MAX_TOKENS = 65_536  # tokens of one document (ColPali pages have ~1,030)
 
 
 def as_tokens(value: Any) -> np.ndarray:

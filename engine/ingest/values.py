@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from polyindex.types import MAX_VECTOR_DIMS
+
 # Past 1e15 a square is 1e30: a 65,536-d inner product or L2 distance could leave float32.
 MAX_ABS = 1e15
-MAX_DIM = 65_536
+MAX_DIM = MAX_VECTOR_DIMS
 
 
 def check_values(arr: np.ndarray, what) -> None:

@@ -11,6 +11,8 @@ its own numbers over the same sockets.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,7 +61,24 @@ class Member:
 
     @property
     def role(self) -> str:
-        return "readonly" if self.readonly else "writer" if self.worker == 0 else "follower"
+        return self.role_of(self.worker)
+
+    def role_of(self, worker: int) -> str:
+        return "readonly" if self.readonly else "writer" if worker == 0 else "follower"
+
+    def pid_of(self, worker: int) -> int:
+        """A sibling's pid from its private socket (the kernel's SO_PEERCRED: answered even
+        while the sibling is too busy to answer a call); 0 when nothing listens there."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(0.5)
+            s.connect(str(socket_path(self.runtime, worker)))
+            creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return struct.unpack("3i", creds)[0]
+        except OSError:
+            return 0
+        finally:
+            s.close()
 
     @property
     def forwards(self) -> bool:
@@ -136,7 +155,7 @@ class Member:
             try:
                 out.append((w, fut.result()))
             except grpc.RpcError as e:
-                out.append((w, f"{e.code().name}: {e.details()}"))
+                out.append((w, _why(e)))
         return out
 
     def close(self) -> None:
@@ -144,6 +163,16 @@ class Member:
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
+
+
+def _why(e: grpc.RpcError) -> str:
+    """A sibling's failed Stats, readably (the display has room for a few words)."""
+    code = e.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"busy: no answer within {PEER_TIMEOUT_S:g} s"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "unreachable (starting or restarting?)"
+    return f"{code.name.lower()}: {e.details()}"
 
 
 def process_stats(response: pb.ProcessStats, *, pid: int, role: str, worker: int,

@@ -27,6 +27,7 @@ from polyindex.service.exposure import check_exposure
 from polyindex.service.models import ModelLoader, ModelPolicy, collection_models
 from polyindex.service.ports import check_free
 from polyindex.service.servicer import Limits, PolyindexService
+from polyindex.service.shutdown import stop_bounded
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Polyindex"].full_name  # "polyindex.v1.Polyindex"
@@ -42,7 +43,12 @@ class Server:
         self.frontend = front.name
         self.member = None  # set by serve() for a worker of `serve --processes N`
         self.models_ready = threading.Event()  # set by serve(): the served models are loaded
+        self.service = None  # the servicer, set by serve()
         self._stopped = threading.Event()
+
+    def in_flight(self) -> dict[str, int]:
+        """Calls running now, by RPC."""
+        return self.service.in_flight() if self.service is not None else {}
 
     @property
     def address(self) -> str:
@@ -182,7 +188,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         served = collection_models(engine)
         loader = ModelLoader(served)
         models = ModelPolicy(served, model_root, loader)
-        front = front_cls(PolyindexService(engine, metrics, limits, member, models), bind, token=token,
+        service = PolyindexService(engine, metrics, limits, member, models)
+        front = front_cls(service, bind, token=token,
                           on_reject=lambda m: metrics.observe(m.rsplit("/", 1)[-1],
                                                               "UNAUTHENTICATED", 0.0),
                           tls=tls, workers=workers, max_message_bytes=max_message_bytes,
@@ -197,13 +204,15 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         front.set_serving(False)
         loader.start(on_ready=lambda: front.set_serving(True))
     srv = Server(front, engine, metrics, host, tls is not None, bound_metrics)
-    srv.member, srv.models_ready = member, loader.ready
+    srv.member, srv.models_ready, srv.service = member, loader.ready, service
     return srv
 
 
-def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = None, **kw) -> None:
-    """Serve until SIGTERM/SIGINT, then stop gracefully (``polyindex serve``). ``cpus``
-    (e.g. ``"1"`` or ``"0-3"``) pins the process before any server thread starts."""
+def run(data_dir, *, token_file=None, grace: float | None = None, cpus: str | None = None,
+        **kw) -> None:
+    """Serve until SIGTERM/SIGINT, then stop gracefully within a bound (``polyindex serve``,
+    ``service.shutdown``). ``cpus`` (e.g. ``"1"`` or ``"0-3"``) pins the process before any
+    server thread starts."""
     if cpus is not None:
         pin_process(parse_cpus(cpus))
     token = None
@@ -225,4 +234,4 @@ def run(data_dir, *, token_file=None, grace: float = 5.0, cpus: str | None = Non
         signal.signal(sig, lambda *_: done.set())
     while not done.wait(1.0):
         pass
-    srv.stop(grace)
+    stop_bounded(srv, grace)

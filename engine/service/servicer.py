@@ -6,8 +6,10 @@ pool; the engine's own per-collection locks guard writes, nothing here serialize
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -15,13 +17,14 @@ import grpc
 import numpy as np
 
 from polyindex.config import DEFAULT_INDEXES
-from polyindex.errors import InputError, InvalidArgument, PolyindexError, ResourceExhausted
+from polyindex.errors import (InputError, InvalidArgument, PolyindexError, ResourceExhausted,
+                              cancelled)
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
 from polyindex.service.group import is_internal, process_stats
 from polyindex.service.redact import Redactor
-from polyindex.types import MAX_K
+from polyindex import types as limits
 from polyindex.wire import grpc_errors
 from polyindex.wire.convert import (
     add_hits,
@@ -36,12 +39,46 @@ from polyindex.wire.grpc_errors import Cancelled, DeadlineExceeded
 
 @dataclass(frozen=True)
 class Limits:
-    max_k: int = MAX_K
-    max_text_chars: int = 8192
-    max_vector_dims: int = 4096
-    max_batch: int = 1024  # queries per Query call
-    max_upsert_bytes: int = 1 << 30  # one Upsert stream is held in memory (all or nothing)
+    """The caps this server enforces before any work starts (defaults: ``polyindex.types``,
+    README's "Limits" table)."""
+    max_k: int = limits.MAX_K
+    max_text_chars: int = limits.MAX_TEXT_CHARS
+    max_vector_dims: int = limits.MAX_VECTOR_DIMS
+    max_batch: int = limits.MAX_BATCH  # queries per Query call
+    max_filter_nodes: int = limits.MAX_FILTER_NODES
+    max_filter_depth: int = limits.MAX_FILTER_DEPTH
+    max_ids: int = limits.MAX_IDS  # per Get or Delete
+    max_upsert_records: int = limits.MAX_UPSERT_RECORDS
+    max_upsert_bytes: int = limits.MAX_UPSERT_BYTES  # one stream is held whole (all or nothing)
     max_row_errors: int = 1000  # reported per Upsert; `failed` counts them all
+
+
+def json_shape(value) -> tuple[int, int]:
+    """(nodes, depth) of a JSON-like value (a filter, an inline profile), walked without
+    recursion: every dict entry, list item and scalar is a node."""
+    nodes, depth, stack = 0, 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        nodes, depth = nodes + 1, max(depth, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, d + 1) for x in v)
+    return nodes, depth
+
+
+def check_shape(what: str, value, max_nodes: int, max_depth: int):
+    nodes, depth = json_shape(value)
+    if nodes > max_nodes:
+        raise InvalidArgument(f"{what} has {nodes} nodes (max {max_nodes})")
+    if depth > max_depth:
+        raise InvalidArgument(f"{what} is nested {depth} levels deep (max {max_depth})")
+    return value
+
+
+def check_count(what: str, n: int, cap: int) -> None:
+    if n > cap:
+        raise ResourceExhausted(f"{what}: {n} given (max {cap} per call)")
 
 
 # The calls a group's processes make to each other (queries never are: no metadata scan)
@@ -55,11 +92,19 @@ def _rpc(method):
     @functools.wraps(method)
     def wrapper(self, request, context):
         start, tags, err = time.perf_counter(), {"profile": ""}, None
+        with self._flight_lock:
+            self.flight[name] += 1
+        # long work the call starts stops when the call is over (``errors.check_cancelled``)
+        token = cancelled.set(lambda: not context.is_active())
         try:
             check_deadline(context, name)
             response = method(self, request, context, tags)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, never a crash
             err = self.redact.error(grpc_errors.as_polyindex_error(e, name))
+        finally:
+            cancelled.reset(token)
+            with self._flight_lock:
+                self.flight[name] -= 1
         code = "OK" if err is None else grpc_errors.status_code(err).name
         # A call one process of a group makes to another (a forwarded write, a sibling's
         # Stats) is counted where the client's call arrived, not twice in the group's sums
@@ -88,6 +133,12 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         self.redact = Redactor(engine.path)  # remote clients never see the server's paths
         self.member = member
         self.forwards = member is not None and member.forwards
+        self.flight: collections.Counter = collections.Counter()  # calls running, by RPC
+        self._flight_lock = threading.Lock()
+
+    def in_flight(self) -> dict[str, int]:
+        with self._flight_lock:
+            return {rpc: n for rpc, n in self.flight.items() if n}
 
     def _forward(self, method: str, request, context, collection: str | None = None):
         """A follower's write: the writer answers; then this process catches up with the
@@ -110,9 +161,12 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         texts, vectors = self._queries(req)
         tokens = self._query_tokens(req)
         which = req.WhichOneof("rank_profile")
-        profile = (req.profile if which == "profile" else
-                   from_struct(req.inline_profile) if which == "inline_profile" else None)
-        flt = from_struct(req.filter) if req.HasField("filter") else None
+        lim = self.limits
+        profile = (req.profile if which == "profile" else check_shape(
+            "inline_profile", from_struct(req.inline_profile), lim.max_filter_nodes,
+            lim.max_filter_depth) if which == "inline_profile" else None)
+        flt = check_shape("filter", from_struct(req.filter), lim.max_filter_nodes,
+                          lim.max_filter_depth) if req.HasField("filter") else None
         coll = self.engine.collection(req.collection)
         check_deadline(context, "the query ran")  # the work below is the expensive part
         # Collection.query's with_text brings the stored metadata too; each is sent if asked
@@ -158,7 +212,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             if req.HasField("text") or req.vector or req.vectors:
                 raise InvalidArgument("give either text/vector or batch, not both")
             if len(req.batch) > lim.max_batch:
-                raise ResourceExhausted(f"{len(req.batch)} queries in one batch (max {lim.max_batch})")
+                raise ResourceExhausted(f"batch: {len(req.batch)} queries in one call "
+                                        f"(max {lim.max_batch})")
             items = list(req.batch)
         else:
             items = [req]
@@ -213,6 +268,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
             elif msg.collection and msg.collection != name:
                 raise InvalidArgument(f"one Upsert stream names two collections: {name!r} and "
                                       f"{msg.collection!r}")
+            check_count("Upsert documents", len(records) + len(msg.documents),
+                        self.limits.max_upsert_records)
             for d in msg.documents:
                 meta = from_struct(d.metadata) if d.HasField("metadata") else {}
                 rec = {"id": d.id, "title": d.title, "text": d.text, "metadata": meta}
@@ -270,6 +327,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
 
     @_rpc
     def Delete(self, req, context, tags):
+        check_count("ids", len(req.ids), self.limits.max_ids)
         if self.forwards:
             return self._forward("Delete", req, context, req.collection)
         return pb.DeleteResponse(deleted=self.engine.collection(req.collection).delete(list(req.ids)))
@@ -277,6 +335,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     # -- reads -------------------------------------------------------------------------------
     @_rpc
     def Get(self, req, context, tags):
+        check_count("ids", len(req.ids), self.limits.max_ids)
         docs = self.engine.collection(req.collection).get(list(req.ids),
                                                           with_vectors=req.with_vectors)
         resp = pb.GetResponse()
@@ -353,8 +412,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         if req.processes:
             resp.processes.append(resp.process)
             for worker, answer in (m.peers(context) if m else []):
-                if isinstance(answer, str):
-                    resp.processes.add(worker=worker, error=answer)
+                if isinstance(answer, str):  # still who it is: its pid and role
+                    resp.processes.add(worker=worker, error=answer, pid=m.pid_of(worker),
+                                       role=m.role_of(worker))
                 else:
                     resp.processes.append(answer.process)
             resp.processes.sort(key=lambda p: p.worker)

@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
                       "frontend": srv.frontend}), flush=True)
     while not done.wait(1.0):
         pass
-    srv.stop(cfg["grace"])
+    from polyindex.service.shutdown import stop_bounded
+    stop_bounded(srv, cfg["grace"])
     if os.getppid() != cfg["parent"]:  # orphaned: nobody else will clean the group's folder
         runtime = Path(cfg["runtime"])
         shutil.rmtree(runtime / f"tmp-{cfg['worker']}", ignore_errors=True)

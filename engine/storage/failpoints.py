@@ -7,8 +7,9 @@ which calls ``hit("<path>.<op>")`` first, e.g. ``seal.manifest.rename`` or
 Arm points from a test with ``arm(name, action, nth)`` / ``armed(...)``, or for a whole
 process from the environment: ``POLYINDEX_FAILPOINTS="wal.append.fsync=enospc@2;seal.*=crash"``
 (``@N``: fire on the N-th hit of the point, default the first; a trailing ``*`` matches a
-prefix). Actions: ``error`` (OSError EIO), ``enospc``, ``edquot`` (the disk-full errors), and
-``crash`` (SIGKILL of this process at once: a kill -9 at exactly that step, nothing flushed).
+prefix). Actions: ``error`` (OSError EIO), ``enospc``, ``edquot`` (the disk-full errors),
+``crash`` (SIGKILL of this process at once: a kill -9 at exactly that step, nothing flushed)
+and ``hang`` (the step never returns: a seal stuck in work that cannot be interrupted).
 
 ``record()`` (or ``POLYINDEX_FAILPOINT_LOG=FILE``) keeps every hit in order as ``(point, path)``,
 which is how a test checks that files and their folders are fsynced before a manifest names
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from polyindex.config import settings
 
-ACTIONS = ("error", "enospc", "edquot", "crash")
+ACTIONS = ("error", "enospc", "edquot", "crash", "hang")
 _ERRNO = {"error": errno.EIO, "enospc": errno.ENOSPC, "edquot": errno.EDQUOT}
 
 
@@ -81,6 +82,8 @@ def hit(name: str, path: object = "") -> None:
         action = point.action
     if action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hang":
+        threading.Event().wait()
     code = _ERRNO[action]
     raise OSError(code, f"{os.strerror(code)} (failpoint {name})", str(path))
 

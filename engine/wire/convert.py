@@ -13,10 +13,9 @@ import numpy as np
 from google.protobuf import struct_pb2
 
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
-from polyindex.types import Document, Hit
+from polyindex.types import MAX_MESSAGE_BYTES, Document, Hit  # noqa: F401 - re-exported
 
 _EXACT = 2 ** 53
-MAX_MESSAGE_BYTES = 64 << 20  # default gRPC message limit of server and client (both ways)
 
 
 def to_struct(data: dict) -> struct_pb2.Struct:

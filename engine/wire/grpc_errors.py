@@ -36,14 +36,11 @@ class Unavailable(PolyindexError, ConnectionError):
     status = "UNAVAILABLE"
 
 
-class Cancelled(PolyindexError):
-    """The client cancelled the call (or went away) while the server was reading it."""
-
-    status = "CANCELLED"
+Cancelled = errors.Cancelled  # raised by the engine's long work too (``errors.check_cancelled``)
 
 
 _CLASSES = {cls.__name__: cls for cls in (
-    *errors.STATUS_NAMES, InputError, PolyindexError, DeadlineExceeded, Unavailable, Cancelled)}
+    *errors.STATUS_NAMES, InputError, PolyindexError, DeadlineExceeded, Unavailable)}
 _BY_CODE = {"INVALID_ARGUMENT": errors.InvalidArgument, "NOT_FOUND": errors.NotFound,
             "ALREADY_EXISTS": errors.AlreadyExists, "UNAUTHENTICATED": errors.Unauthenticated,
             "PERMISSION_DENIED": errors.Unauthenticated,
@@ -68,6 +65,9 @@ def as_polyindex_error(exc: BaseException, rpc: str) -> PolyindexError:
         log.error("%s: %s", rpc, exc)
         return errors.ResourceExhausted(f"{rpc}: the server's disk is full "
                                         f"({os.strerror(exc.errno)}); nothing of it was kept")
+    if isinstance(exc, MemoryError):  # a limit missed something: the call fails, not the server
+        log.error("%s: out of memory", rpc)
+        return errors.ResourceExhausted(f"{rpc}: the server ran out of memory for this request")
     log.exception("%s failed with an unexpected error", rpc, exc_info=exc)
     return Internal(f"internal error in {rpc}: {type(exc).__name__} (see the server log)")
 
