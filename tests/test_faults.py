@@ -354,3 +354,29 @@ def test_a_follower_survives_a_read_error_anywhere_and_catches_up(follow_hits, t
         injected[point] += 1
     print("\nfollower faults:", json.dumps(dict(injected), indent=1))
     assert sum(injected.values()) == len(plan(follow_hits, FOLLOW_PER_POINT))
+
+
+def test_a_follower_read_error_between_two_log_files_loses_nothing(tmp_path):
+    """A seal that failed keeps its log file and the writes after it go to the next: a
+    follower reads both in one catch-up. An error opening the second used to leave the
+    tail past the first file's records, which were lost to the view (then a hole in the
+    sequence numbers, never published: the follower stayed stale until the next seal)."""
+    with polyindex.open(tmp_path, online=True) as eng:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        online = coll._online
+        online.seal_docs, online.seal_seconds = 10**9, 1e9
+        online._stop.set()  # no retried seal behind the test's back
+        online._thread.join()
+        with polyindex.open(tmp_path, readonly=True) as reader:
+            follower = reader.collection("c")
+            assert fw.answer(follower) == {}
+            coll.add([{"id": "a", "text": "alpha one"}])
+            with failpoints.armed("commit.manifest.rename", "error"), pytest.raises(OSError):
+                coll.seal()
+            coll.add([{"id": "b", "text": "alpha two"}])
+            assert len(list((tmp_path / "c" / "wal").glob("wal-*.log"))) == 2
+            with failpoints.armed("follow.wal.open", "error", nth=2):
+                with pytest.raises(OSError):
+                    fw.answer(follower)
+                assert failpoints.fired("follow.wal.open") == 1
+            assert fw.answer(follower) == {"a": "alpha one", "b": "alpha two"}
