@@ -19,6 +19,10 @@ of a file that vanished before it was read; the view is that manifest plus the r
 its ``wal_through``, and a gap in the sequence numbers (which this order rules out) is never
 published. Catching up is rate-limited to once per ``RECHECK_S`` and done by the first query
 after that: a write acknowledged at time t is in every snapshot taken after t + RECHECK_S.
+
+An I/O error reading the log or the manifest fails that query and changes nothing: the tail
+keeps its position and records read before the error are kept for the next catch-up
+(failpoints ``follow.wal.*``, ``follow.manifest.read``, ``follow.segment.open``).
 """
 from __future__ import annotations
 
