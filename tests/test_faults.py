@@ -55,6 +55,11 @@ MERGER_POINTS = ("merge.segment.write", "merge.segment.fsync", "merge.segment.re
                  "merge.manifest.write", "merge.manifest.rename", "merge.manifest.fsync_dir")
 
 
+# Every fault injected and checked, as (family, point, nth, how): measured, and
+# compared with the plan by the last test of this file.
+INJECTED: set[tuple[str, str, int, str]] = set()
+
+
 def family(point: str, default: str) -> str:
     return "gc" if point.startswith("gc.") else default
 
@@ -177,7 +182,7 @@ def planned(online_hits, bulk_hits, merge_hits, follow_hits) -> Counter:
     return out
 
 
-def test_the_campaign_plans_at_least_the_floor(online_hits, bulk_hits, merge_hits, follow_hits):
+def test_the_workloads_reach_every_path_and_plan_the_floor(online_hits, bulk_hits, merge_hits, follow_hits):
     """Every planned fault is asserted to fire by its family's test below."""
     for prefix in ("commit.segment.", "commit.manifest.", "commit.tombstones.", "wal.append.",
                    "wal.rotate.", "wal.drop.", "drop.", "create."):
@@ -208,6 +213,7 @@ def test_an_error_at_every_point_loses_no_acknowledged_write(online_hits, tmp_pa
         assert fired == 1, (point, nth)
         wl.check(path, acked)  # a failed operation had no effect at all
         injected[point] += 1
+        INJECTED.add((family(point, "online"), point, nth, "error"))
     print("\nerrors injected per point:", json.dumps(dict(injected), indent=1))
     assert sum(injected.values()) == len(plan(online_hits, ERRORS_PER_POINT)) >= 150
 
@@ -254,6 +260,7 @@ def test_a_crash_at_every_point_loses_no_acknowledged_write(online_hits, tmp_pat
         in_flight = ops[len(acked)] if len(acked) < len(ops) else None
         wl.check(path, acked, in_flight)
         injected[point] += 1
+        INJECTED.add((family(point, "online"), point, nth, "crash"))
     print("\ncrashes injected per point:", json.dumps(dict(injected), indent=1))
     assert sum(injected.values()) == len(plan(online_hits, CRASHES_PER_POINT)) >= 40
 
@@ -275,6 +282,7 @@ def test_an_error_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes(bul
         assert bw.check(path, src, complete=True) == bw.DOCS
         assert mw.leftovers(path, "b") == [], (point, nth)
         injected += 1
+        INJECTED.add(("bulk", point, nth, "error"))
     assert injected == len(plan(bulk_hits, BULK_PER_POINT))
 
 
@@ -300,6 +308,7 @@ def test_an_error_at_every_compaction_and_gc_step_loses_nothing(merge_setup, mer
         mw.check(path, _live(live, gone))
         assert mw.leftovers(path) == [], (point, nth)
         injected[family(point, "merge")] += 1
+        INJECTED.add((family(point, "merge"), point, nth, "error"))
     print("\ncompaction faults:", dict(injected))
     assert sum(injected.values()) == len(plan(merge_hits, MERGE_PER_POINT))
 
@@ -338,6 +347,7 @@ def test_the_background_merger_retries_a_failed_merge(point, tmp_path, monkeypat
     assert all(r.ok for r in verify_data(tmp_path, "o"))
     with polyindex.open(tmp_path, readonly=True) as eng:
         assert fw.answer(eng.collection("o")) == want
+    INJECTED.add(("merge", point, 1, "error in the background merger"))
 
 
 # -- the read-only follower ---------------------------------------------------------------------
@@ -352,6 +362,7 @@ def test_a_follower_survives_a_read_error_anywhere_and_catches_up(follow_hits, t
         assert rounds == len(fw.ROUNDS)
         assert len(failures) == 1, (point, nth, failures)  # the query failed, not the view
         injected[point] += 1
+        INJECTED.add(("follower", point, nth, "error"))
     print("\nfollower faults:", json.dumps(dict(injected), indent=1))
     assert sum(injected.values()) == len(plan(follow_hits, FOLLOW_PER_POINT))
 
@@ -380,3 +391,29 @@ def test_a_follower_read_error_between_two_log_files_loses_nothing(tmp_path):
                     fw.answer(follower)
                 assert failpoints.fired("follow.wal.open") == 1
             assert fw.answer(follower) == {"a": "alpha one", "b": "alpha two"}
+
+
+# -- the floor, measured -------------------------------------------------------------------------
+
+CAMPAIGN = ("test_an_error_at_every_point_loses_no_acknowledged_write",
+            "test_a_crash_at_every_point_loses_no_acknowledged_write",
+            "test_an_error_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes",
+            "test_an_error_at_every_compaction_and_gc_step_loses_nothing",
+            "test_the_background_merger_retries_a_failed_merge",
+            "test_a_follower_survives_a_read_error_anywhere_and_catches_up")
+
+
+def test_the_campaign_injected_at_least_the_floor(request, online_hits, bulk_hits, merge_hits,
+                                                  follow_hits):
+    """Last in the file: the faults the tests above injected and checked, counted."""
+    ran = Counter(item.originalname for item in request.session.items
+                  if item.module is request.module)
+    if any(ran[name] == 0 for name in CAMPAIGN) \
+            or ran["test_the_background_merger_retries_a_failed_merge"] != len(MERGER_POINTS):
+        pytest.skip("the floor counts the whole campaign: run every test of this file")
+    measured = Counter(f for f, *_ in INJECTED)
+    print("\nfaults injected per family:", json.dumps(dict(measured)),
+          "total", sum(measured.values()))
+    assert measured == planned(online_hits, bulk_hits, merge_hits, follow_hits)
+    assert all(measured[f] >= 5 for f in ("online", "gc", "bulk", "merge", "follower")), measured
+    assert len(INJECTED) >= FLOOR, measured
