@@ -57,3 +57,8 @@ def check(path: Path, src: Path, complete: bool) -> int:
             return n
     raise AssertionError(f"not a prefix of whole segments: {len(got)} documents "
                          f"{sorted(got)[:8]}...")
+
+
+if __name__ == "__main__":  # python bulk_workload.py DATA SOURCE: index (killed at a failpoint)
+    import sys
+    index(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -45,6 +45,7 @@ FLOOR = 200
 ERRORS_PER_POINT = 14  # the first N hits of each point get an error injected
 CRASHES_PER_POINT = 2  # and the first N hits, a crash
 BULK_PER_POINT = 5
+BULK_CRASHES_PER_POINT = 1
 MERGE_PER_POINT = 3
 FOLLOW_PER_POINT = 6
 ONLINE = ("commit.", "wal.append.", "wal.rotate.", "wal.drop.", "drop.", "create.", "gc.")
@@ -174,7 +175,7 @@ def planned(online_hits, bulk_hits, merge_hits, follow_hits) -> Counter:
     out = Counter()
     for point, _ in plan(online_hits, ERRORS_PER_POINT) + plan(online_hits, CRASHES_PER_POINT):
         out[family(point, "online")] += 1
-    out["bulk"] += len(plan(bulk_hits, BULK_PER_POINT))
+    out["bulk"] += len(plan(bulk_hits, BULK_PER_POINT)) + len(plan(bulk_hits, BULK_CRASHES_PER_POINT))
     for point, _ in plan(merge_hits, MERGE_PER_POINT):
         out[family(point, "merge")] += 1
     out["merge"] += len(MERGER_POINTS)
@@ -284,6 +285,26 @@ def test_an_error_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes(bul
         injected += 1
         INJECTED.add(("bulk", point, nth, "error"))
     assert injected == len(plan(bulk_hits, BULK_PER_POINT))
+
+
+def test_a_crash_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes(bulk_hits, tmp_path):
+    src = bw.source(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(HERE), "POLYINDEX_MERGE": "0"}
+    injected = 0
+    for point, nth in plan(bulk_hits, BULK_CRASHES_PER_POINT):
+        path = tmp_path / f"{point}@{nth}"
+        bw.create(path)
+        run = subprocess.run([sys.executable, str(HERE / "bulk_workload.py"), str(path), str(src)],
+                             env={**env, "POLYINDEX_FAILPOINTS": f"{point}=crash@{nth}"},
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == -9, (point, nth, run.returncode, run.stderr[-2000:])
+        bw.check(path, src, complete=False)  # whole segments (read-only: nothing swept yet)
+        bw.index(path, src)  # a writer: sweeps what the crash left, resumes after the last commit
+        assert bw.check(path, src, complete=True) == bw.DOCS
+        assert mw.leftovers(path, "b") == [], (point, nth)
+        injected += 1
+        INJECTED.add(("bulk", point, nth, "crash"))
+    assert injected == len(plan(bulk_hits, BULK_CRASHES_PER_POINT))
 
 
 # -- merge (compact) and garbage collection -------------------------------------------------------
@@ -398,6 +419,7 @@ def test_a_follower_read_error_between_two_log_files_loses_nothing(tmp_path):
 CAMPAIGN = ("test_an_error_at_every_point_loses_no_acknowledged_write",
             "test_a_crash_at_every_point_loses_no_acknowledged_write",
             "test_an_error_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes",
+            "test_a_crash_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes",
             "test_an_error_at_every_compaction_and_gc_step_loses_nothing",
             "test_the_background_merger_retries_a_failed_merge",
             "test_a_follower_survives_a_read_error_anywhere_and_catches_up")
