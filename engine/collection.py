@@ -167,7 +167,9 @@ class Collection:
 
     def _load_snapshot(self) -> None:
         """Read the manifest and open what is new in it (under ``self._lock``)."""
-        manifest = load_manifest(self.folder)
+        # A reader's failpoints are its own (``follow.*``): one process may hold a writer too
+        point = "follow" if self.readonly else "snapshot"
+        manifest = load_manifest(self.folder, f"{point}.manifest")
         if manifest.config.uid != self.uid:
             raise NotFound(f"collection {self.name!r} was dropped (and created again)")
         if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
@@ -178,7 +180,7 @@ class Collection:
             if manifest.artifacts.get(kind.artifact_name) and kind.needs_training():
                 kind.load_artifacts(self.folder / "artifacts" / kind.artifact_name)
         self._snapshot = Snapshot.from_manifest(self.folder, manifest, self.kinds,
-                                                self._opened, self._tombstones)
+                                                self._opened, self._tombstones, point)
         # Segments and tombstone versions gone from the manifest (merged away,
         # replaced): older snapshots keep their own references; the caches let go.
         ids = {e.id for e in manifest.segments}

@@ -59,11 +59,11 @@ def check(path: Path, live: dict[str, tuple[str, list[float]]]) -> None:
         assert sorted(h.id for h in hits) == ids
 
 
-def leftovers(path: Path) -> list[str]:
+def leftovers(path: Path, name: str = "m") -> list[str]:
     """Files under the collection that its manifest does not name (after a writer's sweep)."""
     from polyindex.storage import gc
     from polyindex.storage.manifest import load_manifest
-    folder = path / "m"
+    folder = path / name
     return gc.sweep(folder, load_manifest(folder))
 
 

@@ -19,6 +19,10 @@ of a file that vanished before it was read; the view is that manifest plus the r
 its ``wal_through``, and a gap in the sequence numbers (which this order rules out) is never
 published. Catching up is rate-limited to once per ``RECHECK_S`` and done by the first query
 after that: a write acknowledged at time t is in every snapshot taken after t + RECHECK_S.
+
+An I/O error reading the log or the manifest fails that query and changes nothing: the tail
+keeps its position and records read before the error are kept for the next catch-up
+(failpoints ``follow.wal.*``, ``follow.manifest.read``, ``follow.segment.open``).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from pathlib import Path
 from polyindex.errors import Corrupt, NotFound
 from polyindex.online.view import Buffer, BufferedView, remove_segments
 from polyindex.online.wal import file_name, file_numbers, frame_at, valid_after
+from polyindex.storage.failpoints import hit
 from polyindex.storage.snapshot import Snapshot
 
 RECHECK_S = 0.05  # how stale a follower may be about the writer's acknowledged writes
@@ -67,8 +72,19 @@ class WalTail:
             return True
 
     def read(self) -> list[tuple[int, dict]]:
+        """The records appended since the last call. An I/O error leaves the position where
+        it was (the records of files read before it are read again next time, not lost)."""
         if self.error is not None:
             raise Corrupt(self.error)
+        position = self.number, self.offset, self.last_seq
+        try:
+            return self._read()
+        except OSError:
+            self.number, self.offset, self.last_seq = position
+            raise
+
+    def _read(self) -> list[tuple[int, dict]]:
+        hit("follow.wal.list", self.folder)
         numbers = file_numbers(self.folder) if self.folder.is_dir() else []
         out: list[tuple[int, dict]] = []
         for n in numbers:
@@ -78,10 +94,12 @@ class WalTail:
                 self.number, self.offset = n, 0
             path = self.folder / file_name(n)
             try:
+                hit("follow.wal.open", path)
                 with open(path, "rb") as f:
                     if os.fstat(f.fileno()).st_size < self.offset:
                         raise Rewound(path)
                     f.seek(self.offset)
+                    hit("follow.wal.read", path)
                     data = f.read()
             except FileNotFoundError:  # sealed and removed meanwhile: the manifest covers it
                 continue
@@ -130,6 +148,7 @@ class WalFollower(BufferedView):
         super().__init__(coll, scratch)
         self.tail = WalTail(coll.folder / "wal")
         self.records: list[tuple[int, dict]] = []  # read and above base's wal_through
+        self._unapplied: list[tuple[int, dict]] = []  # read; a failed catch-up kept them
         self.closed = False
         self._catch_lock = threading.Lock()
         self._checked = 0.0
@@ -152,14 +171,20 @@ class WalFollower(BufferedView):
             if not force and self._checked and started - self._checked < RECHECK_S:
                 return  # another query caught up while this one waited for the lock
             try:
-                new = self.tail.read()  # the log first, then the manifest (see the module doc)
+                # the log first, then the manifest (see the module doc)
+                new = self._unapplied + self.tail.read()
             except Rewound as e:
                 log.warning("%s: %s was cut back by the writer; reading the log again",
                             self.coll.name, e)
                 self.tail, self.records, self._reset = WalTail(self.tail.folder), [], True
+                self._unapplied = []
                 new = self.tail.read()
+            # Read but not yet published: kept if the manifest cannot be read now (an I/O
+            # error), else the tail, already past them, would leave a hole in the view.
+            self._unapplied = new
             base = self.coll.sealed_snapshot()
             through = base.manifest.wal_through
+            self._unapplied = []
             with self.lock:
                 records = [r for r in self.records + new if r[0] > through]
                 if records and records[0][0] != through + 1:

@@ -192,7 +192,9 @@ class OnlineWrites(BufferedView):
 
     def _due(self) -> bool:
         if self.frozen is not None:  # a failed seal: retry after its backoff
-            return time.monotonic() >= self._retry_at
+            # (not a seal still under way: the sealer would wait for it, then seal the
+            # writes that came meanwhile, a seal nobody asked for, at a moment of its timing)
+            return self.seal_failures > 0 and time.monotonic() >= self._retry_at
         a = self.active
         return a.started is not None and (len(a.docs) >= self.seal_docs or
                                           time.monotonic() - a.started >= self.seal_seconds)

@@ -24,6 +24,7 @@ import xxhash
 from polyindex.config import CollectionConfig
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index.protocol import from_factory
+from polyindex.storage.failpoints import hit
 from polyindex.storage.fsutil import write_json_atomic
 from polyindex.storage.integrity import check_artifacts, check_sum_entry, is_plain_name
 
@@ -95,11 +96,13 @@ def content_checksum(data: dict) -> str:
     return xxhash.xxh3_64_hexdigest(canon.encode())
 
 
-def read_manifest(folder: Path) -> Manifest:
+def read_manifest(folder: Path, point: str = "manifest") -> Manifest:
     """Parse and check ``folder/manifest.json`` (its checksum, structure and every path it
-    names); the files it names are not read. ``FileNotFoundError`` when there is none."""
+    names); the files it names are not read. ``FileNotFoundError`` when there is none.
+    ``point``: the failpoint prefix of the read (``<point>.read``)."""
     path = folder / MANIFEST
     try:
+        hit(f"{point}.read", path)
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise
@@ -135,10 +138,10 @@ def read_manifest(folder: Path) -> Manifest:
     return manifest
 
 
-def load_manifest(folder: Path) -> Manifest:
+def load_manifest(folder: Path, point: str = "manifest") -> Manifest:
     """``read_manifest``, then the collection-level artifacts it names are verified (once
     per process per file): every reader and writer loads them right after the manifest."""
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, point)
     check_artifacts(folder, manifest)
     return manifest
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 from polyindex.errors import Corrupt
 from polyindex.index.protocol import IndexKind, SegmentIndex
 from polyindex.storage import idindex
+from polyindex.storage.failpoints import hit
 from polyindex.storage.integrity import check_folder, validate_arrow
 from polyindex.storage.manifest import Manifest
 from polyindex.storage.segment import DOCS_FILE, Segment, load_tombstones
@@ -103,14 +104,19 @@ class Snapshot:
     @classmethod
     def from_manifest(cls, folder: Path, manifest: Manifest, kinds: dict[str, IndexKind],
                       opened: dict[str, OpenedSegment],
-                      tombstone_cache: dict[str, np.ndarray]) -> "Snapshot":
+                      tombstone_cache: dict[str, np.ndarray],
+                      point: str = "snapshot") -> "Snapshot":
+        """``point``: the failpoint prefix of opening a segment (``<point>.segment.open``)
+        and reading a tombstone file (``<point>.tombstones.read``)."""
         segments, live = [], []
         for entry in manifest.segments:
             if entry.id not in opened:
+                hit(f"{point}.segment.open", folder / "segments" / entry.id)
                 opened[entry.id] = OpenedSegment(folder / "segments" / entry.id, entry, kinds)
             segments.append(opened[entry.id])
             if entry.tombstones:
                 if entry.tombstones not in tombstone_cache:
+                    hit(f"{point}.tombstones.read", folder / entry.tombstones)
                     tombstone_cache[entry.tombstones] = load_tombstones(folder, entry)
                 live.append(tombstone_cache[entry.tombstones])
             else:
