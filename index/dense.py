@@ -431,12 +431,12 @@ class DenseKind(IndexKind):
         # from the parse, not an empty index: the dimension may not be known yet
         return self._plan_for(self.dim, 0).trains
 
-    def _plan_for(self, dim: int | None, rows: int, training: bool = True) -> faiss_factory.Plan:
+    def _plan_for(self, dim: int | None, rows: int) -> faiss_factory.Plan:
         """The factory string checked again at the field's real dimension and ``rows``
         vectors, before faiss allocates anything for it."""
         plan = faiss_factory.check(self.factory, dim, where=self.name)
         if rows:
-            faiss_factory.check_rows(plan, rows, self.name, training=training)
+            faiss_factory.check_rows(plan, rows, self.name)
         return plan
 
     def _vectors_of(self, batch: BuildBatch) -> np.ndarray | None:
@@ -489,7 +489,7 @@ class DenseKind(IndexKind):
             x = x[~missing]
         factory = self._factory_for(len(x), batch.collection_rows)
         if not self._auto():
-            self._plan_for(x.shape[1], len(x), training=self.template is None)
+            self._plan_for(x.shape[1], len(x))
         if self.template is not None:
             index = faiss.clone_index(self.template)
         else:

@@ -163,15 +163,11 @@ def check(body: str, dim: int | None = None, *, where: str = "dense",
     return Plan(parts, fixed, vector_bytes, keeps, nlist, trains)
 
 
-def check_rows(plan: Plan, rows: int, where: str, budget: int | None = None, *,
-               training: bool = True) -> None:
-    """An index over ``rows`` vectors within the budget, and (``training`` on them) enough
-    rows to train IVF's lists."""
+def check_rows(plan: Plan, rows: int, where: str, budget: int | None = None) -> None:
+    """An index over ``rows`` vectors within the budget. (Too few rows to train IVF's lists
+    is no error: such a segment is built exact and a later batch trains, ``dense._trains``.)"""
     budget = index_memory_bytes() if budget is None else budget
     if plan.fixed_bytes + plan.vector_bytes * rows > budget:
         _fail(where, f"an index of {rows:,} vectors would take "
               f"{(plan.fixed_bytes + plan.vector_bytes * rows) / 2**20:,.0f} MB (the index "
               f"memory budget is {budget / 2**20:,.0f} MB, POLYINDEX_INDEX_MEMORY_MB)", True)
-    if training and plan.nlist and rows < plan.nlist:
-        _fail(where, f"IVF{plan.nlist} needs at least {plan.nlist} vectors to train its lists, "
-              f"the collection has {rows}: use fewer lists")

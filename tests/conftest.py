@@ -113,3 +113,30 @@ def setting(monkeypatch):
     yield change
     monkeypatch.undo()
     config.reload_settings()
+
+
+def start_server(data, *extra, env: dict | None = None):
+    """``polyindex serve --data DATA --port 0 EXTRA...`` in a subprocess, once it says where
+    it serves: (the process, its address). Stop it with ``stop_server``."""
+    import re
+    proc = subprocess.Popen(cli_command("serve", "--data", data, "--port", "0", *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    m = re.search(r"serving on (\S+)", line)
+    if not m:
+        proc.kill()
+        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, m.group(1)
+
+
+def stop_server(proc, timeout: float = 90) -> tuple[int, str]:
+    """SIGTERM, then (its exit code, its stderr); killed if it outlives ``timeout``."""
+    import signal
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err

@@ -99,10 +99,13 @@ def same_twice(make, prefixes) -> Counter:
 def quiet_writers():
     """No background merging (its timing would move the workloads' hits) and no follower
     rate limit (every follower query catches up once)."""
+    from polyindex.config import reload_settings
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POLYINDEX_MERGE", "0")
+        reload_settings()  # settings are read once a process: again, with the line above
         mp.setattr("polyindex.online.follow.RECHECK_S", 0.0)
         yield
+    reload_settings()
 
 
 # -- the plans: clean runs, recorded ---------------------------------------------------------
@@ -337,9 +340,9 @@ def test_an_error_at_every_compaction_and_gc_step_loses_nothing(merge_setup, mer
 
 
 @pytest.mark.parametrize("point", MERGER_POINTS)
-def test_the_background_merger_retries_a_failed_merge(point, tmp_path, monkeypatch):
-    monkeypatch.setenv("POLYINDEX_MERGE", "1")
-    monkeypatch.setenv("POLYINDEX_MERGE_FACTOR", "3")
+def test_the_background_merger_retries_a_failed_merge(point, tmp_path, monkeypatch, setting):
+    setting("POLYINDEX_MERGE", "1")
+    setting("POLYINDEX_MERGE_FACTOR", "3")
     monkeypatch.setattr("polyindex.online.merging.INTERVAL_S", 0.05)
     monkeypatch.setattr("polyindex.online.merging.BACKOFF_S", (0.05, 0.2))
     want: dict[str, str] = {}

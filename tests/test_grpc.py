@@ -185,8 +185,10 @@ def test_admin_status_codes_and_nan_vector(stub):
     assert e.code() == Code.INVALID_ARGUMENT
     assert rpc_error(stub.DropCollection, pb.DropCollectionRequest(name="ghost")).code() == Code.NOT_FOUND
     assert rpc_error(stub.Get, pb.GetRequest(collection="ghost", ids=["a"])).code() == Code.NOT_FOUND
-    # an empty dense collection: the vector is checked without loading the model
-    stub.CreateCollection(pb.CreateCollectionRequest(name="vec", indexes=["dense"]))
+    # an empty dense collection: the vector is checked before any search (no model: a served
+    # collection's model loads at its creation, 30 s of CPU the later timing tests would share)
+    stub.CreateCollection(pb.CreateCollectionRequest(name="vec", indexes=["dense:dim=2,Flat"],
+                                                     model="none"))
     e = rpc_error(stub.Query, pb.QueryRequest(collection="vec", vector=[0.1, float("nan")], profile="dense"))
     assert e.code() == Code.INVALID_ARGUMENT and "NaN" in e.details()
 

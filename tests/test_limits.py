@@ -339,16 +339,17 @@ def test_an_upsert_whose_call_is_over_stops_encoding(tmp_path):
     assert code == 0 and took < bound(), (took, s.log()[-2000:])
 
 
-def test_an_ivf_with_more_lists_than_vectors_is_refused_naming_it(tmp_path):
-    """Training IVF<n> on fewer than n vectors: an InvalidArgument naming the lists and the
-    collection's size (faiss's own error was an unexpected RuntimeError: INTERNAL)."""
+def test_an_ivf_with_more_lists_than_vectors_is_searched_exactly_until_it_can_train(tmp_path):
+    """IVF<n> given fewer than n vectors (faiss's own error was an unexpected RuntimeError:
+    INTERNAL): the segment is built exact and answers; a later batch with enough trains."""
     import numpy as np
 
     import polyindex
-    from polyindex.errors import InvalidArgument
-    x = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((80, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)  # each vector's best inner product: itself
     with polyindex.open(tmp_path / "d") as eng:
         coll = eng.create_collection("v", ["dense:IVF64,Flat"], model=None)
-        with pytest.raises(InvalidArgument, match=r"IVF64 needs at least 64 vectors .* has 10"):
-            coll.add([{"id": f"d{i}", "vector": x[i].tolist()} for i in range(len(x))])
-        assert coll.count() == 0
+        assert coll.add([{"id": f"d{i}", "vector": x[i].tolist()} for i in range(10)]) == 10
+        assert coll.query(vector=x[3], k=1)[0].id == "d3"
+        coll.add([{"id": f"d{i}", "vector": x[i].tolist()} for i in range(10, 80)])
+        assert coll.count() == 80 and coll.query(vector=x[42], k=1)[0].id == "d42"

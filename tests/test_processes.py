@@ -19,6 +19,8 @@ import time
 import grpc
 import pytest
 
+from conftest import start_server
+
 from polyindex.client.remote import Client
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
@@ -28,16 +30,7 @@ DEADLINE_S = 20.0  # process starts and restarts on a busy 2-core machine; never
 
 
 def start(data, *extra, env=None):
-    proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
-                             str(data), "--port", "0", "--processes", "2", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
-    line = proc.stdout.readline()
-    m = re.search(r"serving on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()[-2000:]}")
-    return proc, m.group(1)
+    return start_server(data, "--processes", "2", *extra, env=env)
 
 
 def stop(proc) -> int:

@@ -26,13 +26,15 @@ def test_a_short_data_directory_name_leaves_words_alone(tmp_path, monkeypatch, f
         eng.collection("nope")
     eng.close()
     (seg,) = (tmp_path / data / "fruit" / "segments").iterdir()
+    # damaged before the server starts (it opens its collections then, checking each file
+    # once): it names the damaged file, inside its data dir
+    with (seg / "docs.arrow").open("r+b") as f:
+        f.write(b"garbage!")
     srv = serve(data, port=0, frontend=frontend)
     try:
         with Client(srv.address) as c:
             with pytest.raises(NotFound) as remote:
                 c.collection("nope")
-            with (seg / "docs.arrow").open("r+b") as f:
-                f.write(b"garbage!")  # the server names the damaged file: inside its data dir
             with pytest.raises(Corrupt) as damaged:
                 c.collection("fruit").query("hello")
     finally:

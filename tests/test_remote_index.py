@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-import polyindex
 from polyindex.client.remote import Client
 from polyindex.service.server import serve
 

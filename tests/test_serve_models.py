@@ -4,14 +4,13 @@ first hybrid query after SERVING answers quickly. Real servers on loopback, the 
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import start_server, stop_server
 
 from polyindex.client.remote import Client
 
@@ -22,26 +21,13 @@ FIRST_QUERY_S = 5.0  # the model's 20-40 s load is what this keeps out of the fi
 
 
 def start(data, *extra):
-    proc = subprocess.Popen([sys.executable, "-m", "polyindex.cli.main", "serve", "--data",
-                             str(data), "--port", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"serving on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()[-2000:]}")
-    return proc, m.group(1)
+    return start_server(data, *extra)
 
 
 def stop(proc) -> str:
     """SIGTERM; the server's stderr."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    code, err = stop_server(proc)
+    assert code == 0, err[-3000:]
     return err
 
 
