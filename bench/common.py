@@ -128,7 +128,7 @@ def judged(queries: Sequence[tuple[str, str]], qrels: dict) -> list[tuple[str, s
 
 def stopwords() -> list[str]:
     """The engine's English stopword list (bm25s takes a list)."""
-    from polyindex.index.stopwords import STOPWORDS_EN
+    from polyindex.index.lexical.stopwords import STOPWORDS_EN
     return sorted(STOPWORDS_EN)
 
 
@@ -256,7 +256,7 @@ def engine_build_stamp() -> str:
     import hashlib
 
     import polyindex
-    from polyindex.index import analyzer
+    from polyindex.index.lexical import analyzer
     roots = {"engine": Path(polyindex.__file__).parent, "index": Path(analyzer.__file__).parent}
     h = hashlib.sha1()
     for rel in INDEX_SOURCES:

@@ -19,7 +19,8 @@ from polyindex.errors import (
     NotFound,
     ResourceExhausted,
 )
-from polyindex.index.protocol import IndexKind, from_factory
+from polyindex.index.protocol import IndexKind
+from polyindex.index.registry import from_factory
 from polyindex.ingest import documents, quality
 from polyindex.query.filters import compile_filter
 from polyindex.query import vector_lane

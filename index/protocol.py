@@ -285,43 +285,6 @@ class IndexKind(ABC):
         """
 
 
-_REGISTRY: dict[str, type[IndexKind]] = {}
-
-
-def register(cls: type[IndexKind]) -> type[IndexKind]:
-    _REGISTRY[cls.kind] = cls
-    return cls
-
-
-def known_kinds() -> list[str]:
-    _load_builtin_kinds()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin_kinds() -> None:
-    # Import for the side effect of registration; kept lazy so importing polyindex is cheap.
-    from polyindex.index import dense, lexical, multivector, sparse, tree  # noqa: F401
-
-
-def from_factory(factory: str) -> IndexKind:
-    """Create an index kind from a factory string such as ``"dense:HNSW32,Flat"``."""
-    _load_builtin_kinds()
-    if not isinstance(factory, str) or not factory.strip():
-        raise InvalidArgument(f"index factory string must be a non-empty string, got {factory!r}")
-    head, _, body = factory.strip().partition(":")
-    kind, at, field_name = head.strip().partition("@")
-    cls = _REGISTRY.get(kind.strip())
-    if cls is None:
-        raise InvalidArgument(f"unknown index kind {kind!r} in factory string {factory!r}; "
-                              f"known kinds: {', '.join(sorted(_REGISTRY))}")
-    if at:
-        if not cls.named_fields:
-            raise InvalidArgument(f"index kind {kind!r} has no named fields ({factory!r}); "
-                                  "only dense takes '@FIELD'")
-        return cls(body.strip(), field=field_name.strip())
-    return cls(body.strip())
-
-
 def check_format(folder: Path, info: dict, kind: str, supported: int) -> None:
     """Refuse a segment index written by a newer version (its build info's ``format``)."""
     if info.get("format", supported) > supported:

@@ -108,7 +108,7 @@ def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monke
     """A segment that lost a share of its rows is searched with the allow bitmap in one faiss
     call; k past the budget (and a query that comes back short of hits) takes the segment's
     own (widening) search: every answer is that search's."""
-    from polyindex.index import dense_filtered
+    from polyindex.index.dense import filtered as dense_filtered
     calls = []
     real = dense_filtered.search
 
@@ -232,7 +232,7 @@ def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp
     import time
 
     import polyindex
-    from polyindex.index import dense
+    from polyindex.index.dense import kind as dense
     from polyindex.online import buffer_index
     monkeypatch.setattr(dense, "AUTO_HNSW_ROWS", 400)
     monkeypatch.setattr(buffer_index, "FIRST_ROWS", 200)

@@ -25,7 +25,9 @@ import numpy as np
 
 
 from polyindex.config import settings
-from polyindex.index import dense, dense_filtered, dense_stack
+from polyindex.index.dense import kind as dense
+from polyindex.index.dense import filtered as dense_filtered
+from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
 from polyindex.query.pipeline import order_ties

@@ -31,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings, tree_search
+from polyindex.index import postings
+from polyindex.index.tree import search as tree_search
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -42,9 +43,8 @@ from polyindex.index.protocol import (
     merge_segments,
     option,
     parse_options,
-    register,
 )
-from polyindex.index.tree_build import TreeArrays, TreeBuilder
+from polyindex.index.tree.build import TreeArrays, TreeBuilder
 
 NODES_FILE = "tree.nodes.arrow"
 DOCS_FILE = "tree.docs.arrow"
@@ -325,7 +325,6 @@ class TreeSegment(SegmentIndex):
         return vals.tolist()
 
 
-@register
 class TreeKind(IndexKind):
     kind = "tree"
     needs_embeddings = True
@@ -361,7 +360,7 @@ class TreeKind(IndexKind):
         if x.ndim != 2 or not np.isfinite(x).all():
             raise InvalidArgument("tree: embeddings must be a finite (n, d) array")
         tree, builder = self.build_tree(x)
-        from polyindex.index.tree_labels import node_labels
+        from polyindex.index.tree.labels import node_labels
         texts = [f"{t or ''} {b or ''}".strip() for t, b in zip(batch.titles, batch.texts)]
         labels = node_labels(texts, tree.docs, tree.doc_start, tree.doc_end, tree.parent,
                              tree.count) if any(texts) else [""] * tree.n_nodes

@@ -32,14 +32,17 @@ import numpy as np
 from polyindex.config import settings
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import dense_compact, dense_filtered, dense_presence, faiss_factory, prf
+from polyindex.index import prf
+from polyindex.index.dense import compact as dense_compact
+from polyindex.index.dense import filtered as dense_filtered
+from polyindex.index.dense import presence as dense_presence
+from polyindex.index.dense import faiss_factory
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
     Query,
     SegmentIndex,
     empty_result,
-    register,
 )
 from polyindex.types import MAX_VECTOR_DIMS
 
@@ -338,7 +341,6 @@ def exact_scores(q: np.ndarray, x: np.ndarray, metric: str) -> np.ndarray:
     return s
 
 
-@register
 class DenseKind(IndexKind):
     kind = "dense"
     named_fields = True

@@ -41,7 +41,8 @@ import pyarrow as pa
 
 from polyindex.cuda.device import kernel_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings, sparse_kernels
+from polyindex.index import postings
+from polyindex.index.sparse import kernels as sparse_kernels
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -52,9 +53,8 @@ from polyindex.index.protocol import (
     merge_segments,
     option,
     parse_options,
-    register,
 )
-from polyindex.index.sparse_projector import Projector, TrainConfig, train
+from polyindex.index.sparse.projector import Projector, TrainConfig, train
 
 TERMS_FILE = "sparse.terms.arrow"
 POSTINGS_FILE = "sparse.postings.arrow"
@@ -204,7 +204,6 @@ def _parse(body: str) -> dict:
     return out
 
 
-@register
 class SparseKind(IndexKind):
     kind = "sparse"
     needs_embeddings = True

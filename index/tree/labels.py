@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from polyindex.index.analyzer import Analyzer
+from polyindex.index.lexical.analyzer import Analyzer
 
 N_TERMS = 3
 MIN_DF2_SIZE = 5  # nodes this large label only with terms of two or more of their documents
