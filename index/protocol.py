@@ -181,6 +181,20 @@ class SearchesSnapshot(Protocol):
                         allow: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+@runtime_checkable
+class PlansDirectly(Protocol):
+    """A kind that can answer a plain one-stage query itself, without the general pipeline
+    (the dense kind's vector lane). ``direct_plan`` is asked once per snapshot and stage
+    (``segments``: the stage's segment indexes, in snapshot order) and returns a plan, or
+    None when it cannot take that stage. A plan's ``search(snapshot, vector, k)`` and
+    ``search_batch(snapshot, vectors, k)`` return the hits (a list of ``Hit``, or one list
+    per vector), bit for bit what the general path gives, or None to hand a query to it
+    (which then says what is wrong). ``query/vector_lane`` decides which calls may ask."""
+
+    def direct_plan(self, snapshot: Any, segments: Sequence["SegmentIndex"],
+                    params: dict[str, str]) -> Any: ...
+
+
 class SegmentIndex(ABC):
     """One kind's index over one sealed segment."""
 

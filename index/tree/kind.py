@@ -3,8 +3,8 @@
 Factory: ``tree:branch=16,leaf=64[,sim=cos|dot|gauss][,rank=best|path][,budget=128][,temp=T]
 [,group=G][,seed=S]``. Default: ``tree:branch=16,leaf=64``. ``branch``: most children per node
 (2-256); ``leaf``: most documents per leaf (1-4096); ``group``: segments above this many
-documents build their top levels by k-means (``tree_build``), 0 = always incremental;
-``sim``/``rank``/``budget``/``temp``: search defaults (``tree_search``). Search params
+documents build their top levels by k-means (``build``), 0 = always incremental;
+``sim``/``rank``/``budget``/``temp``: search defaults (``search``). Search params
 ``budget`` (expanded nodes, 0 = unlimited; over several segments each tree expands its share
 of it by live rows: ``TreeKind.search_snapshot``), ``rank``, ``sim`` and ``temp`` override
 them per query.
