@@ -436,7 +436,7 @@ def main(argv=None) -> int:
     import torch
 
     from polyindex.cuda.device import check_device
-    from polyindex.index.sparse.kernels import half_lut
+    from polyindex.index.postings import half_lut
     if args.device == "cuda":
         check_device("cuda")
     sz = SIZES[args.sizes or ("full" if args.device == "cuda" else "small")]

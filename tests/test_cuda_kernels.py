@@ -17,7 +17,7 @@ from polyindex.index.multivector import kernels as mk
 from polyindex.index import postings
 from polyindex.index.sparse import kernels as sparse_kernels
 from polyindex.index.multivector.kernels import top as _top
-from polyindex.index.sparse.kernels import half_lut
+from polyindex.index.postings import half_lut
 
 HALF = half_lut()
 RTOL = 1e-4

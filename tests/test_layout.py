@@ -196,7 +196,8 @@ def test_each_index_kind_has_its_own_room_and_the_registry_lists_them():
     for room in KINDS:
         assert (index / room / "kind.py").is_file(), f"index/{room}/kind.py is missing"
         doc = ast.get_docstring(ast.parse((index / room / "__init__.py").read_text()))
-        assert doc and len(doc.splitlines()) == 1, f"index/{room}/__init__.py needs a one-line docstring"
+        assert doc and len(doc.splitlines()) == 1, \
+            f"index/{room}/__init__.py needs a one-line docstring"
     strays = [p.name for p in index.glob("*.py") if p.stem.startswith(KINDS)]
     assert not strays, f"a kind's parts outside its room: {strays}"
     assert not [n for _, n in _imports(index / "protocol.py") if n.startswith(
@@ -205,6 +206,21 @@ def test_each_index_kind_has_its_own_room_and_the_registry_lists_them():
     assert sorted(builtin_kinds()) == sorted(KINDS)
     for name, cls in builtin_kinds().items():
         assert cls.__module__ == f"polyindex.index.{name}.kind"
+
+
+def test_one_score_rows_loop():
+    """Scoring given rows is one numba loop, ``postings.score_rows``: each kind's
+    ``*_score_rows`` only hands it its scorer (the loop was copied three times once)."""
+    copies = []
+    for path in sorted((ROOT / "index").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_score_rows"):
+                calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
+                         and isinstance(c.func, ast.Name)}
+                loops = [n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))]
+                if "score_rows" not in calls or loops:
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not copies, "a score-rows loop outside postings.score_rows:\n" + "\n".join(copies)
 
 
 def test_index_init_files_only_re_export():

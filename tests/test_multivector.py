@@ -11,7 +11,7 @@ from polyindex.index.multivector import kernels as mk
 from polyindex.index.multivector.kind import MultivectorKind, _keep_top
 from polyindex.index.protocol import BuildBatch, DocTokens, Query
 from polyindex.index.registry import from_factory
-from polyindex.index.sparse.kernels import half_lut
+from polyindex.index.postings import half_lut
 
 
 def unit(x):

@@ -18,7 +18,7 @@ from polyindex.index.sparse.projector import Projector, TrainConfig, train
 from polyindex.storage.segment import Segment, write_docs
 from polyindex.types import Document
 
-LUT = sparse_kernels.half_lut()
+LUT = postings.half_lut()
 
 
 def unit(n, d=32, seed=0):

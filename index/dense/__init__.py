@@ -1,1 +1,1 @@
-"""The dense kind: FAISS indexes, their filtered and stacked searches, a plain vector query's direct plan."""
+"""The dense kind: FAISS indexes, filtered and stacked searches, the vector lane's plan."""

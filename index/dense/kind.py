@@ -6,7 +6,7 @@ is a named field whose vectors the user supplies. OPTIONS (any order, before the
 string): ``dim=N`` (else taken from the first vector), ``metric=ip|cosine|l2`` (default ip;
 cosine vectors are stored L2-normalized; l2 scores are ``-squared distance``, so higher is
 better everywhere), ``source=model|user`` (who fills the field), ``optional`` (a named field
-that documents may leave out; needs ``dim``: see ``index/dense/presence``). FAISS is ``auto`` (``Flat``
+that documents may leave out; needs ``dim``: see ``presence``). FAISS is ``auto`` (``Flat``
 below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above, and from
 ``AUTO_HNSW_MIN_ROWS`` up in a collection past ``AUTO_HNSW_ROWS``) or any
 ``faiss.index_factory`` string (``HNSW32,Flat``, ``IVF1024,PQ48``). Example:
@@ -34,9 +34,9 @@ from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, tor
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import prf
 from polyindex.index.dense import compact as dense_compact
+from polyindex.index.dense import faiss_factory, lane
 from polyindex.index.dense import filtered as dense_filtered
 from polyindex.index.dense import presence as dense_presence
-from polyindex.index.dense import faiss_factory, lane
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,

@@ -46,9 +46,7 @@ import pyarrow.compute as pc
 from polyindex.config import settings
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import docids, postings, prf
-from polyindex.index.lexical import blockmax
-from polyindex.index.lexical import bm25
-from polyindex.index.lexical import vocabulary
+from polyindex.index.lexical import blockmax, bm25, vocabulary
 from polyindex.index.lexical.analyzer import Analyzer
 from polyindex.index.lexical.bm25 import Scorer
 from polyindex.index.masks import MaskCache

@@ -48,8 +48,8 @@ import numpy as np
 
 from polyindex.cuda.device import torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index.multivector import codec
 from polyindex.index import postings
+from polyindex.index.multivector import codec
 from polyindex.index.multivector.files import (
     DOCS_FILE,
     FORMAT,
@@ -75,8 +75,8 @@ from polyindex.index.protocol import (
     check_format,
     empty_result,
 )
+from polyindex.index.postings import half_lut
 from polyindex.index.ranges import concat_ranges
-from polyindex.index.sparse.kernels import half_lut
 from polyindex.types import document_text
 
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")

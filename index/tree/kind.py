@@ -32,7 +32,6 @@ import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import postings
-from polyindex.index.tree import search as tree_search
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -44,6 +43,7 @@ from polyindex.index.protocol import (
     option,
     parse_options,
 )
+from polyindex.index.tree import search as tree_search
 from polyindex.index.tree.build import TreeArrays, TreeBuilder
 
 NODES_FILE = "tree.nodes.arrow"
