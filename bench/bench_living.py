@@ -245,7 +245,7 @@ def main() -> None:
 def by_size(moments: list[dict]) -> dict:
     """p99 during the workload split by the living collection's stored rows at the probe
     (under or past dense.AUTO_HNSW_ROWS: below it every segment is scanned exactly)."""
-    from polyindex.index.dense import AUTO_HNSW_ROWS
+    from polyindex.index.dense.kind import AUTO_HNSW_ROWS
     out = {}
     for name, keep in (("small", lambda m: m["sealed_rows"] < AUTO_HNSW_ROWS),
                        ("past", lambda m: m["sealed_rows"] >= AUTO_HNSW_ROWS)):

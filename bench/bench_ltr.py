@@ -86,7 +86,7 @@ def _complete(folder: Path, newer_than: float = 0.0) -> bool:
 
 def _index_code_time() -> float:
     """When the code that decides what an index holds last changed (a copy must be newer)."""
-    import polyindex.index.analyzer as analyzer
+    import polyindex.index.lexical.analyzer as analyzer
     folder = Path(analyzer.__file__).parent
     return max((folder / f).stat().st_mtime for f in ("analyzer.py", "lexical.py", "dense.py",
                                                          "stopwords.py"))

@@ -195,7 +195,7 @@ class CachedAssign:
 
 
 def variant_codebook(base, *, k256=None, m: int | None = None, bits: int = 0):
-    from polyindex.index import multivector_codec as codec
+    from polyindex.index.multivector import codec
     if k256 is not None:
         return CachedAssign.install(k256)
     if base is None:  # a variant not built in this run (--variants default)
@@ -227,7 +227,7 @@ class KindSystem:
 
 
 def build_variant(body, cb, data, folder: Path) -> KindSystem:
-    from polyindex.index.multivector import MultivectorKind
+    from polyindex.index.multivector.kind import MultivectorKind
     from polyindex.index.protocol import BuildBatch
     kind = MultivectorKind(body)
     kind.codebook = cb
@@ -322,7 +322,7 @@ def quality(name: str, te, args) -> dict | None:
     out["engine"]["eval"] = cli_eval(data, coll_dir)
     base = KindSystem(kind, seg, entry.indexes["multivector"], DEFAULT)
     CachedAssign.install(kind.codebook)
-    from polyindex.index import multivector_codec as codec
+    from polyindex.index.multivector import codec
     k256 = None
     if args.variants == "all":
         allt = np.concatenate([d.vectors[~d.special] for d in data["docs"]])  # float16
@@ -393,7 +393,7 @@ def speed_case(label: str, docs, qtok, args, kind_sys=None) -> dict:
     out = {"docs": len(docs), "tokens": exact.tokens, "queries": len(qtok)}
     if kind_sys is None:
         # the generated documents are i.i.d.: the first 20k give a large enough sample
-        from polyindex.index.multivector import MultivectorKind
+        from polyindex.index.multivector.kind import MultivectorKind
         from polyindex.index.protocol import BuildBatch
         t0 = time.perf_counter()
         trainer = MultivectorKind(DEFAULT)

@@ -60,7 +60,7 @@ def bm25s_runs(ids, doc_texts, queries) -> dict[str, dict]:
     import bm25s
     import Stemmer
 
-    from polyindex.index.analyzer import Analyzer
+    from polyindex.index.lexical.analyzer import Analyzer
     sw = common.stopwords()
     stemmer = Stemmer.Stemmer("english")
     k = min(K, len(ids))

@@ -142,7 +142,7 @@ def worker(folder: Path, queries: int, dim: int) -> dict:
             ts.append(time.perf_counter() - t)
         lat[name] = {"p50_ms": 1e3 * statistics.median(ts), "mean_ms": 1e3 * statistics.fmean(ts)}
     after = _rss()
-    mmap_ab = _mmap_ab(snap, vecs) if hasattr(__import__("polyindex.index.dense").index.dense,
+    mmap_ab = _mmap_ab(snap, vecs) if hasattr(__import__("polyindex.index.dense.kind").index.dense.kind,
                                               "read_index") else None
     vocab_ab = _vocab_ab(coll, texts)
     out = {"mmap_vs_ram": mmap_ab, "vocab_arrow_vs_dict": vocab_ab,
@@ -179,7 +179,8 @@ def _vocab_ab(coll, texts) -> dict | None:
     by patching), alternating blocks of 30 queries; the snapshot's df cache is emptied before
     each query so both pay the document-frequency lookups of every term: p50 per query (ms)."""
     import numpy as np
-    from polyindex.index import lexical, postings
+    from polyindex.index import postings
+    from polyindex.index.lexical import kind as lexical
     if not hasattr(lexical.LexicalSegment, "term_array"):
         return None
     seg_cls, kind_cls = lexical.LexicalSegment, lexical.LexicalKind

@@ -75,7 +75,7 @@ def rss_by_file():
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 anon = status_mb("RssAnon")  # private memory; the rest of RSS is mapped file pages
 # block-max MaxScore against term-at-a-time, same queries, alternating (ABAB), after the load
-from polyindex.index import lexical as lexical_kind
+from polyindex.index.lexical import kind as lexical_kind
 texts = [" ".join(rng.choice(vocab, 3)) for _ in range(n_q)]
 prune = {"on": [], "off": []}
 for r in range(4):

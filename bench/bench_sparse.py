@@ -146,8 +146,9 @@ def train_projector(x, dim: int, epochs: int, folder: Path, retrain: bool = True
     """Train the collection's projector once (k=64: Multi-TopK 16..128) and save it. Training
     is deterministic: without ``retrain`` a projector saved for the same input is reused
     (its recorded training time is reported)."""
-    from polyindex.index.protocol import BuildBatch, from_factory
-    from polyindex.index.sparse_projector import Projector
+    from polyindex.index.protocol import BuildBatch
+    from polyindex.index.registry import from_factory
+    from polyindex.index.sparse.projector import Projector
     kind = from_factory(f"sparse:UHD{dim},k=64,epochs={epochs}")
     digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
     old = Projector.load(folder) if folder.exists() and not retrain else None
@@ -164,7 +165,7 @@ def train_projector(x, dim: int, epochs: int, folder: Path, retrain: bool = True
 
 
 def sparse_kind(dim: int, k: int, binary: bool, artifacts: Path, codes: CachedCodes | None = None):
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.registry import from_factory
     kind = from_factory(f"sparse:UHD{dim},k={k}" + (",binary" if binary else ""))
     kind.load_artifacts(artifacts)
     if codes is not None:
@@ -214,7 +215,7 @@ def timed(cands: dict, systems: dict, q, args) -> None:
 
 
 def quality(name: str, args) -> dict | None:
-    from polyindex.index.dense import DenseKind
+    from polyindex.index.dense.kind import DenseKind
     data = _vectors(name)
     if data is None:
         return None
@@ -319,7 +320,7 @@ def train_part(args, cen) -> dict:
 
 
 def synthetic_part(args, cen) -> dict:
-    from polyindex.index.dense import DenseKind
+    from polyindex.index.dense.kind import DenseKind
     n = args.synthetic
     x = common.synthetic_vectors(cen, n, args.sigma, seed=1)
     q = common.synthetic_vectors(cen, 200, args.sigma, seed=2)

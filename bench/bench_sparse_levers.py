@@ -97,7 +97,7 @@ PROJ = common.WORK / "sparse" / "proj"
 
 def train_cached(name, x, cfg, tag):
     """Train (or load) a projector for collection ``name`` under ``tag``."""
-    from polyindex.index.sparse_projector import Projector, train
+    from polyindex.index.sparse.projector import Projector, train
     folder = PROJ / f"{name}-{tag}"
     p = Projector.load(folder) if folder.exists() else None
     if p is None:
@@ -167,7 +167,7 @@ def hybrids(names):
     import bench_sparse
     import torch
     torch.set_num_threads(1)
-    from polyindex.index.sparse_projector import TrainConfig
+    from polyindex.index.sparse.projector import TrainConfig
     res = {}
     for name in names:
         ids, x, qids, q, qrels = load(name)
@@ -180,8 +180,8 @@ def hybrids(names):
         Sp = sparse_scores(P, x, q, 64, 32)
         Sr = rescored(Sp, q, x, 400)
         # tree leg (kind level, default factory)
-        import polyindex.index.tree  # noqa
-        from polyindex.index.protocol import from_factory
+        import polyindex.index.tree.kind  # noqa
+        from polyindex.index.registry import from_factory
         tmp = common.WORK / "sparse" / "tmp" / name
         shutil.rmtree(tmp, ignore_errors=True)
         tree = bench_sparse.System(from_factory("tree"), x, tmp / "tree")
@@ -212,7 +212,7 @@ GRID = tuple((int(a), int(b)) for a, b in (p.split("/") for p in os.environ.get(
 def levers(name, tags):
     import torch
     torch.set_num_threads(1)
-    from polyindex.index.sparse_projector import TrainConfig
+    from polyindex.index.sparse.projector import TrainConfig
     ids, x, qids, q, qrels = load(name)
     def ev(S):
         return ndcg(S, ids, qids, qrels)

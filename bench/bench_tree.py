@@ -126,8 +126,8 @@ def run_variants(name, tag, tree: System, ids, qids, q, qrels, extra: dict, args
 # ------------------------------------------------------------------------------ quality
 
 def quality(name: str, args) -> dict | None:
-    from polyindex.index.dense import DenseKind
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.dense.kind import DenseKind
+    from polyindex.index.registry import from_factory
     data = common.stored_collection(name, TREE / "engine")
     if data is None:
         return None
@@ -173,8 +173,8 @@ def degrade(x: np.ndarray, c: np.ndarray, shift: float, noise: float, seed: int)
 
 
 def degraded(name: str, args) -> dict | None:
-    from polyindex.index.dense import DenseKind
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.dense.kind import DenseKind
+    from polyindex.index.registry import from_factory
     data = common.stored_collection(name, TREE / "engine")
     if data is None:
         return None
@@ -231,7 +231,9 @@ def scale_one(n: int, cen: np.ndarray, q: np.ndarray, args) -> dict:
     """Build a tree over n generated documents; time it, size it, query it."""
     import faiss
 
-    from polyindex.index.protocol import BuildBatch, Query, from_factory
+    from polyindex.index.protocol import BuildBatch, Query
+
+    from polyindex.index.registry import from_factory
     from polyindex.storage.segment import Segment, write_docs
     from polyindex.types import Document
     console.rule(f"scaling: {n:,} generated documents")

@@ -128,7 +128,7 @@ def judged(queries: Sequence[tuple[str, str]], qrels: dict) -> list[tuple[str, s
 
 def stopwords() -> list[str]:
     """The engine's English stopword list (bm25s takes a list)."""
-    from polyindex.index.stopwords import STOPWORDS_EN
+    from polyindex.index.lexical.stopwords import STOPWORDS_EN
     return sorted(STOPWORDS_EN)
 
 
@@ -247,8 +247,8 @@ def _wait_for_writer(coll_dir: Path) -> None:
 # Engine sources that decide what an index holds (tokens, embeddings). The engine records no
 # analyzer version in its manifests, so a cached collection is rebuilt when any of these files
 # changed since the bench built it (a collection built by something else is rebuilt too).
-INDEX_SOURCES = ("index/analyzer.py", "index/stopwords.py", "index/lexical.py", "index/dense.py",
-                 "engine/encoder.py")
+INDEX_SOURCES = ("index/lexical/analyzer.py", "index/lexical/stopwords.py", "index/lexical/kind.py",
+                 "index/dense/kind.py", "engine/encoder.py")
 STAMPS = WORK / "stamps"
 
 
@@ -256,8 +256,9 @@ def engine_build_stamp() -> str:
     import hashlib
 
     import polyindex
-    from polyindex.index import analyzer
-    roots = {"engine": Path(polyindex.__file__).parent, "index": Path(analyzer.__file__).parent}
+    import polyindex.index
+    roots = {"engine": Path(polyindex.__file__).parent,
+             "index": Path(polyindex.index.__file__).parent}
     h = hashlib.sha1()
     for rel in INDEX_SOURCES:
         top, _, fname = rel.partition("/")

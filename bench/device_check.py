@@ -127,8 +127,8 @@ def mv_queries(rng, data, nq, t=32, nprobe=4):
 
 def mv_cpu_search(data, q, k, ndocs, half):
     """The CPU path: ``MultivectorSegment.search``'s steps over the numba kernels."""
-    from polyindex.index import multivector_kernels as mk
-    from polyindex.index.multivector_kernels import top as _top
+    from polyindex.index.multivector import kernels as mk
+    from polyindex.index.multivector.kernels import top as _top
     lut, pq, probes = q
     off = data["off"]
     n = len(off) - 1
@@ -168,8 +168,9 @@ def check_kernels(device, rng, half) -> list[dict]:
     from polyindex.cuda import dense as tdense
     from polyindex.cuda import multivector as tmv
     from polyindex.cuda import sparse as tsparse
-    from polyindex.index import multivector_kernels as mk
-    from polyindex.index import postings, sparse_kernels
+    from polyindex.index.multivector import kernels as mk
+    from polyindex.index import postings
+    from polyindex.index.sparse import kernels as sparse_kernels
     rows = []
 
     def add(name, err, same, ref):
@@ -381,7 +382,8 @@ def dense_rate(device, rng, n, sz) -> dict:
 
 def sparse_rate(device, rng, n, sz, half) -> dict:
     from polyindex.cuda import sparse as tsparse
-    from polyindex.index import postings, sparse_kernels
+    from polyindex.index import postings
+    from polyindex.index.sparse import kernels as sparse_kernels
     k = 100
     off, docs, vals = sparse_data(rng, n)
     nq = sz["gpu_queries"]
@@ -434,7 +436,7 @@ def main(argv=None) -> int:
     import torch
 
     from polyindex.cuda.device import check_device
-    from polyindex.index.sparse_kernels import half_lut
+    from polyindex.index.postings import half_lut
     if args.device == "cuda":
         check_device("cuda")
     sz = SIZES[args.sizes or ("full" if args.device == "cuda" else "small")]

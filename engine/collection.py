@@ -19,7 +19,8 @@ from polyindex.errors import (
     NotFound,
     ResourceExhausted,
 )
-from polyindex.index.protocol import IndexKind, from_factory
+from polyindex.index.protocol import IndexKind
+from polyindex.index.registry import from_factory
 from polyindex.ingest import documents, quality
 from polyindex.query.filters import compile_filter
 from polyindex.query import vector_lane
@@ -446,10 +447,9 @@ class Collection:
         ``tokens``: an (n_tokens, d) query matrix for a ``multivector:source=user`` index
         (alone, profile ``multivector`` by default).
         ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata."""
-        if vector is not None and text is None and tokens is None and using is None \
-                and filter is None and not explain and not with_text and not with_metadata \
-                and (profile is None or isinstance(profile, str)) \
-                and type(k) is int and 1 <= k <= MAX_K and not isinstance(vector, dict):
+        vectors = None if vector is None else [vector]
+        if vector_lane.plain_call(text, vectors, using, tokens, k, profile, filter, explain,
+                                  with_text, with_metadata):
             # the plain nearest-neighbour call: the vector lane when the profile is one dense
             # stage (the same hits as the general path, a fraction of its Python)
             snap, plan = self._lane(profile, vector)
@@ -457,7 +457,6 @@ class Collection:
                 hits = plan.search(snap, vector, k)
                 if hits is not None:
                     return hits
-        vectors = None if vector is None else [vector]
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
                                 tokens=None if tokens is None else [tokens],
                                 k=k, profile=profile, filter=filter, explain=explain,
@@ -481,10 +480,8 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        if vectors is not None and texts is None and tokens is None and using is None \
-                and filter is None and not explain and not with_text and not with_metadata \
-                and (profile is None or isinstance(profile, str)) and len(vectors) \
-                and not isinstance(vectors[0], dict):
+        if vector_lane.plain_call(texts, vectors, using, tokens, k, profile, filter, explain,
+                                  with_text, with_metadata):
             snap, plan = self._lane(profile, vectors[0])  # the vector lane, as in ``query``
             if plan is not None:
                 hits = plan.search_batch(snap, vectors, k)

@@ -24,7 +24,7 @@ from polyindex.config import (
 )
 from polyindex.cuda.device import check_device
 from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound
-from polyindex.index.protocol import from_factory
+from polyindex.index.registry import from_factory
 from polyindex.storage import fsutil
 from polyindex.storage.lock import DirectoryLock
 from polyindex.storage.manifest import MANIFEST, Manifest, commit_manifest

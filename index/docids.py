@@ -1,6 +1,6 @@
 """Doc ids of a lexical segment's postings in 16 bits: block-relative, random access kept.
 
-A term's postings are cut into blocks of ``BLOCK`` (the blocks ``index/blockmax.py`` bounds).
+A term's postings are cut into blocks of ``BLOCK`` (the blocks ``index/lexical/blockmax.py`` bounds).
 Every posting stores its row's low 16 bits (``lo``, uint16). A block whose rows span fewer
 than 65,536 also stores its first row (``first``, int32, one per block): rows ascend, so a
 row is the first row plus the difference of their low bits modulo 2^16. A wider block (a

@@ -18,14 +18,23 @@ padded with ``-inf`` / ``-1``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
 import pyarrow as pa
+from numba.core import types
+from numba.extending import overload
 
 from polyindex.errors import Corrupt
 from polyindex.index import docids
 from polyindex.index.docids import block_of, doc_at, find, row_in_block
+
+
+def half_lut() -> np.ndarray:
+    """float32 value of every float16 bit pattern (index = the uint16 bits): numba has no
+    float16, so the sparse and multivector kernels read float16 weights through it."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -293,17 +302,56 @@ def _find(docs, lo, hi, row):
     return lo
 
 
-@numba.njit(cache=True, nogil=True)
-def bm25_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
-                    rows, out):
-    """BM25 scores of given rows (binary search per term); NaN for rows out of range.
+# -- the one "score these rows" loop -------------------------------------------------------
+# Every kind's scoring of given rows (lexical BM25 and BM25L, sparse, learned sparse dot) is
+# this loop; what differs, where a row's posting is and what it adds, is chosen by the type of
+# ``how`` (a NamedTuple per scorer, below and in ``lexical/bm25``, ``sparse/kernels``) when
+# numba compiles it, so each scorer's loop is as fast as its own copy was and can be cached.
+# Every scorer adds in the order and precision its search kernel does (float32 accumulation
+# of each term's product), so the scores equal the searches'.
 
-    Accumulates in the same order and precision as ``bm25_search``, so scores are equal.
-    """
-    k1p1 = k1 + 1.0
-    c1 = k1 * (1.0 - b)
-    c2 = k1 * b / avgdl
-    n_rows = len(doclen)
+def posting(how, offsets, t, row):
+    """Position of ``row``'s posting in term ``t``'s run, or -1 (numba only)."""
+    raise NotImplementedError("numba only")
+
+
+def term_score(how, w, pos, row):
+    """What query weight ``w`` and the posting at ``pos`` add to ``row``'s score (numba only;
+    each scorer overloads it for its ``how``)."""
+    raise NotImplementedError("numba only")
+
+
+def scorer_of(how, cls) -> bool:
+    """Whether the numba type ``how`` is the NamedTuple ``cls`` (for ``term_score``'s overloads)."""
+    return isinstance(how, types.BaseNamedTuple) and how.instance_class is cls
+
+
+@overload(posting, jit_options={"cache": True, "nogil": True})
+def _posting(how, offsets, t, row):
+    if not isinstance(how, types.BaseNamedTuple):
+        return None
+    if "P" in how.fields:  # the lexical kind's compressed doc ids (``docids``)
+        def compressed(how, offsets, t, row):
+            pos = find(how.P, offsets, t, row, offsets[t], offsets[t + 1])
+            if pos < offsets[t + 1] and doc_at(how.P, offsets, t, pos) == row:
+                return pos
+            return -1
+        return compressed
+    if "docs" in how.fields:  # a plain ``docs`` array
+        def plain(how, offsets, t, row):
+            hi = offsets[t + 1]
+            pos = _find(how.docs, offsets[t], hi, row)
+            if pos < hi and how.docs[pos] == row:
+                return pos
+            return -1
+        return plain
+    return None
+
+
+@numba.njit(cache=True, nogil=True)
+def score_rows(offsets, how, n_rows, qptr, qterms, qweights, rows, out):
+    """Scores of given rows (binary search per term) into ``out`` (nq, len(rows)); NaN for
+    rows out of range."""
     for q in range(len(qptr) - 1):
         for r in range(len(rows)):
             row = rows[r]
@@ -312,12 +360,41 @@ def bm25_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgd
                 continue
             acc = np.float32(0.0)  # float32 accumulation, as in the score buffer of search
             for j in range(qptr[q], qptr[q + 1]):
-                t = qterms[j]
-                pos = find(P, offsets, t, row, offsets[t], offsets[t + 1])
-                if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
-                    tf = np.float64(tfs[pos])
-                    acc = np.float32(acc + qweights[j] * tf * k1p1 / (tf + c1 + c2 * doclen[row]))
+                pos = posting(how, offsets, qterms[j], row)
+                if pos >= 0:
+                    acc = np.float32(acc + term_score(how, qweights[j], pos, row))
             out[q, r] = acc
+
+
+class BM25Rows(NamedTuple):
+    """BM25 over the lexical kind's postings (``tfs`` per posting, ``doclen`` per row)."""
+    P: tuple
+    tfs: np.ndarray
+    doclen: np.ndarray
+    k1p1: float
+    c1: float
+    c2: float
+
+
+@overload(term_score, jit_options={"cache": True, "nogil": True})
+def _bm25_term(how, w, pos, row):
+    if scorer_of(how, BM25Rows):
+        def bm25(how, w, pos, row):
+            tf = np.float64(how.tfs[pos])
+            return w * tf * how.k1p1 / (tf + how.c1 + how.c2 * how.doclen[row])
+        return bm25
+    return None
+
+
+@numba.njit(cache=True, nogil=True)
+def bm25_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
+                    rows, out):
+    """BM25 scores of given rows (binary search per term); NaN for rows out of range.
+
+    Accumulates in the same order and precision as ``bm25_search``, so scores are equal.
+    """
+    how = BM25Rows(P, tfs, doclen, k1 + 1.0, k1 * (1.0 - b), k1 * b / avgdl)
+    score_rows(offsets, how, len(doclen), qptr, qterms, qweights, rows, out)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -342,23 +419,23 @@ def dot_search(offsets, docs, vals, qptr, qterms, qweights, has_allow, allow,
         _select(scores, seen, touched, n, k, out_s[q], out_i[q])
 
 
+class DotRows(NamedTuple):
+    """A sparse dot product over plain postings (``vals``: each posting's weight)."""
+    docs: np.ndarray
+    vals: np.ndarray
+
+
+@overload(term_score, jit_options={"cache": True, "nogil": True})
+def _dot_term(how, w, pos, row):
+    if scorer_of(how, DotRows):
+        return lambda how, w, pos, row: w * how.vals[pos]
+    return None
+
+
 @numba.njit(cache=True, nogil=True)
 def dot_score_rows(offsets, docs, vals, n_rows, qptr, qterms, qweights, rows, out):
     """Sparse dot-product scores of given rows; NaN for rows out of range."""
-    for q in range(len(qptr) - 1):
-        for r in range(len(rows)):
-            row = rows[r]
-            if row < 0 or row >= n_rows:
-                out[q, r] = np.nan
-                continue
-            acc = np.float32(0.0)
-            for j in range(qptr[q], qptr[q + 1]):
-                t = qterms[j]
-                hi = offsets[t + 1]
-                pos = _find(docs, offsets[t], hi, row)
-                if pos < hi and docs[pos] == row:
-                    acc = np.float32(acc + qweights[j] * vals[pos])
-            out[q, r] = acc
+    score_rows(offsets, DotRows(docs, vals), n_rows, qptr, qterms, qweights, rows, out)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -181,6 +181,20 @@ class SearchesSnapshot(Protocol):
                         allow: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+@runtime_checkable
+class PlansDirectly(Protocol):
+    """A kind that can answer a plain one-stage query itself, without the general pipeline
+    (the dense kind's vector lane). ``direct_plan`` is asked once per snapshot and stage
+    (``segments``: the stage's segment indexes, in snapshot order) and returns a plan, or
+    None when it cannot take that stage. A plan's ``search(snapshot, vector, k)`` and
+    ``search_batch(snapshot, vectors, k)`` return the hits (a list of ``Hit``, or one list
+    per vector), bit for bit what the general path gives, or None to hand a query to it
+    (which then says what is wrong). ``query/vector_lane`` decides which calls may ask."""
+
+    def direct_plan(self, snapshot: Any, segments: Sequence["SegmentIndex"],
+                    params: dict[str, str]) -> Any: ...
+
+
 class SegmentIndex(ABC):
     """One kind's index over one sealed segment."""
 
@@ -283,43 +297,6 @@ class IndexKind(ABC):
         ``cache`` is a dict owned by the snapshot (empty when it opens, dropped with it): the
         place to keep collection-wide statistics between queries of the same snapshot.
         """
-
-
-_REGISTRY: dict[str, type[IndexKind]] = {}
-
-
-def register(cls: type[IndexKind]) -> type[IndexKind]:
-    _REGISTRY[cls.kind] = cls
-    return cls
-
-
-def known_kinds() -> list[str]:
-    _load_builtin_kinds()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin_kinds() -> None:
-    # Import for the side effect of registration; kept lazy so importing polyindex is cheap.
-    from polyindex.index import dense, lexical, multivector, sparse, tree  # noqa: F401
-
-
-def from_factory(factory: str) -> IndexKind:
-    """Create an index kind from a factory string such as ``"dense:HNSW32,Flat"``."""
-    _load_builtin_kinds()
-    if not isinstance(factory, str) or not factory.strip():
-        raise InvalidArgument(f"index factory string must be a non-empty string, got {factory!r}")
-    head, _, body = factory.strip().partition(":")
-    kind, at, field_name = head.strip().partition("@")
-    cls = _REGISTRY.get(kind.strip())
-    if cls is None:
-        raise InvalidArgument(f"unknown index kind {kind!r} in factory string {factory!r}; "
-                              f"known kinds: {', '.join(sorted(_REGISTRY))}")
-    if at:
-        if not cls.named_fields:
-            raise InvalidArgument(f"index kind {kind!r} has no named fields ({factory!r}); "
-                                  "only dense takes '@FIELD'")
-        return cls(body.strip(), field=field_name.strip())
-    return cls(body.strip())
 
 
 def check_format(folder: Path, info: dict, kind: str, supported: int) -> None:

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index.analyzer import Analyzer
+from polyindex.index.lexical.analyzer import Analyzer
 from polyindex.rerank.forest import Forest
 from polyindex.rerank.quality import term_estimates
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index import vocabulary
+from polyindex.index.lexical import vocabulary
 from polyindex.index.protocol import StoredVectors, implements
 from polyindex.rerank import kernels, kind_scores, quality, schema, window
 from polyindex.rerank.stats import (

@@ -17,7 +17,7 @@ import math
 import numba
 import numpy as np
 
-from polyindex.index.vocabulary import hash_find
+from polyindex.index.lexical.vocabulary import hash_find
 from polyindex.rerank import schema
 
 FPF = len(schema.PER_FIELD)

@@ -23,7 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from polyindex.index import postings, vocabulary
+from polyindex.index import postings
+
+from polyindex.index.lexical import vocabulary
 from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import TermStatistics, implements
 from polyindex.rerank import kernels

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from polyindex.errors import Corrupt
-from polyindex.index import blockmax, docids, postings
-from polyindex.index.lexical import BLOCKS_FILE, POSTINGS_FILE, WIDE_FILE, LexicalKind
+from polyindex.index import docids, postings
+from polyindex.index.lexical import blockmax
+from polyindex.index.lexical.kind import BLOCKS_FILE, POSTINGS_FILE, WIDE_FILE, LexicalKind
 from polyindex.index.protocol import BuildBatch, Query
 
 
@@ -111,7 +112,7 @@ def _build(tmp_path, texts):
 @pytest.mark.parametrize("variant", ["bm25", "lucene", "robertson", "atire", "bm25+", "bm25l"])
 def test_pruned_and_term_at_a_time_answer_alike_through_the_kind(tmp_path, variant,
                                                                    monkeypatch):
-    from polyindex.index import lexical
+    from polyindex.index.lexical import kind as lexical
     rng = np.random.default_rng(1)
     words = [f"w{i}" for i in range(300)]
     p = 1.0 / np.arange(1, 301)
@@ -203,7 +204,7 @@ def test_a_wide_segment_or_a_live_mask_of_any_origin_needs_no_new_compile(tmp_pa
     is another type than a writable one: a segment past 2^16 rows (its wide rows mapped
     from a file) or a live mask made in memory must reuse what a small segment compiled,
     or the first query to meet one stops for the compile (3.3-3.9 s in bench_living)."""
-    from polyindex.index import vocabulary
+    from polyindex.index.lexical import vocabulary
     texts = [f"apple w{i % 97}" + (" rare" if i % 600 == 0 else "") for i in range(70_000)]
     kind, info = _build(tmp_path / "narrow", texts[:20_000])
     narrow = kind.open(tmp_path / "narrow", info)

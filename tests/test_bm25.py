@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from polyindex.errors import InvalidArgument
-from polyindex.index.analyzer import Analyzer
-from polyindex.index.bm25 import VARIANTS
-from polyindex.index.lexical import LexicalKind
+from polyindex.index.lexical.analyzer import Analyzer
+from polyindex.index.lexical.bm25 import VARIANTS
+from polyindex.index.lexical.kind import LexicalKind
 from polyindex.index.protocol import BuildBatch, Query
 
 bm25s = pytest.importorskip("bm25s")

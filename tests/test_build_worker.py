@@ -35,7 +35,7 @@ def test_jobs_run_in_another_process_and_errors_keep_their_type():
         pid = w.call("polyindex.storage.build_worker:pause", 0)
         assert pid != os.getpid()
         with pytest.raises(InvalidArgument, match="index kind"):
-            w.call("polyindex.index.protocol:from_factory", "nonsense-kind")
+            w.call("polyindex.index.registry:from_factory", "nonsense-kind")
         with pytest.raises(ValueError, match="not a polyindex function"):
             w.call("os:getpid")
         assert w.call("polyindex.storage.build_worker:pause", 0) == pid  # same child kept

@@ -358,7 +358,7 @@ def test_the_compact_command(tmp_path, cli):
 
 def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypatch):
     import pyarrow as pa
-    from polyindex.index import lexical
+    from polyindex.index.lexical import kind as lexical
     rng = np.random.default_rng(9)
     with polyindex.open(tmp_path / "a") as eng:
         coll = eng.create_collection("c", ["lexical"], model=None)

@@ -13,10 +13,11 @@ from polyindex.cuda import multivector as tmv
 from polyindex.cuda import sparse as tsparse
 from polyindex.cuda.device import check_device, torch_kernels
 from polyindex.errors import InvalidArgument
-from polyindex.index import multivector_kernels as mk
-from polyindex.index import postings, sparse_kernels
-from polyindex.index.multivector_kernels import top as _top
-from polyindex.index.sparse_kernels import half_lut
+from polyindex.index.multivector import kernels as mk
+from polyindex.index import postings
+from polyindex.index.sparse import kernels as sparse_kernels
+from polyindex.index.multivector.kernels import top as _top
+from polyindex.index.postings import half_lut
 
 HALF = half_lut()
 RTOL = 1e-4

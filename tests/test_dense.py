@@ -5,8 +5,9 @@ import pytest
 
 from polyindex import InvalidArgument
 from polyindex.cuda.device import check_device
-from polyindex.index.dense import DenseKind
-from polyindex.index.protocol import BuildBatch, Query, from_factory
+from polyindex.index.dense.kind import DenseKind
+from polyindex.index.protocol import BuildBatch, Query
+from polyindex.index.registry import from_factory
 
 
 def unit(n, d=32, seed=0):
@@ -47,7 +48,7 @@ def test_search_is_single_threaded_in_any_thread(tmp_path):
     use QUERY_THREADS too, and leave the thread's own setting as it was."""
     import threading
 
-    from polyindex.index import dense
+    from polyindex.index.dense import kind as dense
     x, q = unit(300), unit(2, seed=3)
     kind = from_factory("dense")
     seg, _ = build_open(kind, x, tmp_path)

@@ -193,8 +193,8 @@ def test_9_the_encoder_reports_every_batch():
 
 
 def test_9_small_codebooks_train_without_faiss_warnings_and_say_their_k(capfd):
-    from polyindex.index import multivector_codec as codec
-    from polyindex.index.multivector import MultivectorKind
+    from polyindex.index.multivector import codec
+    from polyindex.index.multivector.kind import MultivectorKind
     from polyindex.index.protocol import BuildBatch, DocTokens
     rng = np.random.default_rng(0)
     docs = []

@@ -182,7 +182,67 @@ def test_a_bad_setting_stops_the_cli_with_one_line(tmp_path):
     assert table["POLYINDEX_SEAL_DOCS"]["value"] == 7 and table["POLYINDEX_SEAL_DOCS"]["set"]
 
 
-def test_no_import_circles_outside_the_index_registry():
+KINDS = ("dense", "lexical", "multivector", "sparse", "tree")
+
+
+def test_each_index_kind_has_its_own_room_and_the_registry_lists_them():
+    """``index/`` holds the shared parts (protocol, registry, postings, masks, ...) as modules
+    and one room per kind, whose ``kind.py`` is the kind; a kind's parts live in its room
+    (no ``index/dense_*.py`` beside it), the protocol imports no kind, and the registry
+    names every kind explicitly."""
+    index = ROOT / "index"
+    rooms = sorted(p.name for p in index.iterdir() if (p / "__init__.py").is_file())
+    assert rooms == sorted(KINDS)
+    for room in KINDS:
+        assert (index / room / "kind.py").is_file(), f"index/{room}/kind.py is missing"
+        doc = ast.get_docstring(ast.parse((index / room / "__init__.py").read_text()))
+        assert doc and len(doc.splitlines()) == 1, \
+            f"index/{room}/__init__.py needs a one-line docstring"
+    strays = [p.name for p in index.glob("*.py") if p.stem.startswith(KINDS)]
+    assert not strays, f"a kind's parts outside its room: {strays}"
+    assert not [n for _, n in _imports(index / "protocol.py") if n.startswith(
+        tuple(f"polyindex.index.{k}" for k in KINDS))], "protocol.py imports a kind"
+    from polyindex.index.registry import builtin_kinds
+    assert sorted(builtin_kinds()) == sorted(KINDS)
+    for name, cls in builtin_kinds().items():
+        assert cls.__module__ == f"polyindex.index.{name}.kind"
+
+
+def test_one_score_rows_loop():
+    """Scoring given rows is one numba loop, ``postings.score_rows``: each kind's
+    ``*_score_rows`` only hands it its scorer (the loop was copied three times once)."""
+    copies = []
+    for path in sorted((ROOT / "index").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_score_rows"):
+                calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
+                         and isinstance(c.func, ast.Name)}
+                loops = [n for n in ast.walk(node) if isinstance(n, (ast.For, ast.While))]
+                if "score_rows" not in calls or loops:
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not copies, "a score-rows loop outside postings.score_rows:\n" + "\n".join(copies)
+
+
+def test_index_init_files_only_re_export():
+    """``index/``'s ``__init__.py`` files hold a docstring and imports, nothing else. (The
+    engine's own resolves ``polyindex.open`` and friends on first use: PEP 562, for the
+    client's sake.)"""
+    bad = []
+    for folder in ("index",):
+        for path in sorted((ROOT / folder).rglob("__init__.py")):
+            body = ast.parse(path.read_text()).body
+            for node in body:
+                if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+                    continue
+                if isinstance(node, ast.Assign) and all(
+                        isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                    continue
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "logic in __init__.py:\n" + "\n".join(bad)
+
+
+def test_no_import_circles():
     """No module imports (at the top or lazily) a module that imports it back, directly or
     through others: a circle makes import order matter and hides a layer that is not one.
     A module importing a name from its own package (``from polyindex.client import
@@ -207,9 +267,6 @@ def test_no_import_circles_outside_the_index_registry():
         deps = {resolve(name) for _, name in _imports(path)} - {None, mod}
         graph[mod] = {d for d in deps if not mod.startswith(d + ".")}
     circles = [c for c in _strongly_connected(graph) if len(c) > 1]
-    # known, and removed by moving the kinds into their own rooms (issue 42 part 4):
-    # protocol's registry imports the kinds, which import protocol
-    circles = [c for c in circles if "polyindex.index.protocol" not in c]
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from polyindex.errors import InvalidArgument
 from polyindex.index import postings
-from polyindex.index.analyzer import Analyzer
-from polyindex.index.lexical import LexicalKind
+from polyindex.index.lexical.analyzer import Analyzer
+from polyindex.index.lexical.kind import LexicalKind
 from polyindex.index.protocol import BuildBatch, Query
-from polyindex.index.stopwords import STOPWORDS_EN
+from polyindex.index.lexical.stopwords import STOPWORDS_EN
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

@@ -281,7 +281,7 @@ def test_the_parse_knows_what_faiss_would_build(dim):
     empty index says, for every form the grammar takes; faiss accepts each of them."""
     import faiss
 
-    from polyindex.index import faiss_factory
+    from polyindex.index.dense import faiss_factory
     for s in FAISS_STRINGS:
         plan = faiss_factory.check(s, dim)
         index = faiss.index_factory(dim, s, faiss.METRIC_INNER_PRODUCT)  # owns what downcast views

@@ -6,11 +6,12 @@ import pytest
 
 import polyindex
 from polyindex import Corrupt, InvalidArgument
-from polyindex.index import multivector_codec as codec
-from polyindex.index import multivector_kernels as mk
-from polyindex.index.multivector import MultivectorKind, _keep_top
-from polyindex.index.protocol import BuildBatch, DocTokens, Query, from_factory
-from polyindex.index.sparse_kernels import half_lut
+from polyindex.index.multivector import codec
+from polyindex.index.multivector import kernels as mk
+from polyindex.index.multivector.kind import MultivectorKind, _keep_top
+from polyindex.index.protocol import BuildBatch, DocTokens, Query
+from polyindex.index.registry import from_factory
+from polyindex.index.postings import half_lut
 
 
 def unit(x):
@@ -293,7 +294,7 @@ def test_format_1_segments_are_still_read(tmp_path):
     tokens file) open and score exactly like their format-2 rewrite."""
     import pyarrow as pa
 
-    from polyindex.index import multivector_files as mv
+    from polyindex.index.multivector import files as mv
     docs = clustered_tokens(120, seed=23)
     kind, seg, info = built(tmp_path, "KMeans32,residual=PQ8", docs)
     old = tmp_path / "v1"

@@ -166,7 +166,7 @@ def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
         assert hits[0].id == "d5" and len({h.id for h in hits}) == 3
         # later writes derive the statistics from the previous mask's: a new hidden row
         # counts, a row hidden already (d5 deleted now) does not
-        from polyindex.index.lexical import _live_stats
+        from polyindex.index.lexical.kind import _live_stats
         coll.add([{"id": "d7", "text": "gamma", "vector": x[7]}])
         coll.delete(["d5", "d9"])
         live = coll.snapshot().live[0]

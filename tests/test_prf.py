@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from polyindex.errors import InvalidArgument
-from polyindex.index.dense import DenseKind
-from polyindex.index.lexical import LexicalKind
+from polyindex.index.dense.kind import DenseKind
+from polyindex.index.lexical.kind import LexicalKind
 from polyindex.index.protocol import BuildBatch, Query
 
 # Every word is its own stem and no stopword, so terms are the words.

@@ -14,8 +14,11 @@ import pyarrow as pa
 import pytest
 
 import polyindex
-from polyindex.index import dense, dense_filtered, masks, vocabulary
-from polyindex.index.lexical import LexicalKind
+from polyindex.index import masks
+from polyindex.index.dense import kind as dense
+from polyindex.index.dense import filtered as dense_filtered
+from polyindex.index.lexical import vocabulary
+from polyindex.index.lexical.kind import LexicalKind
 from polyindex.query import filters, pipeline
 from polyindex.rerank import kernels
 

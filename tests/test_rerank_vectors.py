@@ -96,7 +96,7 @@ def test_a_collection_with_other_named_fields_refuses_the_model(setup, tmp_path)
 
 
 def test_collections_without_named_fields_keep_the_fixed_schema():
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.registry import from_factory
     kinds = {k.name: k for k in map(from_factory, ["lexical", "dense:Flat"])}
     assert schema.names_for(kinds) == schema.NAMES
     kinds["dense@image"] = from_factory("dense@image:Flat")

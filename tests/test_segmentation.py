@@ -16,7 +16,8 @@ import pytest
 from test_multivector import clustered_tokens
 
 import polyindex
-from polyindex.index.protocol import BuildBatch, Query, from_factory, merge_segments
+from polyindex.index.protocol import BuildBatch, Query, merge_segments
+from polyindex.index.registry import from_factory
 from polyindex.query import pipeline
 from polyindex.storage.segment import Segment, write_docs
 from polyindex.types import Document

@@ -9,14 +9,16 @@ from topic_docs import TOPIC_DOCS as DOCS
 
 import polyindex
 from polyindex import Corrupt, InvalidArgument
-from polyindex.index import postings, sparse_kernels
-from polyindex.index.protocol import BuildBatch, Query, from_factory
-from polyindex.index.sparse import SparseKind
-from polyindex.index.sparse_projector import Projector, TrainConfig, train
+from polyindex.index import postings
+from polyindex.index.sparse import kernels as sparse_kernels
+from polyindex.index.protocol import BuildBatch, Query
+from polyindex.index.registry import from_factory
+from polyindex.index.sparse.kind import SparseKind
+from polyindex.index.sparse.projector import Projector, TrainConfig, train
 from polyindex.storage.segment import Segment, write_docs
 from polyindex.types import Document
 
-LUT = sparse_kernels.half_lut()
+LUT = postings.half_lut()
 
 
 def unit(n, d=32, seed=0):

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 import polyindex
-from polyindex.query.pipeline import ARROW_TIES, order_ties
+from polyindex.index.ties import ARROW_TIES, order_ties
 
 
 def test_arrow_and_python_paths_order_ties_alike():

@@ -7,9 +7,10 @@ from topic_docs import TOPIC_DOCS as DOCS
 
 import polyindex
 from polyindex import InvalidArgument
-from polyindex.index.protocol import BuildBatch, Query, from_factory
-from polyindex.index.tree import TreeKind, effective_variance
-from polyindex.index.tree_build import TreeBuilder
+from polyindex.index.protocol import BuildBatch, Query
+from polyindex.index.registry import from_factory
+from polyindex.index.tree.kind import TreeKind, effective_variance
+from polyindex.index.tree.build import TreeBuilder
 from polyindex.storage.segment import Segment, write_docs
 from polyindex.types import Document
 

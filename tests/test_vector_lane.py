@@ -1,4 +1,5 @@
-"""The vector lane (``query.vector_lane``): a plain ``query(vector=...)`` gives exactly the
+"""The vector lane (``query.vector_lane`` decides, the dense kind's direct plan answers:
+``index/dense/lane``): a plain ``query(vector=...)`` gives exactly the
 general pipeline's hits (ids, order, score bits), in every case the lane covers or hands on."""
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monke
     """A segment that lost a share of its rows is searched with the allow bitmap in one faiss
     call; k past the budget (and a query that comes back short of hits) takes the segment's
     own (widening) search: every answer is that search's."""
-    from polyindex.index import dense_filtered
+    from polyindex.index.dense import filtered as dense_filtered
     calls = []
     real = dense_filtered.search
 
@@ -232,7 +233,7 @@ def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp
     import time
 
     import polyindex
-    from polyindex.index import dense
+    from polyindex.index.dense import kind as dense
     from polyindex.online import buffer_index
     monkeypatch.setattr(dense, "AUTO_HNSW_ROWS", 400)
     monkeypatch.setattr(buffer_index, "FIRST_ROWS", 200)
@@ -282,3 +283,30 @@ def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp
         assert found >= 0.9 * 10 * len(q)  # recall@10 over the whole collection
         odd = coll.query(vector=q[0], k=20, profile="dense", filter={"n": {"gte": 1200}})
         assert len(odd) == 20 and all(int(h.id[1:]) >= 1200 for h in odd)
+
+
+def test_one_guard_decides_for_query_and_query_batch(eng, monkeypatch):
+    """``query`` and ``query_batch`` both ask ``vector_lane.plain_call`` (one guard), and the
+    plan comes from the kind's ``direct_plan`` (the protocol's ``PlansDirectly``)."""
+    from polyindex.index.protocol import PlansDirectly, implements
+    x = vecs(50)
+    coll = eng.create_collection("v", ["dense:Flat", "lexical"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i], "text": f"w{i}"} for i in range(50)])
+    assert implements(coll.kinds["dense"], PlansDirectly)
+    assert not implements(coll.kinds["lexical"], PlansDirectly)
+    asked = []
+    real = vector_lane.plain_call
+
+    def spy(*args):
+        asked.append(real(*args))
+        return asked[-1]
+    monkeypatch.setattr(vector_lane, "plain_call", spy)
+    assert same(coll.query(vector=x[3], k=5, profile="dense"), general(coll, x[3], 5, "dense"))
+    got = coll.query_batch(vectors=[x[1], x[2]], k=4, profile="dense")
+    assert all(same(a, b) for a, b in zip(got, general_batch(coll, [x[1], x[2]], 4, "dense")))
+    coll.query(vector=x[3], k=5, profile="dense", explain=True)
+    # the lane answered query and query_batch; explain asked twice (query, then query_batch)
+    assert asked == [True, True, False, False]
+    assert lane_used(coll, "dense")
+    assert not real(None, [x[1]], None, None, 0, "dense", None, False, False, None)
+    assert not real(None, [{"dense": x[1]}], None, None, 3, None, None, False, False, None)

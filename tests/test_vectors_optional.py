@@ -42,7 +42,7 @@ def _ids(hits):
 
 
 def test_factory_syntax():
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.registry import from_factory
     kind = from_factory("dense@image:dim=8,metric=cosine,optional,HNSW32,Flat")
     assert kind.optional and kind.factory == "HNSW32,Flat"
     assert from_factory(kind.describe()).optional

@@ -176,7 +176,7 @@ def _create_options(model: str | None, dtype: str | None, segment_size: int) -> 
 
 
 def _describe(factory: str) -> str:
-    from polyindex.index.protocol import from_factory
+    from polyindex.index.registry import from_factory
     return from_factory(factory).describe()
 
 

@@ -25,7 +25,7 @@ import ir_measures
 import numpy as np
 
 from polyindex.errors import InvalidArgument
-from polyindex.index.bm25 import WITH_DELTA, Scorer, canonical_variant
+from polyindex.index.lexical.bm25 import WITH_DELTA, Scorer, canonical_variant
 from polyindex.ingest.progress import progress_bar
 
 VARIANTS = ("bm25", "robertson", "bm25l", "bm25+")  # lucene ranks exactly as bm25
@@ -125,7 +125,7 @@ def tune(coll, queries: list[tuple[str, str]], qrels: dict, *, test_qrels: dict 
     if test_qrels is None and not 2 <= n_folds <= len(train):
         raise InvalidArgument(f"--folds must be in 2..{len(train)} (the training queries)")
     factory = next(f for f in coll.config.indexes if f.partition(":")[0].strip() == "lexical")
-    from polyindex.index.bm25 import parse_body
+    from polyindex.index.lexical.bm25 import parse_body
     default = parse_body(factory.partition(":")[2].strip(), "lexical factory")
     settings = grid.settings(default)
     qids = [q for q, _ in train]

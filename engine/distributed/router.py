@@ -30,7 +30,8 @@ import numpy as np
 import xxhash
 
 from polyindex.errors import InvalidArgument, ResourceExhausted
-from polyindex.query.pipeline import explain_hits, fuse, order_ties
+from polyindex.index.ties import order_ties
+from polyindex.query.pipeline import explain_hits, fuse
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.types import MAX_K, Hit, HitLists

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyindex.index.lexical import GLOBAL
+from polyindex.index.lexical.kind import GLOBAL
 from polyindex.types import Document
 
 PINNED = 64  # snapshots kept for the features of queries in flight

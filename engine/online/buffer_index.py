@@ -17,8 +17,8 @@ import threading
 
 import faiss
 
-from polyindex.index import dense
-from polyindex.index.dense_stack import build_graph
+from polyindex.index.dense import kind as dense
+from polyindex.index.dense.stack import build_graph
 
 # A graph from 1,000 buffered rows, grown every 500 (~30 ms of adding, a copy of a few ms):
 # a 5,000-row exact scan cost 0.56 ms a query in a living probe, the graph and its rest 0.39

@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from polyindex.index.dense import DenseKind
-from polyindex.index.dense_stack import FIELD, Stack, cached_prepare
+from polyindex.index.dense.kind import DenseKind
+from polyindex.index.dense.stack import FIELD, Stack, cached_prepare
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import DocTokens
 from polyindex.online import buffer_index

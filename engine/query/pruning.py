@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index.dense_presence import Presence
+from polyindex.index.dense.presence import Presence
 from polyindex.index.masks import freeze
 
 FOLDED_KINDS = ("multivector", "sparse", "tree")

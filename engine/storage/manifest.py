@@ -23,7 +23,7 @@ import xxhash
 
 from polyindex.config import CollectionConfig
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index.protocol import from_factory
+from polyindex.index.registry import from_factory
 from polyindex.storage.failpoints import hit
 from polyindex.storage.fsutil import write_json_atomic
 from polyindex.storage.integrity import check_artifacts, check_sum_entry, is_plain_name

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polyindex.errors import ResourceExhausted
-from polyindex.index.dense_presence import missing_rows, placeholders_zeroed
+from polyindex.index.dense.presence import missing_rows, placeholders_zeroed
 from polyindex.index.protocol import BuildBatch, DocTokens, IndexKind
 from polyindex.storage import failpoints, idindex
 from polyindex.storage.fsutil import fsync_dir, fsync_file, fsync_tree, rename, write_file

@@ -6,7 +6,7 @@ is a named field whose vectors the user supplies. OPTIONS (any order, before the
 string): ``dim=N`` (else taken from the first vector), ``metric=ip|cosine|l2`` (default ip;
 cosine vectors are stored L2-normalized; l2 scores are ``-squared distance``, so higher is
 better everywhere), ``source=model|user`` (who fills the field), ``optional`` (a named field
-that documents may leave out; needs ``dim``: see ``dense_presence``). FAISS is ``auto`` (``Flat``
+that documents may leave out; needs ``dim``: see ``presence``). FAISS is ``auto`` (``Flat``
 below ``AUTO_HNSW_ROWS`` rows per segment, ``HNSW32,Flat`` above, and from
 ``AUTO_HNSW_MIN_ROWS`` up in a collection past ``AUTO_HNSW_ROWS``) or any
 ``faiss.index_factory`` string (``HNSW32,Flat``, ``IVF1024,PQ48``). Example:
@@ -17,7 +17,7 @@ Default: ``dense`` (auto).
 Kinds that need training (IVF, PQ) learn once per collection on a sample; every segment then
 starts from a clone of that trained template. Search params: ``nprobe``, ``efSearch`` (an HNSW
 search explores at least k: efSearch is raised to k) and
-``exact_below`` (see ``dense_filtered``: how a filtered or tombstoned search is planned);
+``exact_below`` (see ``index/dense/filtered``: how a filtered or tombstoned search is planned);
 ``prf=rocchio`` (with ``fb_docs``, ``orig_weight``) moves the query vector towards its top
 documents first (``polyindex.index.prf``).
 """
@@ -32,14 +32,17 @@ import numpy as np
 from polyindex.config import settings
 from polyindex.cuda.device import FAISS_GPU_MAX_K, kernel_device, to_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import dense_compact, dense_filtered, dense_presence, faiss_factory, prf
+from polyindex.index import prf
+from polyindex.index.dense import compact as dense_compact
+from polyindex.index.dense import faiss_factory, lane
+from polyindex.index.dense import filtered as dense_filtered
+from polyindex.index.dense import presence as dense_presence
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
     Query,
     SegmentIndex,
     empty_result,
-    register,
 )
 from polyindex.types import MAX_VECTOR_DIMS
 
@@ -338,7 +341,6 @@ def exact_scores(q: np.ndarray, x: np.ndarray, metric: str) -> np.ndarray:
     return s
 
 
-@register
 class DenseKind(IndexKind):
     kind = "dense"
     named_fields = True
@@ -485,7 +487,7 @@ class DenseKind(IndexKind):
         if batch.pruned is not None:  # pruned by quality: absent, as a missing vector is
             missing = missing | batch.pruned
         n_rows = len(x)
-        if missing.any():  # the index holds the present rows only (``dense_compact``)
+        if missing.any():  # the index holds the present rows only (``compact``)
             x = x[~missing]
         factory = self._factory_for(len(x), batch.collection_rows)
         if not self._auto():
@@ -577,3 +579,20 @@ class DenseKind(IndexKind):
         feedback = [np.stack([segments[s].vectors(np.array([r]))[0] for s, r, _ in fb])
                     if fb else np.zeros((0, x.shape[1]), np.float32) for fb in top]
         return prf.rocchio(x, feedback, rocchio)
+
+    def direct_plan(self, snapshot, segments, params: dict[str, str]) -> lane.Plan | None:
+        """The vector lane's plan (``PlansDirectly``) of a stage over ``snapshot``'s
+        ``segments``, or None where the general path must answer: a named field, feedback
+        (``prepare``'s work), params it would refuse (it reports them), no segment."""
+        if self.field != UNNAMED:
+            return None
+        if _faiss_params(params) != params:  # Rocchio feedback: prepare's work
+            return None
+        try:
+            _check_params(params)
+        except Exception:
+            return None  # the general path reports it
+        if not segments:
+            return None
+        return lane.Plan(snapshot, self, segments, params, _faiss_params(params),
+                         faiss_kwargs(params), QUERY_THREADS)

@@ -4,7 +4,7 @@ A document may leave out an ``optional`` named field (and a document pruned by q
 no vector in any field). The segment records which rows are real in
 ``dense.FIELD.present.npy`` (the rows' bits, ``np.packbits``, little bit order), written only
 when some row lacks a vector, and its faiss index holds the present rows only
-(``dense_compact``: build info ``compact``). Segments written before that layout hold a zero
+(``compact``: build info ``compact``). Segments written before that layout hold a zero
 placeholder per absent row and fold this mask into their allow masks (``Presence``: a
 placeholder never comes back, not even with score 0, which for ``ip`` would outrank negative
 scores). Either way ``vectors(rows)`` gives NaN rows for missing vectors, so the rerank

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import Stemmer
 
-from polyindex.index.stopwords import STOPWORDS_EN
+from polyindex.index.lexical.stopwords import STOPWORDS_EN
 
 _WORD = re.compile(r"\w\w+", re.UNICODE)
 

@@ -2,22 +2,21 @@
 exhaustive and MaxScore searches, scoring of given rows, and the exact dense re-score."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
+from numba.extending import overload
 
-from polyindex.index.postings import _find, _select
+from polyindex.index.postings import _select, score_rows, scorer_of, term_score
 
 # Kernels of the ``sparse`` kind. Weights are stored as float16 (Arrow halffloat); numba has
 # no float16, so they are read as their uint16 bits through ``lut`` (65,536 float32 values,
-# exact), which keeps the memory-mapped column zero-copy. ``binary`` postings have no weights
-# (``vals`` is empty) and every match adds the query weight. Every kernel adds in the same
-# order and precision (float64 product added to the float32 buffer, query terms in the given
-# order), so exhaustive search, pruned search and ``sparse_score_rows`` agree exactly.
-
-def half_lut() -> np.ndarray:
-    """float32 value of every float16 bit pattern (index = the uint16 bits)."""
-    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
+# exact: ``postings.half_lut``), which keeps the memory-mapped column zero-copy. ``binary``
+# postings have no weights (``vals`` is empty) and every match adds the query weight. Every
+# kernel adds in the same order and precision (float64 product added to the float32 buffer,
+# query terms in the given order), so exhaustive search, pruned search and
+# ``sparse_score_rows`` (``postings.score_rows``) agree exactly.
 
 @numba.njit(cache=True, nogil=True)
 def sparse_search(offsets, docs, vals, lut, binary, qptr, qterms, qweights, counts,
@@ -165,26 +164,30 @@ def maxscore_search(offsets, docs, vals, lut, maxv, binary, qptr, qterms, qweigh
         _select(scores, seen, touched, n, k, out_s[q], out_i[q])
 
 
+class SparseRows(NamedTuple):
+    """The sparse kind's postings: float16 weights read through ``lut``, or ``binary``."""
+    docs: np.ndarray
+    vals: np.ndarray
+    lut: np.ndarray
+    binary: bool
+
+
+@overload(term_score, jit_options={"cache": True, "nogil": True})
+def _sparse_term(how, w, pos, row):
+    if scorer_of(how, SparseRows):
+        def sparse(how, w, pos, row):
+            if how.binary:
+                return w
+            return w * how.lut[how.vals[pos]]
+        return sparse
+    return None
+
+
 @numba.njit(cache=True, nogil=True)
 def sparse_score_rows(offsets, docs, vals, lut, binary, n_rows, qptr, qterms, qweights, rows, out):
     """Sparse dot-product scores of given rows (binary search per term); NaN out of range."""
-    for q in range(len(qptr) - 1):
-        for r in range(len(rows)):
-            row = rows[r]
-            if row < 0 or row >= n_rows:
-                out[q, r] = np.nan
-                continue
-            acc = np.float32(0.0)
-            for j in range(qptr[q], qptr[q + 1]):
-                t = qterms[j]
-                hi = offsets[t + 1]
-                pos = _find(docs, offsets[t], hi, row)
-                if pos < hi and docs[pos] == row:
-                    if binary:
-                        acc = np.float32(acc + qweights[j])
-                    else:
-                        acc = np.float32(acc + qweights[j] * lut[vals[pos]])
-            out[q, r] = acc
+    score_rows(offsets, SparseRows(docs, vals, lut, binary), n_rows, qptr, qterms, qweights,
+               rows, out)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=True)

@@ -1,9 +1,9 @@
 """The ``lexical`` index kind: BM25 over an inverted index, scored with numba (term-at-a-time,
-or block-max MaxScore for queries pruning pays for: ``polyindex.index.blockmax``).
+or block-max MaxScore for queries pruning pays for: ``polyindex.index.lexical.blockmax``).
 
 Factory string ``lexical`` or ``lexical:[VARIANT][,k1=..][,b=..][,delta=..]``.
 Default: ``lexical:bm25,k1=1.5,b=0.75``. The variants (``bm25``, ``lucene``, ``robertson``,
-``atire``, ``bm25l``, ``bm25+``) are in ``polyindex.index.bm25``. Search params ``variant=``, ``k1=``,
+``atire``, ``bm25l``, ``bm25+``) are in ``polyindex.index.lexical.bm25``. Search params ``variant=``, ``k1=``,
 ``b=``, ``delta=`` override them per query, and ``prf=rm3`` (with ``fb_docs``, ``fb_terms``,
 ``orig_weight``, ``fb_max_df``) expands the query by RM3 pseudo-relevance feedback
 (``polyindex.index.prf``). A collection's tuned scorer (``polyindex tune-bm25``) replaces the
@@ -23,7 +23,7 @@ factory's through ``set_scorer``. Per segment these Arrow IPC files:
   ``title_len`` (int32, how many of them come from the title). Optional: segments built
   before it existed open without it (``LexicalSegment.forward`` is None).
 - ``lexical.blocks.arrow``: per block of 128 postings of a term its ``last`` row, ``max_tf``
-  and ``min_len`` (int32 each; the bounds of block-max MaxScore, ``polyindex.index.blockmax``),
+  and ``min_len`` (int32 each; the bounds of block-max MaxScore, ``polyindex.index.lexical.blockmax``),
   ``first`` row (int32) and ``wide_at`` (int64, where its rows start in the wide file, -1
   for a block of 16-bit rows). Segments written before may lack it (scored term-at-a-time,
   the same answer) or hold only the bounds.
@@ -45,9 +45,10 @@ import pyarrow.compute as pc
 
 from polyindex.config import settings
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import blockmax, bm25, docids, postings, prf, vocabulary
-from polyindex.index.analyzer import Analyzer
-from polyindex.index.bm25 import Scorer
+from polyindex.index import docids, postings, prf
+from polyindex.index.lexical import blockmax, bm25, vocabulary
+from polyindex.index.lexical.analyzer import Analyzer
+from polyindex.index.lexical.bm25 import Scorer
 from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import (
     BuildBatch,
@@ -56,7 +57,6 @@ from polyindex.index.protocol import (
     SegmentIndex,
     check_format,
     empty_result,
-    register,
 )
 from polyindex.index.ranges import concat_ranges
 
@@ -351,7 +351,6 @@ def _read_postings(folder: Path, info: dict, vocab: dict, n_rows: int, scan: boo
     return keep, P, post["tf"], blocks, offsets
 
 
-@register
 class LexicalKind(IndexKind):
     kind = "lexical"
 

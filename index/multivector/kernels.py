@@ -178,5 +178,5 @@ def backend(device: str = "cpu"):
 @functools.cache
 def _torch_backend(device: str):
     from polyindex.cuda.multivector import Kernels
-    from polyindex.index.sparse_kernels import half_lut
+    from polyindex.index.postings import half_lut
     return Kernels(device, half_lut())

@@ -48,9 +48,9 @@ import numpy as np
 
 from polyindex.cuda.device import torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import multivector_codec as codec
 from polyindex.index import postings
-from polyindex.index.multivector_files import (
+from polyindex.index.multivector import codec
+from polyindex.index.multivector.files import (
     DOCS_FILE,
     FORMAT,
     IVF_FILE,
@@ -61,10 +61,10 @@ from polyindex.index.multivector_files import (
     read_table,
     write_segment,
 )
-from polyindex.index.multivector_factory import DEFAULTS, check_memory
-from polyindex.index.multivector_factory import parse as _parse
-from polyindex.index.multivector_kernels import backend
-from polyindex.index.multivector_kernels import top as _top
+from polyindex.index.multivector.factory import DEFAULTS, check_memory
+from polyindex.index.multivector.factory import parse as _parse
+from polyindex.index.multivector.kernels import backend
+from polyindex.index.multivector.kernels import top as _top
 from polyindex.index.protocol import (
     BuildBatch,
     DocTokens,
@@ -74,10 +74,9 @@ from polyindex.index.protocol import (
     TokenEncoder,
     check_format,
     empty_result,
-    register,
 )
+from polyindex.index.postings import half_lut
 from polyindex.index.ranges import concat_ranges
-from polyindex.index.sparse_kernels import half_lut
 from polyindex.types import document_text
 
 _SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
@@ -216,7 +215,6 @@ def _keep_top(salience: np.ndarray, lengths: np.ndarray, frac: float) -> np.ndar
     return keep
 
 
-@register
 class MultivectorKind(IndexKind):
     kind = "multivector"
     needs_tokens = True

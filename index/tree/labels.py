@@ -1,6 +1,6 @@
 """Node labels of the ``tree`` kind: each concept's most characteristic terms.
 
-Terms are the lexical analyzer's (``index/analyzer.py``: lowercase, stopwords out, Snowball
+Terms are the lexical analyzer's (``index/lexical/analyzer.py``: lowercase, stopwords out, Snowball
 stems), counted once per document (document frequency). A node's term ``t`` scores
 ``p_n(t) * log(p_n(t) / p_parent(t))`` with ``p_n(t)`` = share of the node's documents that
 contain ``t``: frequent in the node and more frequent than in its parent, i.e. what sets the
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from polyindex.index.analyzer import Analyzer
+from polyindex.index.lexical.analyzer import Analyzer
 
 N_TERMS = 3
 MIN_DF2_SIZE = 5  # nodes this large label only with terms of two or more of their documents

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numba
 import numpy as np
+from numba.extending import overload
 
 from polyindex.errors import InvalidArgument
-from polyindex.index.docids import block_of, doc_at, find, row_in_block
-from polyindex.index.postings import _select
+from polyindex.index.docids import block_of, row_in_block
+from polyindex.index.postings import _select, score_rows, scorer_of, term_score
 
 VARIANTS = ("bm25", "lucene", "robertson", "atire", "bm25l", "bm25+")
 ALIASES = {"bm25plus": "bm25+", "bm25-plus": "bm25+", "bm25-l": "bm25l"}
@@ -168,24 +170,33 @@ def bm25l_search(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, 
         _select(scores, seen, touched, n, k, out_s[q], out_i[q])
 
 
+class BM25LRows(NamedTuple):
+    """BM25L over the lexical kind's postings, as ``bm25l_search`` adds it."""
+    P: tuple
+    tfs: np.ndarray
+    doclen: np.ndarray
+    k1p1: float
+    k1: float
+    b: float
+    avgdl: float
+    delta: float
+    z: float
+
+
+@overload(term_score, jit_options={"cache": True, "nogil": True})
+def _bm25l_term(how, w, pos, row):
+    if scorer_of(how, BM25LRows):
+        def bm25l(how, w, pos, row):
+            c = how.tfs[pos] / (1.0 - how.b + how.b * how.doclen[row] / how.avgdl)
+            return w * (how.k1p1 * (c + how.delta) / (how.k1 + c + how.delta) - how.z)
+        return bm25l
+    return None
+
+
 @numba.njit(cache=True, nogil=True)
 def bm25l_score_rows(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl, delta,
                      rows, out):
     """BM25L scores of given rows, as ``bm25l_search`` adds them; NaN out of range."""
     k1p1 = k1 + 1.0
-    z = k1p1 * delta / (k1 + delta)
-    n_rows = len(doclen)
-    for q in range(len(qptr) - 1):
-        for r in range(len(rows)):
-            row = rows[r]
-            if row < 0 or row >= n_rows:
-                out[q, r] = np.nan
-                continue
-            acc = np.float32(0.0)
-            for j in range(qptr[q], qptr[q + 1]):
-                t = qterms[j]
-                pos = find(P, offsets, t, row, offsets[t], offsets[t + 1])
-                if pos < offsets[t + 1] and doc_at(P, offsets, t, pos) == row:
-                    c = tfs[pos] / (1.0 - b + b * doclen[row] / avgdl)
-                    acc = np.float32(acc + qweights[j] * (k1p1 * (c + delta) / (k1 + c + delta) - z))
-            out[q, r] = acc
+    how = BM25LRows(P, tfs, doclen, k1p1, k1, b, avgdl, delta, k1p1 * delta / (k1 + delta))
+    score_rows(offsets, how, len(doclen), qptr, qterms, qweights, rows, out)

@@ -1,6 +1,6 @@
 """The ``sparse`` kind: ultra-high-dimensional sparse vectors on an inverted index.
 
-A collection-level projector (``sparse_projector``: a k-sparse autoencoder trained on the first
+A collection-level projector (``projector``: a k-sparse autoencoder trained on the first
 segment's embeddings) maps each dense embedding to its top-k of D latents; the latents are the
 vocabulary of an inverted index that shares its machinery with ``lexical`` (``postings``).
 
@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from polyindex.cuda.device import kernel_device, torch_kernels
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings, sparse_kernels
+from polyindex.index import postings
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -52,16 +52,16 @@ from polyindex.index.protocol import (
     merge_segments,
     option,
     parse_options,
-    register,
 )
-from polyindex.index.sparse_projector import Projector, TrainConfig, train
+from polyindex.index.sparse import kernels as sparse_kernels
+from polyindex.index.sparse.projector import Projector, TrainConfig, train
 
 TERMS_FILE = "sparse.terms.arrow"
 POSTINGS_FILE = "sparse.postings.arrow"
 FORMAT = 1
 MIN_DIM, MAX_DIM = 4096, 65536
 _TERMS_SCHEMA = {"offset": pa.int64(), "maxw": pa.float32()}
-_LUT = sparse_kernels.half_lut()
+_LUT = postings.half_lut()
 _NO_VALS = postings.readonly(np.zeros(0, np.uint16))  # as the mapped weights: one kernel type
 _SEARCH_KNOBS = ("k", "prune", "rescore")
 FLAGS = ("binary", "recon")
@@ -204,7 +204,6 @@ def _parse(body: str) -> dict:
     return out
 
 
-@register
 class SparseKind(IndexKind):
     kind = "sparse"
     needs_embeddings = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyindex.index.dense_presence import FOLD_ENTRIES, Presence
+from polyindex.index.dense.presence import FOLD_ENTRIES, Presence
 from polyindex.index.masks import MaskCache
 from polyindex.index.protocol import SegmentIndex
 

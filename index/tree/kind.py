@@ -3,8 +3,8 @@
 Factory: ``tree:branch=16,leaf=64[,sim=cos|dot|gauss][,rank=best|path][,budget=128][,temp=T]
 [,group=G][,seed=S]``. Default: ``tree:branch=16,leaf=64``. ``branch``: most children per node
 (2-256); ``leaf``: most documents per leaf (1-4096); ``group``: segments above this many
-documents build their top levels by k-means (``tree_build``), 0 = always incremental;
-``sim``/``rank``/``budget``/``temp``: search defaults (``tree_search``). Search params
+documents build their top levels by k-means (``build``), 0 = always incremental;
+``sim``/``rank``/``budget``/``temp``: search defaults (``search``). Search params
 ``budget`` (expanded nodes, 0 = unlimited; over several segments each tree expands its share
 of it by live rows: ``TreeKind.search_snapshot``), ``rank``, ``sim`` and ``temp`` override
 them per query.
@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import postings, tree_search
+from polyindex.index import postings
 from polyindex.index.protocol import (
     BuildBatch,
     IndexKind,
@@ -42,9 +42,9 @@ from polyindex.index.protocol import (
     merge_segments,
     option,
     parse_options,
-    register,
 )
-from polyindex.index.tree_build import TreeArrays, TreeBuilder
+from polyindex.index.tree import search as tree_search
+from polyindex.index.tree.build import TreeArrays, TreeBuilder
 
 NODES_FILE = "tree.nodes.arrow"
 DOCS_FILE = "tree.docs.arrow"
@@ -325,7 +325,6 @@ class TreeSegment(SegmentIndex):
         return vals.tolist()
 
 
-@register
 class TreeKind(IndexKind):
     kind = "tree"
     needs_embeddings = True
@@ -361,7 +360,7 @@ class TreeKind(IndexKind):
         if x.ndim != 2 or not np.isfinite(x).all():
             raise InvalidArgument("tree: embeddings must be a finite (n, d) array")
         tree, builder = self.build_tree(x)
-        from polyindex.index.tree_labels import node_labels
+        from polyindex.index.tree.labels import node_labels
         texts = [f"{t or ''} {b or ''}".strip() for t, b in zip(batch.titles, batch.texts)]
         labels = node_labels(texts, tree.docs, tree.doc_start, tree.doc_end, tree.parent,
                              tree.count) if any(texts) else [""] * tree.n_nodes

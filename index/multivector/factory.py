@@ -1,5 +1,5 @@
 """The multivector kind's factory string (``multivector[:KMeans<K>][,OPTIONS]``, see
-``polyindex.index.multivector``) parsed and checked into its configuration."""
+``polyindex.index.multivector.kind``) parsed and checked into its configuration."""
 from __future__ import annotations
 
 from polyindex.errors import InvalidArgument, ResourceExhausted

@@ -1,0 +1,1 @@
+"""The multivector kind: late interaction over compressed per-token codes."""

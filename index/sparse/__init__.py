@@ -1,0 +1,1 @@
+"""The sparse kind: ultra-high-dimensional sparse vectors from a trained projector."""

@@ -1,0 +1,1 @@
+"""The tree kind: a hierarchical prototype tree searched coarse to fine."""
