@@ -180,7 +180,6 @@ def hybrids(names):
         Sp = sparse_scores(P, x, q, 64, 32)
         Sr = rescored(Sp, q, x, 400)
         # tree leg (kind level, default factory)
-        import polyindex.index.tree.kind  # noqa
         from polyindex.index.registry import from_factory
         tmp = common.WORK / "sparse" / "tmp" / name
         shutil.rmtree(tmp, ignore_errors=True)
