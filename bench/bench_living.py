@@ -166,7 +166,7 @@ def main() -> None:
             first = n_batches // args.probe_every % 2  # alternate which goes first
             snap = coll.snapshot()
             moment = {"batch": n_batches, "rows": int(snap.bases[-1]),
-                      "sealed_rows": int(coll.sealed_snapshot().bases[-1]),
+                      "sealed_rows": int(coll.table.sealed_snapshot().bases[-1]),
                       "segments": len(snap.segments)}
             for p in PROFILES:
                 for which in ((0, 1) if first else (1, 0)):
@@ -199,7 +199,7 @@ def main() -> None:
     from polyindex.storage.merge_policy import TieredPolicy
     policy = TieredPolicy.from_settings()
     while time.perf_counter() - t0 < args.settle:
-        if policy.plan(coll.sealed_snapshot().manifest.segments) is None:
+        if policy.plan(coll.table.sealed_snapshot().manifest.segments) is None:
             break
         time.sleep(1.0)
     settle_s = time.perf_counter() - t0

@@ -134,7 +134,7 @@ def candidates(coll, name: str, split: str):
     folder = common.DATA / name
     qrels = common.read_qrels(folder, split)
     qs = common.judged(common.read_queries(folder), qrels)
-    segs = [(s.id, s.n_rows, s.tombstones, s.indexes) for s in coll.sealed_snapshot().manifest.segments]
+    segs = [(s.id, s.n_rows, s.tombstones, s.indexes) for s in coll.table.sealed_snapshot().manifest.segments]
     key = hashlib.sha1(repr((segs, schema.VERSION, schema.NAMES, WINDOW, [q for q, _ in qs])).encode()).hexdigest()
     path = CACHE / f"{name}.{split}.npz"
     if path.exists():

@@ -261,9 +261,9 @@ def engine_collection(data: dict, coll_dir: Path):
     coll = eng.create_collection(coll_dir.name, ["lexical", "dense", f"multivector:{DEFAULT}"])
     docs = [Document(i, t, x, {}) for i, t, x in zip(data["ids"], data["titles"], data["texts"])]
     t0 = time.perf_counter()
-    with coll.writer() as w:
+    with coll.table.writer() as w:
         w.commit_segment(docs, {}, embeddings=data["emb"], tokens=data["docs"])
-    coll.refresh()
+    coll.table.refresh()
     build_s = time.perf_counter() - t0
     return coll, build_s
 

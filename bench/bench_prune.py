@@ -70,7 +70,7 @@ def prefill(name: str, reuse: Path | None) -> int:
     src = polyindex.open(reuse, readonly=True).collection(name)
     if src.config.dtype != "float32" or src.config.model != "all-MiniLM-L6-v2":
         return 0
-    for seg in src.sealed_snapshot().segments:
+    for seg in src.table.sealed_snapshot().segments:
         rows = np.arange(seg.docs.n_rows)
         texts = [document_text(t, x) for t, x in zip(seg.docs.column("title"),
                                                      seg.docs.column("text"))]
@@ -105,7 +105,7 @@ def build(eng, name: str, p: float, model: Path) -> tuple:
         eng.drop_collection(cname)
     coll = eng.create_collection(cname, ["lexical", "dense"], dtype="float32")
     timer = {"s": 0.0, "docs": 0, "chars": 0}
-    inner = coll._encode_docs
+    inner = coll.encoding._encode_docs
 
     def timed(texts, on_batch=None):
         # What the writer asks to encode is counted (documents, characters); the model runs
@@ -121,13 +121,13 @@ def build(eng, name: str, p: float, model: Path) -> tuple:
             on_batch(len(texts))
         return np.stack([EMB_CACHE[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
 
-    coll._encode_docs = timed  # what the writer's encode calls (``document_encoder``)
+    coll.encoding._encode_docs = timed  # what the writer's encode calls (``document_encoder``)
     t0 = time.perf_counter()
     coll.index(common.data_dir() / name, prune_quality=p or None, quality_model=model)
     index_s = time.perf_counter() - t0
     folder = eng.path / cname
     pruned = sum(0 if s.docs.pruned() is None else int(s.docs.pruned().sum())
-                 for s in coll.sealed_snapshot().segments)
+                 for s in coll.table.sealed_snapshot().segments)
     return coll, {"index_s": index_s, "encode_s": timer["s"], "encoded": timer["docs"],
                   "encoded_chars": timer["chars"],
                   "pruned": pruned, "docs": coll.count(),

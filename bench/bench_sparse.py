@@ -273,16 +273,16 @@ def engine_check(name, ids, x, qids, q, qrels, args, art) -> dict:
     shutil.rmtree(data / name, ignore_errors=True)
     factory = f"sparse:UHD{args.dim},k={args.head_k},k_query={args.head_kq},rescore={args.rescore}"
     coll = polyindex.open(data).create_collection(name, ["dense", factory])
-    dst = coll.artifact_dir("sparse")  # reuse the trained projector: commit it as the artifact
+    dst = coll.table.artifact_dir("sparse")  # reuse the trained projector: commit it as the artifact
     files = [p.name for p in art.iterdir()]
     for f in files:
         shutil.copy(art / f, dst / f)
-    coll.commit_metadata(artifacts={"sparse": files})
+    coll.table.commit_metadata(artifacts={"sparse": files})
     coll.snapshot()  # loads the artifact into the kind
     docs = [Document(i, "", "", {}) for i in ids]
-    with coll.writer() as w:
+    with coll.table.writer() as w:
         w.commit_segment(docs, {}, embeddings=x)
-    coll.refresh()
+    coll.table.refresh()
     out = {"factory": factory}
     for profile in ("dense", "sparse"):
         hits = coll.query_batch(vectors=list(q), k=100, profile=profile)

@@ -122,7 +122,7 @@ class Engine:
         validate_name(name)
         with self._lock:
             coll = self._collections.get(name)
-            if coll is not None and self.readonly and not coll.is_current():
+            if coll is not None and self.readonly and not coll.table.is_current():
                 self._collections.pop(name, None)  # dropped (and maybe re-created) by the writer
                 coll.close()
                 coll = None

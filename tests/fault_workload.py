@@ -51,7 +51,7 @@ def run(path: Path, ack, *, seal_docs: int = 10**9) -> None:
                 break
             except (OSError, polyindex.PolyindexError):
                 continue
-        coll._online.seal_docs, coll._online.seal_seconds = seal_docs, 1e9
+        coll.live.writes.seal_docs, coll.live.writes.seal_seconds = seal_docs, 1e9
         for kind, payload in operations():
             try:
                 if kind == "upsert":

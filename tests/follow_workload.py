@@ -29,7 +29,7 @@ def run(path: Path, failures: list) -> int:
     checked = 0
     with polyindex.open(path, online=True) as eng:
         coll = eng.create_collection("c", ["lexical"], model=None)
-        coll._online.seal_docs, coll._online.seal_seconds = 10**9, 1e9
+        coll.live.writes.seal_docs, coll.live.writes.seal_seconds = 10**9, 1e9
         reader = polyindex.open(path, readonly=True)
         follower = None
 

@@ -185,11 +185,11 @@ def test_tuned_scorer_is_stored_survives_reopening_and_is_used(tmp_path):
     assert [h.id for h in again.query("river", k=3, profile="lexical-prf")][0].startswith("river-s")
     # an invalid scorer is refused before anything is stored
     with pytest.raises(InvalidArgument, match="unknown BM25 variant"):
-        again.commit_metadata(lexical_params="bm99")
+        again.table.commit_metadata(lexical_params="bm99")
     reader = polyindex.open(tmp_path / "data", readonly=True)
     assert reader.collection("c").config.lexical_params == tuned
     # clearing it restores the factory's scorer
-    again.commit_metadata(lexical_params="")
+    again.table.commit_metadata(lexical_params="")
     assert [h.id for h in again.query("river", k=3, profile="lexical")] == before
 
 

@@ -260,7 +260,7 @@ def test_demo_collection_torch_path_equals_cpu(demo, profile, setting):
 def test_demo_embeddings_dense_twin(demo):
     """Flat and IVF in torch against faiss on the demo collection's real embeddings."""
     coll, queries, _ = demo
-    x = np.concatenate([s.docs.embeddings() for s in coll.sealed_snapshot().segments])
+    x = np.concatenate([s.docs.embeddings() for s in coll.table.sealed_snapshot().segments])
     assert x.shape == (DEMO_DOCS, 384)
     q = coll.encoder.encode(queries)
     _check_dense(x, q, "ip", nlist=8)
@@ -281,7 +281,7 @@ def test_bulk_encoding_overlapped_with_building(tmp_path, setting):
             assert (report.indexed, report.segments) == (24, 3)
             colls.append(c)
         seq, over = colls
-        m1, m2 = seq.sealed_snapshot().manifest, over.sealed_snapshot().manifest
+        m1, m2 = seq.table.sealed_snapshot().manifest, over.table.sealed_snapshot().manifest
         assert [s.n_rows for s in m1.segments] == [s.n_rows for s in m2.segments] == [8, 8, 8]
         assert m1.ingest["position"] == m2.ingest["position"] == 24 and m2.ingest["done"]
         for profile in ("dense", "multivector"):

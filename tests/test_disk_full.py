@@ -116,7 +116,7 @@ def test_embedded_writes_resume_after_a_full_disk(disk):
     live: set[str] = set()
     with polyindex.open(data, online=True) as eng:
         coll = eng.create_collection("c", ["lexical"])
-        coll._online.seal_docs = coll._online.seal_seconds = 10**9  # seals when the test says
+        coll.live.writes.seal_docs = coll.live.writes.seal_seconds = 10**9  # seals when the test says
         filler = fill(disk, 700_000)
         stream_until_full(coll, live)
         with pytest.raises(OSError):  # the sealer's commit meets the full disk too...
@@ -216,7 +216,7 @@ def test_compact_and_index_on_a_full_disk_say_so_in_one_line(disk, tmp_path, cli
         for s in range(6):
             coll.add([{"id": f"d{i}", "text": _words(i)} for i in range(500 * s, 500 * (s + 1))])
         coll.delete([f"d{i}" for i in range(0, 3000, 3)])
-        segments = len(coll.sealed_snapshot().manifest.segments)
+        segments = len(coll.table.sealed_snapshot().manifest.segments)
     assert segments >= 6
     src = tmp_path / "more.jsonl"
     src.write_text("".join(json.dumps({"id": f"m{i}", "text": _words(10_000 + i)}) + "\n"

@@ -33,10 +33,10 @@ def online(path, **kw):
     if "c" not in eng.list_collections():
         eng.create_collection("c", ["lexical"])
     coll = eng.collection("c")
-    coll._online.seal_docs, coll._online.seal_seconds = kw.get("seal_docs", 10**9), 1e9
+    coll.live.writes.seal_docs, coll.live.writes.seal_seconds = kw.get("seal_docs", 10**9), 1e9
     if not kw.get("background", True):  # seals only when the test says so
-        coll._online._stop.set()
-        coll._online._thread.join()
+        coll.live.writes._stop.set()
+        coll.live.writes._thread.join()
     return eng, coll
 
 
@@ -66,7 +66,7 @@ def test_a_failed_seal_keeps_every_acknowledged_write(tmp_path):
 
 def test_a_failing_sealer_is_retried_and_bounds_the_backlog(tmp_path):
     eng, coll = online(tmp_path)
-    w = coll._online
+    w = coll.live.writes
     w.max_backlog = 30
     coll.add(docs("a", 20))
     failpoints.arm("commit.manifest.rename", "enospc", nth=1)
@@ -217,7 +217,7 @@ def test_a_torn_frame_is_never_rotated_into_an_older_file(tmp_path):
         f.write(HEADER.pack(MAGIC, 500, 9, 0) + b"cut")
     eng, coll = online(tmp_path)
     coll.add(docs("b", 1))
-    coll._online.wal.rotate()
+    coll.live.writes.wal.rotate()
     coll.add(docs("c", 1))
     eng.close()
     with polyindex.open(tmp_path, online=True) as again:

@@ -231,7 +231,7 @@ def test_a_seal_under_way_is_not_due_again(tmp_path, monkeypatch):
     seen, hit = [], failpoints.hit
     with polyindex.open(tmp_path, online=True) as eng:
         coll = eng.create_collection("c", ["lexical"], model=None)
-        online = coll._online
+        online = coll.live.writes
         online.seal_docs, online.seal_seconds = 10**9, 1e9
         online._stop.set()  # no sealer thread: _due is asked here only
         online._thread.join()
@@ -348,7 +348,7 @@ def test_the_background_merger_retries_a_failed_merge(point, tmp_path, monkeypat
     want: dict[str, str] = {}
     with polyindex.open(tmp_path, online=True) as eng:
         coll = eng.create_collection("o", ["lexical"], model=None)
-        coll._online.seal_docs, coll._online.seal_seconds = 10**9, 1e9
+        coll.live.writes.seal_docs, coll.live.writes.seal_seconds = 10**9, 1e9
         with failpoints.armed(point, "enospc" if "write" in point else "error"):
             for b in range(4):
                 docs = [{"id": f"o{b}-{i}", "text": f"alpha b{b} {i}"} for i in range(4)]
@@ -361,13 +361,13 @@ def test_the_background_merger_retries_a_failed_merge(point, tmp_path, monkeypat
             # failed once, then retried (an error after the manifest's rename: it was
             # committed, and the retry finds nothing left to merge)
             deadline = time.monotonic() + 60
-            while len(coll.sealed_snapshot().manifest.segments) == 4 \
-                    or not coll.merge_stats["merge_failures"]:
-                assert time.monotonic() < deadline, coll.merge_stats
+            while len(coll.table.sealed_snapshot().manifest.segments) == 4 \
+                    or not coll.table.merge_stats["merge_failures"]:
+                assert time.monotonic() < deadline, coll.table.merge_stats
                 time.sleep(0.02)
             assert failpoints.fired(point) == 1
-        assert coll.merge_stats["merge_failures"] >= 1, coll.merge_stats
-        assert f"failpoint {point}" in coll.merge_stats["last_merge_error"], coll.merge_stats
+        assert coll.table.merge_stats["merge_failures"] >= 1, coll.table.merge_stats
+        assert f"failpoint {point}" in coll.table.merge_stats["last_merge_error"], coll.table.merge_stats
         assert fw.answer(coll) == want
     from polyindex.storage.verify import verify_data
     assert all(r.ok for r in verify_data(tmp_path, "o"))
@@ -400,7 +400,7 @@ def test_a_follower_read_error_between_two_log_files_loses_nothing(tmp_path):
     sequence numbers, never published: the follower stayed stale until the next seal)."""
     with polyindex.open(tmp_path, online=True) as eng:
         coll = eng.create_collection("c", ["lexical"], model=None)
-        online = coll._online
+        online = coll.live.writes
         online.seal_docs, online.seal_seconds = 10**9, 1e9
         online._stop.set()  # no retried seal behind the test's back
         online._thread.join()

@@ -30,7 +30,7 @@ def docs(prefix, n, text="alpha"):
 def writer(path):
     eng = polyindex.open(path, online=True)
     coll = eng.create_collection("c", ["lexical"])
-    coll._online.seal_docs, coll._online.seal_seconds = 10**9, 1e9  # seals when the test says
+    coll.live.writes.seal_docs, coll.live.writes.seal_seconds = 10**9, 1e9  # seals when the test says
     return eng, coll
 
 
@@ -103,10 +103,10 @@ def test_a_follower_never_writes_the_data_directory(tmp_path):
     eng.close()  # seals; then an unsealed WAL as a killed server leaves it
     with polyindex.open(tmp_path, online=True) as w:
         c = w.collection("c")
-        c._online.seal_docs, c._online.seal_seconds = 10**9, 1e9
+        c.live.writes.seal_docs, c.live.writes.seal_seconds = 10**9, 1e9
         c.add(docs("c", 5))
-        c._online._stop.set()  # no seal at close: keep the WAL as a crash would
-        c._online.seal = lambda: None
+        c.live.writes._stop.set()  # no seal at close: keep the WAL as a crash would
+        c.live.writes.seal = lambda: None
     before = tree(tmp_path)
     assert any(p.startswith(os.path.join("c", "wal")) for p in before)
     reader = polyindex.open(tmp_path, readonly=True)
@@ -175,8 +175,8 @@ def test_corruption_is_data_loss_and_nothing_is_touched(tmp_path, damage):
     with pytest.raises(Corrupt):  # for every later call, until reopened
         reader.query("alpha", profile="lexical")
     assert wal.read_bytes() == before
-    coll._online._stop.set()
-    coll._online.seal = lambda: None  # the writer would seal its own view at close
+    coll.live.writes._stop.set()
+    coll.live.writes.seal = lambda: None  # the writer would seal its own view at close
     eng.close()
 
 

@@ -88,7 +88,7 @@ def build(data: Path) -> Path:
     docs, emb, toks = make_docs(N_FIRST + N_SECOND, seed=5)
     second = docs[N_FIRST:]
     second[0] = type(second[0])("d0", "t0 again", "v0 replaced upsert", {})  # upsert of d0
-    with coll.writer() as w:
+    with coll.table.writer() as w:
         w.commit_segment(docs[:N_FIRST], {}, embeddings=emb[:N_FIRST], tokens=toks[:N_FIRST])
         w.commit_segment(second, {}, embeddings=emb[N_FIRST:], tokens=toks[N_FIRST:],
                          delete_ids=DELETED)
@@ -435,7 +435,7 @@ def test_every_named_file_and_its_folder_is_fsynced_before_the_manifest_rename(t
     docs, emb, toks = make_docs(80, seed=8)
     dense = eng.create_collection("v", ["lexical", "dense:IVF4,Flat"])
     corpus.make(tmp_path / "c.jsonl", 300, seed=4)
-    extra = dense.artifact_dir("extra")
+    extra = dense.table.artifact_dir("extra")
     (extra / "blob.bin").write_bytes(b"artifact bytes")
     steps = {
         "bulk": (bulk, lambda: bulk.index(tmp_path / "c.jsonl")),
@@ -443,9 +443,9 @@ def test_every_named_file_and_its_folder_is_fsynced_before_the_manifest_rename(t
         "deletes + segment": (dense, lambda: _commit(dense, docs[50:], emb[50:],
                                                      delete_ids=["d1", "d2"])),
         "delete": (dense, lambda: dense.delete(["d3"])),
-        "artifact": (dense, lambda: dense.commit_metadata(artifacts={"extra": ["blob.bin"]})),
+        "artifact": (dense, lambda: dense.table.commit_metadata(artifacts={"extra": ["blob.bin"]})),
         "merge": (dense, lambda: dense.merge(
-            [e.id for e in dense.sealed_snapshot().manifest.segments])),
+            [e.id for e in dense.table.sealed_snapshot().manifest.segments])),
     }
     points = set()
     problems = []
@@ -463,9 +463,9 @@ def test_every_named_file_and_its_folder_is_fsynced_before_the_manifest_rename(t
 
 
 def _commit(coll, docs, emb, delete_ids=()):
-    with coll.writer() as w:
+    with coll.table.writer() as w:
         w.commit_segment(docs, {}, embeddings=emb, delete_ids=delete_ids)
-    coll.refresh()
+    coll.table.refresh()
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def _workload(folder: Path) -> None:
     coll = polyindex.open(folder / "data").create_collection("c", KINDS, fields={"year": "int"})
     docs, emb, toks = make_docs(180, seed=5)
     docs = [Document(d.id, d.title, d.text, {"year": 1960 + i % 5}) for i, d in enumerate(docs)]
-    with coll.writer() as w:
+    with coll.table.writer() as w:
         w.commit_segment(docs[:120], coll.config.fields, embeddings=emb[:120], tokens=toks[:120])
         w.commit_segment(docs[120:], coll.config.fields, embeddings=emb[120:], tokens=toks[120:],
                          delete_ids=["d3", "d7"])

@@ -307,3 +307,33 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
                         break
                 out.append(sorted(comp))
     return out
+
+
+def test_collection_is_a_thin_facade_over_the_storage_table():
+    """Issue 42: ``Collection`` keeps the user API (at most 300 lines); storage, online writes
+    and bulk ingest are handed the storage table (``storage.table.Table``), never the
+    collection, so no call points back up a layer."""
+    lines = len((ENGINE / "collection.py").read_text().splitlines())
+    assert lines <= 300, f"engine/collection.py has {lines} lines"
+    edges = []
+    for room in ("storage", "online", "ingest"):
+        for path in sorted((ENGINE / room).rglob("*.py")):
+            for line, name in _imports(path):
+                if name == "polyindex.collection" or name.startswith("polyindex.collection."):
+                    edges.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+            if "Collection(" in path.read_text() or "coll." in path.read_text():
+                edges.append(f"{path.relative_to(ROOT)} is handed a collection")
+    assert not edges, "\n".join(edges)
+
+
+def test_storage_imports_only_index_from_the_rooms():
+    """The table lives in storage/, which knows nothing of the rooms above it (encoding is
+    handed in): besides the top-level modules, storage imports only ``index``."""
+    edges = []
+    for path in sorted((ENGINE / "storage").rglob("*.py")):
+        for line, name in _imports(path):
+            mod = _engine_module(name)
+            if mod is not None and mod not in LOWER_MAY_IMPORT | {"polyindex.storage"} \
+                    and (ENGINE / mod.split(".")[1]).is_dir():
+                edges.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not edges, "storage reaches up:\n" + "\n".join(edges)

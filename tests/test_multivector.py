@@ -392,6 +392,6 @@ def test_online_buffer_segments_encode_their_own_tokens(tmp_path):
         assert [h.id for h in sealed] == [h.id for h in buffered]
         np.testing.assert_allclose([h.score for h in sealed], [h.score for h in buffered],
                                    rtol=1e-5)
-        assert coll.artifacts().get("multivector")  # the fallback codebook was committed
+        assert coll.table.artifacts().get("multivector")  # the fallback codebook was committed
     finally:
         eng.close()

@@ -112,7 +112,7 @@ def test_round_trip_through_seal_merge_and_reopen(tmp_path, data):
     before = [[(h.id, h.score) for h in coll.query(tokens=q, k=10)] for q in queries[:10]]
     assert all("d3" not in [i for i, _ in b] for b in before)
     coll.compact(max_segments=1)
-    assert len(coll.sealed_snapshot().segments) == 1
+    assert len(coll.table.sealed_snapshot().segments) == 1
     after = [[(h.id, h.score) for h in coll.query(tokens=q, k=10)] for q in queries[:10]]
     # codes are copied, never re-encoded: the same hits (scores equal to float rounding)
     assert [[i for i, _ in a] for a in after] == [[i for i, _ in b] for b in before]

@@ -52,7 +52,7 @@ def one(tmp_path_factory):
 
 def by_id(coll, column):
     out = {}
-    for seg in coll.sealed_snapshot().segments:
+    for seg in coll.table.sealed_snapshot().segments:
         vals = seg.docs.quality() if column == "quality" else (
             np.zeros(seg.docs.n_rows, bool) if seg.docs.pruned() is None else seg.docs.pruned())
         out.update(zip(seg.docs.ids.tolist(), vals.tolist()))
@@ -66,13 +66,13 @@ def pruned_ids(coll):
 def test_quality_column_is_stored_and_survives_compaction(tmp_path):
     c = build(tmp_path, "q", 15)
     before_q, before_p = by_id(c, "quality"), pruned_ids(c)
-    assert len(c.sealed_snapshot().segments) == 3
+    assert len(c.table.sealed_snapshot().segments) == 3
     assert len(before_q) == N and all(0 < q < 1 for q in before_q.values())
     c.compact(max_segments=1)
-    assert len(c.sealed_snapshot().segments) == 1
+    assert len(c.table.sealed_snapshot().segments) == 1
     assert by_id(c, "quality") == before_q
     assert pruned_ids(c) == before_p
-    seg = c.sealed_snapshot().segments[0]
+    seg = c.table.sealed_snapshot().segments[0]
     assert seg.indexes["dense"].presence is not None
     assert int((~seg.indexes["dense"].presence.mask).sum()) == len(before_p)
     assert seg.indexes["dense"].inner.index.ntotal == N - len(before_p)  # merged compact
@@ -87,17 +87,17 @@ def test_quality_column_is_stored_and_survives_compaction(tmp_path):
 
 def test_prune_keeps_the_lowest_fraction_out_of_every_costly_index(several):
     quality, pruned = by_id(several, "quality"), pruned_ids(several)
-    thr = several.sealed_snapshot().manifest.config.prune_threshold
-    assert several.sealed_snapshot().manifest.config.prune_quality == P
+    thr = several.table.sealed_snapshot().manifest.config.prune_threshold
+    assert several.table.sealed_snapshot().manifest.config.prune_quality == P
     assert pruned == {i for i, q in quality.items() if q < np.float32(thr)}
     assert len(pruned) == math.floor(P * N)  # no ties at the threshold in this input
     assert max(quality[i] for i in pruned) < min(q for i, q in quality.items() if i not in pruned)
     missing = sum(e.indexes["dense"].get("missing", 0)
-                  for e in several.sealed_snapshot().manifest.segments)
+                  for e in several.table.sealed_snapshot().manifest.segments)
     assert missing == len(pruned)
     # the faiss index holds the kept rows only: pruning saves the dense index's bytes
     held = sum(seg.indexes["dense"].inner.index.ntotal
-               for seg in several.sealed_snapshot().segments)
+               for seg in several.table.sealed_snapshot().segments)
     assert held == N - len(pruned)
     for profile in ("dense", "sparse", "tree"):
         found = {h.id for h in several.query("wing flutter heat shock", k=N, profile=profile)}
@@ -120,8 +120,8 @@ def test_a_pruned_document_is_stored_got_and_found_by_lexical_only(several):
 
 
 def test_results_do_not_depend_on_segmentation(one, several):
-    assert len(one.sealed_snapshot().segments) == 1
-    assert len(several.sealed_snapshot().segments) == 3
+    assert len(one.table.sealed_snapshot().segments) == 1
+    assert len(several.table.sealed_snapshot().segments) == 3
     assert pruned_ids(one) == pruned_ids(several)
     assert by_id(one, "quality") == by_id(several, "quality")
     for text in ("wing flutter", "shock wave pressure", "turbulent laminar nozzle"):
@@ -133,12 +133,12 @@ def test_results_do_not_depend_on_segmentation(one, several):
 
 def test_later_writes_use_the_stored_threshold(tmp_path):
     c = build(tmp_path, "later", 1000, kinds=["lexical", "dense"])
-    thr = c.sealed_snapshot().manifest.config.prune_threshold
+    thr = c.table.sealed_snapshot().manifest.config.prune_threshold
     c.add([{"_id": "rep", "text": "flow flow flow flow flow flow flow flow flow flow"},
            {"_id": "rich", "text": "supersonic nozzle turbulent laminar boundary layer heat"}])
     q = by_id(c, "quality")
     assert pruned_ids(c) == {i for i, v in q.items() if v < np.float32(thr)}
-    assert c.sealed_snapshot().manifest.config.prune_threshold == thr
+    assert c.table.sealed_snapshot().manifest.config.prune_threshold == thr
     with pytest.raises(InvalidArgument, match="already prunes"):
         c.index(write_source(tmp_path / "more.jsonl", 5, seed=3), prune_quality=0.5)
 
@@ -149,7 +149,7 @@ def test_a_bad_fraction_is_refused_and_commits_nothing(tmp_path, bad):
     c = polyindex.open(tmp_path / "data").create_collection("c", ["lexical"])
     with pytest.raises(InvalidArgument, match="prune_quality"):
         c.index(src, prune_quality=bad)
-    assert c.count() == 0 and not c.sealed_snapshot().manifest.segments
+    assert c.count() == 0 and not c.table.sealed_snapshot().manifest.segments
     res = CliRunner().invoke(app, ["index", str(src), "--data", str(tmp_path / "cli"),
                                    "--collection", "x", "--prune-quality", str(bad),
                                    "--no-progress"])

@@ -94,16 +94,16 @@ def test_ray_equals_bulk_and_resumes_after_an_error(ray_cluster, tmp_path):
     # Ranges [0,16) [16,32) [32,48) commit; [48,64) holds the bad record: the run stops there
     with pytest.raises(InputError, match=f"docs.jsonl:{BAD_AT + 1}, field .id.: missing id"):
         ray_index(coll, open_source(src), encoders=2, progress=False)
-    job = coll.sealed_snapshot().manifest.ingest
+    job = coll.table.sealed_snapshot().manifest.ingest
     assert job["position"] == 48 and not job["done"]
     assert coll.count() == len({r["_id"] for r in records[:48]})
     assert leftovers(coll) == []
 
     report = ray_index(coll, open_source(src), encoders=2, skip_invalid=True, progress=False)
     assert report.resumed_from == 48 and report.skipped_invalid == 1
-    assert coll.sealed_snapshot().manifest.ingest["done"]
-    assert len(coll.sealed_snapshot().manifest.segments) == 5  # 70 records by 16
-    assert coll.artifacts()  # the IVF template, trained by the first range's worker
+    assert coll.table.sealed_snapshot().manifest.ingest["done"]
+    assert len(coll.table.sealed_snapshot().manifest.segments) == 5  # 70 records by 16
+    assert coll.table.artifacts()  # the IVF template, trained by the first range's worker
     assert leftovers(coll) == []
     queries = [last[i]["text"].split()[0] for i in sorted(last)[:8]] + ["river ocean", "alpha"]
     probe = np.array([last[i]["vector"] for i in sorted(last)[:6]], dtype=np.float32)

@@ -293,7 +293,7 @@ def test_profile_with_rerank_reorders_and_explains(trained):
 
 def test_unknown_feature_schema_version_is_refused(trained):
     coll, tmp, _ = trained
-    files = coll.artifacts()["ranker-mine"]
+    files = coll.table.artifacts()["ranker-mine"]
     folder = coll.folder / "artifacts" / "ranker-mine"
     meta_file = next(f for f in files if f.endswith(".json"))
     meta = json.loads((folder / meta_file).read_text())

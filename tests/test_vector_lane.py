@@ -165,7 +165,7 @@ def stack_parts(plan):
 @pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
 def test_an_online_buffer_is_one_exact_scan_equal_to_its_segments(tmp_path, metric):
     """An online collection's buffer segments (one per write) are searched as one stacked
-    matrix (``index.dense_stack``) by the lane and the general path alike: the exact top-k
+    matrix (``index.dense.stack``) by the lane and the general path alike: the exact top-k
     of the live documents, with rows hidden inside the buffer and under it, after the
     buffer's own merge, and once every buffered row is gone."""
     import polyindex

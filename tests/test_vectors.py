@@ -32,7 +32,7 @@ def brute(x, q, k, metric="ip"):
 
 
 def _version(coll):
-    return coll.sealed_snapshot().manifest.version
+    return coll.table.sealed_snapshot().manifest.version
 
 
 # ---------------------------------------------------------------- vectors-only collections
@@ -60,7 +60,7 @@ def test_the_brief_forms_work_as_written(eng):
     got = coll.get(["d7", "nope"], with_vectors=True)
     assert np.array_equal(got[0].vectors["dense"], x[7]) and got[1] is None
     # stored once: the HNSW index keeps the vectors, docs.arrow has no embedding column
-    seg = coll.sealed_snapshot().segments[0]
+    seg = coll.table.sealed_snapshot().segments[0]
     assert "embedding" not in seg.docs.table.column_names
 
 
@@ -166,7 +166,7 @@ def test_parquet_vectors_round_trip(eng, tmp_path, fixed):
     got = coll.get([f"d{i}" for i in range(300)], with_vectors=True)
     assert np.array_equal(np.stack([g.vectors["dense"] for g in got]), x)
     # a PQ index does not keep the vectors: they are a column of docs.arrow
-    seg = coll.sealed_snapshot().segments[0]
+    seg = coll.table.sealed_snapshot().segments[0]
     assert "embedding" in seg.docs.table.column_names
 
 

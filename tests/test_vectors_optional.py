@@ -115,13 +115,13 @@ def test_missing_stays_missing_through_merge_and_reopen(tmp_path, factory):
     for start in range(0, 240, 60):  # four segments
         coll.add(records(x[:start + 60], start))
     coll.delete(["d4", "d5"])
-    assert len(coll.sealed_snapshot().segments) == 4
+    assert len(coll.table.sealed_snapshot().segments) == 4
     # every IVF list probed: the exact set of present rows comes back
     prof = ({"retrieve": [{"index": "dense@image", "k": 200, "params": "nprobe=4"}]}
             if factory.startswith("IVF") else None)
     before = _ids(coll.query(vector=x[2], using="image", k=200, profile=prof))
     coll.compact(max_segments=1)
-    assert len(coll.sealed_snapshot().segments) == 1
+    assert len(coll.table.sealed_snapshot().segments) == 1
     after = _ids(coll.query(vector=x[2], using="image", k=200, profile=prof))
     n_present = sum(has_field(i) for i in range(240) if i not in (4, 5))
     assert len(after) == n_present and sorted(after) == sorted(before)
@@ -205,7 +205,7 @@ def test_a_segment_in_the_placeholder_layout_still_opens_and_answers_the_same(tm
     data["checksum"] = content_checksum(data)
     (folder / "manifest.json").write_text(json.dumps(data))
     coll = polyindex.open(tmp_path / "data").collection("v")
-    dense = coll.sealed_snapshot().segments[0].indexes["dense@image"]
+    dense = coll.table.sealed_snapshot().segments[0].indexes["dense@image"]
     assert dense.index.ntotal == 90 and not hasattr(dense, "inner")  # the old layout, as is
     got = [(h.id, round(h.score, 5)) for h in coll.query(vector=q, using="image", k=90)]
     assert got == want  # placeholders (score 0, above the negative scores) never come back
@@ -283,7 +283,7 @@ def test_too_few_vectors_to_train_are_searched_exactly_until_a_batch_has_enough(
     want = ["o0"] + [f"o{i}" for i in np.argsort(-(x[1:] @ np.ones(3)), kind="stable")[:4] + 1]
     prof = {"retrieve": [{"index": "dense@opt", "k": 5, "params": "nprobe=2"}]}
     assert _ids(coll.query(vector=[1, 1, 1], using="opt", k=5, profile=prof)) == want
-    last = coll.sealed_snapshot().segments[-1].indexes["dense@opt"]
+    last = coll.table.sealed_snapshot().segments[-1].indexes["dense@opt"]
     assert faiss.try_extract_index_ivf(last.index) is not None  # trained once there were enough
     one = eng.create_collection("p", ["dense:dim=8,IVF4,PQ2"], model=None)
     one.add([{"id": "a", "text": "", "vectors": {"dense": np.ones(8)}}])

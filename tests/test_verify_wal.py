@@ -18,7 +18,7 @@ def crash_image(tmp_path, batches: int = 5):
     image = tmp_path / "image"
     with polyindex.open(live, online=True) as eng:
         coll = eng.create_collection("c", ["lexical"])
-        coll._online.seal_docs = coll._online.seal_seconds = 10**9
+        coll.live.writes.seal_docs = coll.live.writes.seal_seconds = 10**9
         for b in range(batches):
             coll.add([{"id": f"b{b}-{i}", "text": f"alpha {b} {i}"} for i in range(3)])
         image.mkdir()

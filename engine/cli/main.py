@@ -150,7 +150,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                     force=force, prune_quality=prune)
     except BaseException:
         # A first run that committed nothing leaves no empty collection behind.
-        if created and not coll.sealed_snapshot().manifest.segments:
+        if created and not coll.table.sealed_snapshot().manifest.segments:
             eng.drop_collection(collection)
         raise
     payload = {**report.to_json(), "collection": collection, "documents": coll.count()}

@@ -164,7 +164,7 @@ def tune(coll, queries: list[tuple[str, str]], qrels: dict, *, test_qrels: dict 
         report["test"] = {"queries": len(test), "default": float(np.mean(list(d.values()))),
                           "tuned": float(np.mean(list(t.values())))}
     if store:
-        coll.commit_metadata(lexical_params=settings[best].describe())
+        coll.table.commit_metadata(lexical_params=settings[best].describe())
     report["stored"] = store
     return report
 

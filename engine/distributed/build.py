@@ -60,7 +60,7 @@ def build_range(coll, encode, source, task: dict) -> dict:
     if source.fingerprint() != task["fingerprint"]:
         raise FailedPrecondition(f"{source.name} changed while it was being indexed")
     folder = coll.folder
-    spec = coll.vector_spec()
+    spec = coll.encoding.vector_spec()
     docs, skipped, position = _records(source, task["start"], task["stop"],
                                        coll.config.fields, spec, task["skip_invalid"])
     out = {"index": task["index"], "position": position, "skipped": skipped, "n_rows": len(docs),
@@ -111,7 +111,7 @@ class SegmentBuilder:
     def __init__(self, folder: str, source, device: str = "cpu"):
         self.folder, self.source, self.device = folder, source, device
         self.coll = open_collection(folder)
-        self.encode = self.coll.document_encoder(device)
+        self.encode = self.coll.encoding.document_encoder(device)
         if self.encode is not None:
             _ = self.coll.encoder  # the model loads here, once per actor
 

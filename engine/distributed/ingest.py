@@ -130,7 +130,7 @@ def ray_index(collection, source, *, encoders: int = 1, gpus_per_encoder: float 
     _check_gpus(ray, encoders, gpus_per_encoder)
     report = IngestReport()
     fingerprint = source.fingerprint()
-    with collection.writer() as w:
+    with collection.table.writer() as w:
         start = resume_point(w.manifest, fingerprint, force, report)
         if start is None:
             return report
@@ -160,7 +160,7 @@ def ray_index(collection, source, *, encoders: int = 1, gpus_per_encoder: float 
                 commits.finish(collection.config.fields)
             finally:
                 _remove_uncommitted(w.folder)
-    collection.refresh()
+    collection.table.refresh()
     return report
 
 

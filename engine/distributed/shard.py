@@ -139,7 +139,7 @@ class Shard:
                 "fields": dict(coll.config.fields),
                 "config_profiles": dict(coll.config.profiles), "kinds": dict(kinds),
                 "feature_names": list(features.names(coll.snapshot())),
-                "encodes_text": coll.encodes_text()}
+                "encodes_text": coll.encoding.encodes_text()}
 
     def ranker(self, name: str, model: str) -> tuple[str, dict]:
         """The ranker a profile names, as (LightGBM model text, metadata)."""
@@ -188,10 +188,10 @@ class Shard:
 
 def _wal_seq(coll) -> int:
     """The WAL sequence number of the last write a collection's current view includes."""
-    online = coll._online
+    online = coll.live.writes
     if online is not None:
         return int(online.wal.last_seq)
-    follower = coll._follower
+    follower = coll.live.follower
     if follower is not None:
         return int(follower.pending()["wal_seq"])
-    return int(coll.sealed_snapshot().manifest.wal_through)
+    return int(coll.table.sealed_snapshot().manifest.wal_through)

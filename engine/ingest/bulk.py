@@ -47,22 +47,22 @@ def resume_point(manifest, fingerprint: str, force: bool, report) -> int | None:
     return start
 
 
-def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progress: bool = True,
+def bulk_index(table, source: Source, *, skip_invalid: bool = False, progress: bool = True,
                force: bool = False, plan=None) -> IngestReport:
     """``plan(writer, source, fields, vector_spec)``: run once before the first record (the
     collection's document-quality pass over the whole input, ``ingest.quality.plan``)."""
     report = IngestReport()
     fingerprint = source.fingerprint()
-    with collection.writer() as w, Phases(enabled=progress) as phases:
+    with table.writer() as w, Phases(enabled=progress) as phases:
         if progress:  # each kind's training and build show as phases of the run
             w.kinds = {name: ObservedKind(kind, phases) for name, kind in w.kinds.items()}
         start = resume_point(w.manifest, fingerprint, force, report)
         if start is None:
             return report
         total = source.estimate_total()
-        size = collection.config.segment_size
-        fields = collection.config.fields
-        spec = collection.vector_spec()
+        size = table.config.segment_size
+        fields = table.config.fields
+        spec = table.encoding.vector_spec()
         buffer: dict = {}
         position = start
         if plan is not None:
@@ -76,7 +76,7 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
                                  None if total is None else total - start)
         encode_progress = advance if w.encode is not None else None
         # pruning decides what is encoded: the writer encodes (no overlap) when it prunes
-        overlap = _Overlap(w) if w.encode is not None and _overlaps(collection) \
+        overlap = _Overlap(w) if w.encode is not None and _overlaps(table) \
             and w.manifest.config.prune_threshold is None else None
         seal = overlap.seal if overlap is not None else _seal
         try:
@@ -99,12 +99,12 @@ def bulk_index(collection, source: Source, *, skip_invalid: bool = False, progre
         finally:  # an error drops the uncommitted segments (a rerun resumes before them)
             if overlap is not None:
                 overlap.pool.shutdown(wait=True, cancel_futures=True)
-    collection.refresh()
+    table.refresh()
     return report
 
 
-def _overlaps(collection) -> bool:
-    return getattr(collection, "device", "cpu") == "cuda" \
+def _overlaps(table) -> bool:
+    return getattr(table, "device", "cpu") == "cuda" \
         or settings().overlap_encode
 
 

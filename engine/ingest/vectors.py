@@ -6,7 +6,7 @@ are lists of numbers or numpy arrays (Parquet/Arrow rows arrive as numpy views).
 refused when it is not a flat list of numbers, holds NaN or infinity, has a component larger
 than ``MAX_ABS`` in magnitude, has the wrong dimension, is all zeros in a cosine field, or is
 missing for a field the user fills (unless the field is ``optional``: the document then has
-no vector there; ``stack`` gives it a NaN row, see ``index.dense_presence``). Cosine fields
+no vector there; ``stack`` gives it a NaN row, see ``index.dense.presence``). Cosine fields
 are stored L2-normalized.
 """
 from __future__ import annotations

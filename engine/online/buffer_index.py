@@ -1,5 +1,5 @@
 """The buffer indexer: an HNSW graph over an online buffer's dense rows, grown off the write
-path (``index.dense_stack``).
+path (``index.dense.stack``).
 
 In a collection past ``dense.AUTO_HNSW_ROWS`` (where the dense ``auto`` rule gives segments
 a graph), a write that leaves ``STEP_ROWS`` or more of the active buffer's rows (from
@@ -43,7 +43,7 @@ class BufferIndexer:
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"buffer-index-{self.view.coll.name}")
+                                                name=f"buffer-index-{self.view.table.name}")
                 self._thread.start()
         self._wake.set()
 
@@ -73,7 +73,7 @@ class BufferIndexer:
                     graph = build_graph(stack, matrix, upto)
                 except Exception as e:  # noqa: BLE001 - the rows stay exactly scanned
                     log.warning("%s: indexing the write buffer failed: %s",
-                                self.view.coll.name, e)
+                                self.view.table.name, e)
                     stack.broken_graph = True
                     break
                 self.view.publish_graph(stack, graph, upto)

@@ -140,13 +140,13 @@ class WalTail:
 class WalFollower(BufferedView):
     """The sealed manifest composed with the WAL records above its ``wal_through``."""
 
-    def __init__(self, coll):
+    def __init__(self, table):
         # Buffer segments go to a private folder, never the data directory; removed at close,
         # or at exit for a handle nobody closed (a serve worker's is in its group's folder)
         scratch = Path(tempfile.mkdtemp(prefix="polyindex-follow-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, scratch, True)
-        super().__init__(coll, scratch)
-        self.tail = WalTail(coll.folder / "wal")
+        super().__init__(table, scratch)
+        self.tail = WalTail(table.folder / "wal")
         self.records: list[tuple[int, dict]] = []  # read and above base's wal_through
         self._unapplied: list[tuple[int, dict]] = []  # read; a failed catch-up kept them
         self.closed = False
@@ -157,7 +157,7 @@ class WalFollower(BufferedView):
 
     def snapshot(self) -> Snapshot:
         if self.closed:
-            raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
+            raise NotFound(f"collection {self.table.name!r} was dropped or closed")
         if time.monotonic() - self._checked >= RECHECK_S:
             self.catch_up()
         elif self.tail.grew():  # one stat: a write just acknowledged shows at once
@@ -175,14 +175,14 @@ class WalFollower(BufferedView):
                 new = self._unapplied + self.tail.read()
             except Rewound as e:
                 log.warning("%s: %s was cut back by the writer; reading the log again",
-                            self.coll.name, e)
+                            self.table.name, e)
                 self.tail, self.records, self._reset = WalTail(self.tail.folder), [], True
                 self._unapplied = []
                 new = self.tail.read()
             # Read but not yet published: kept if the manifest cannot be read now (an I/O
             # error), else the tail, already past them, would leave a hole in the view.
             self._unapplied = new
-            base = self.coll.sealed_snapshot()
+            base = self.table.sealed_snapshot()
             through = base.manifest.wal_through
             self._unapplied = []
             with self.lock:
@@ -190,7 +190,7 @@ class WalFollower(BufferedView):
                 if records and records[0][0] != through + 1:
                     # Not possible in the order above; never publish a view with a hole.
                     log.warning("%s: WAL tail starts at %d above the manifest's %d; retrying",
-                                self.coll.name, records[0][0], through)
+                                self.table.name, records[0][0], through)
                     self.records = records
                     return
                 if base is not self.base or self._reset:  # sealed, or re-read: compose anew

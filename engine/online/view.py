@@ -100,22 +100,22 @@ class BufferedView:
     """``base`` (a sealed snapshot), an optional ``frozen`` buffer being sealed and the
     ``active`` buffer, composed into ``view``; buffer segments are built under ``scratch``."""
 
-    def __init__(self, coll, scratch: Path):
-        self.coll = coll
+    def __init__(self, table, scratch: Path):
+        self.table = table  # ``storage.table.Table``
         # model embeddings are encoded here; user vectors travel on the documents
-        self.needs_vectors = coll.encodes_text() and any(k.needs_embeddings
-                                                         for k in coll.kinds.values())
-        self.spec = coll.vector_spec()
+        self.needs_vectors = table.encoding.encodes_text() and any(
+            k.needs_embeddings for k in table.kinds.values())
+        self.spec = table.encoding.vector_spec()
         self.scratch = scratch
         shutil.rmtree(self.scratch, ignore_errors=True)  # buffer segments are rebuilt from the WAL
         self.scratch.mkdir(parents=True)
         self._names = itertools.count()
         self.lock = threading.RLock()       # serializes writes and snapshot swaps
         self.active, self.frozen = Buffer(), None
-        self.base: Snapshot = coll.sealed_snapshot()
+        self.base: Snapshot = table.sealed_snapshot()
         self.overlay: list[np.ndarray | None] = []
         self.combined: list[np.ndarray | None] = []
-        kind = coll.kinds.get(FIELD)
+        kind = table.kinds.get(FIELD)
         # the dense `auto` rule's graph for the buffer too (``online.buffer_index``)
         self.graph_auto = isinstance(kind, DenseKind) and kind._auto()
         self.indexer = buffer_index.BufferIndexer(self)
@@ -125,7 +125,7 @@ class BufferedView:
     def _encode(self, docs: Sequence[Document]):
         if not self.needs_vectors or not docs:
             return None
-        return self.coll.encoder.encode([document_text(d.title, d.text) for d in docs])
+        return self.table.encoding.encoder.encode([document_text(d.title, d.text) for d in docs])
 
     def apply_records(self, records) -> None:
         """Apply WAL records (in order) to the active buffer as one delete and one upsert:
@@ -155,7 +155,7 @@ class BufferedView:
             try:
                 self._merge_active()
             except Exception as e:  # noqa: BLE001 - only slower queries until the next seal
-                log.warning("%s: merging buffer segments failed: %s", self.coll.name, e)
+                log.warning("%s: merging buffer segments failed: %s", self.table.name, e)
         self._publish()
         self.indexer.poke()
 
@@ -167,9 +167,9 @@ class BufferedView:
     def _build(self, docs, vectors, remote: bool = False) -> OpenedSegment:
         folder = self.scratch / f"buf-{next(self._names):08d}"
         infos = (remote_build if remote else build_segment)(
-            folder, docs, self.coll.config.fields, self.coll.kinds, vectors,
+            folder, docs, self.table.config.fields, self.table.kinds, vectors,
             vectors=self.spec.stack(docs) if self.spec else None)
-        return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.coll.kinds)
+        return OpenedSegment(folder, SegmentEntry(folder.name, len(docs), infos), self.table.kinds)
 
     def _merge_active(self) -> None:
         """Many small buffer segments cost per-query overhead: rebuild them as one."""
@@ -218,7 +218,7 @@ class BufferedView:
                     index.prepare_live(live, before, hidden)
                 except Exception as e:  # noqa: BLE001 - the next query builds it instead
                     log.warning("%s: preparing %s for a new live mask failed: %s",
-                                self.coll.name, name, e)
+                                self.table.name, name, e)
 
     def _under(self) -> list[OpenedSegment]:
         return self.base.segments + (self.frozen.segments if self.frozen else [])
@@ -266,7 +266,7 @@ class BufferedView:
                     stack.keys == sum(s.docs.n_rows for s in buf.segments):
                 stacks[at] = stack
             at += len(buf.segments)
-        view = Snapshot(self.base.manifest, self.coll.kinds, segments,
+        view = Snapshot(self.base.manifest, self.table.kinds, segments,
                         self.combined + list(self.active.live), stacks)
         for i, stack in stacks.items():  # the stacks' live rows and bitmaps, for the queries
             covered = [s.indexes[FIELD] for s in segments[i:i + stack.segments]]

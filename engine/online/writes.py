@@ -38,8 +38,8 @@ log = logging.getLogger("polyindex.online")
 
 
 class OnlineWrites(BufferedView):
-    def __init__(self, coll, seal_docs: int | None = None, seal_seconds: float | None = None):
-        super().__init__(coll, coll.folder / "buffer")
+    def __init__(self, table, seal_docs: int | None = None, seal_seconds: float | None = None):
+        super().__init__(table, table.folder / "buffer")
         self.seal_docs = SEAL_DOCS if seal_docs is None else seal_docs
         self.seal_seconds = SEAL_SECONDS if seal_seconds is None else seal_seconds
         self.max_backlog = MAX_BACKLOG or max(50_000, 10 * self.seal_docs)
@@ -48,15 +48,15 @@ class OnlineWrites(BufferedView):
         self.last_seal_error: str | None = None
         self._retry_at = 0.0
         self.seal_lock = threading.Lock()   # one seal at a time
-        self.wal = WriteAheadLog(coll.folder / "wal", after=self.base.manifest.wal_through)
+        self.wal = WriteAheadLog(table.folder / "wal", after=self.base.manifest.wal_through)
         self._replay()
         try:  # files a crash left behind after their seal committed
             self.wal.drop_through(self.base.manifest.wal_through)
         except OSError as e:
-            log.warning("%s: could not delete sealed WAL files: %s", coll.name, e)
+            log.warning("%s: could not delete sealed WAL files: %s", table.name, e)
         self.on_sealed = lambda: None  # e.g. wakes the background merger
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sealer, name=f"seal-{coll.name}", daemon=True)
+        self._thread = threading.Thread(target=self._sealer, name=f"seal-{table.name}", daemon=True)
         self._thread.start()
 
     # -- writes ----------------------------------------------------------------------------
@@ -103,11 +103,11 @@ class OnlineWrites(BufferedView):
 
     def _check_writable(self, adding: int) -> None:
         if self.closed:
-            raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
+            raise NotFound(f"collection {self.table.name!r} was dropped or closed")
         backlog = len(self.active.docs) + (len(self.frozen.docs) if self.frozen else 0)
         if self.seal_failures and backlog + adding > self.max_backlog:
             raise ResourceExhausted(
-                f"collection {self.coll.name!r}: {backlog} acknowledged documents wait to be "
+                f"collection {self.table.name!r}: {backlog} acknowledged documents wait to be "
                 f"sealed and sealing keeps failing ({self.seal_failures} attempts; last error: "
                 f"{self.last_seal_error}); writes resume once a seal succeeds")
 
@@ -116,10 +116,10 @@ class OnlineWrites(BufferedView):
         of this process, e.g. a trained ranker). ``manifest_changed`` is rate-limited, so it
         is asked once; ``sealed_snapshot`` re-reads only a changed file."""
         if self.closed:
-            raise NotFound(f"collection {self.coll.name!r} was dropped or closed")
+            raise NotFound(f"collection {self.table.name!r} was dropped or closed")
         # Not while a seal or merge commit is under way (it re-bases when done): a base
         # holding a seal's segment beside its frozen buffer would show those rows twice.
-        if self.coll.manifest_changed() and self.seal_lock.acquire(blocking=False):
+        if self.table.manifest_changed() and self.seal_lock.acquire(blocking=False):
             try:
                 self.rebase()
             finally:
@@ -146,14 +146,14 @@ class OnlineWrites(BufferedView):
                         self.wal.rotate()  # new writes go to a new file; a failure is harmless
                     except OSError as e:
                         log.warning("%s: WAL rotation failed (%s); continuing in the same file",
-                                    self.coll.name, e)
+                                    self.table.name, e)
             frozen = self.frozen
             docs = list(frozen.docs.values())
             vectors = (np.stack([frozen.vectors[d.id] for d in docs])
                        if self.needs_vectors and docs else None)
             try:
-                with self.coll.writer() as w:
-                    w.commit_segment(docs, self.coll.config.fields, embeddings=vectors,
+                with self.table.writer() as w:
+                    w.commit_segment(docs, self.table.config.fields, embeddings=vectors,
                                      delete_ids=sorted(frozen.deleted - frozen.docs.keys()),
                                      wal_through=frozen.through,
                                      vectors=self.spec.stack(docs) if self.spec else None,
@@ -164,19 +164,19 @@ class OnlineWrites(BufferedView):
                 wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self.seal_failures - 1))
                 self._retry_at = time.monotonic() + wait
                 log.error("%s: sealing %d documents failed (attempt %d, retry in %.1f s): %s",
-                          self.coll.name, len(docs), self.seal_failures, wait,
+                          self.table.name, len(docs), self.seal_failures, wait,
                           self.last_seal_error)
                 raise
             self.seal_failures, self.last_seal_error, self._retry_at = 0, None, 0.0
             with self.lock:
                 self.frozen = None
-                self.base = self.coll.sealed_snapshot()
+                self.base = self.table.sealed_snapshot()
                 self._rehide_all()
                 self._publish()
             try:
                 self.wal.drop_through(frozen.through)
             except OSError as e:  # harmless: replay skips records at or below wal_through
-                log.warning("%s: could not delete sealed WAL files: %s", self.coll.name, e)
+                log.warning("%s: could not delete sealed WAL files: %s", self.table.name, e)
             remove_segments(frozen.segments)
             self.on_sealed()
 
@@ -184,7 +184,7 @@ class OnlineWrites(BufferedView):
         """Compose the buffer over the newest committed manifest (the caller holds
         ``seal_lock``, so no seal is half done)."""
         with self.lock:
-            base = self.coll.sealed_snapshot()
+            base = self.table.sealed_snapshot()
             if base is not self.base:
                 self.base = base
                 self._rehide_all()

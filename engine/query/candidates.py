@@ -81,10 +81,10 @@ def store(coll, name: str, ranker: Ranker, *, window: int, retrieve: list[dict])
                "rerank": {"model": name, "window": window}}
     Profile.from_json(name, profile, set(coll.kinds))
     art = artifact_name(name)
-    previous = set(coll.artifacts().get(art, []))
-    folder = coll.artifact_dir(art)
+    previous = set(coll.table.artifacts().get(art, []))
+    folder = coll.table.artifact_dir(art)
     files = ranker.save(folder)
-    coll.commit_metadata(artifacts={art: files}, profiles={name: profile})
+    coll.table.commit_metadata(artifacts={art: files}, profiles={name: profile})
     for p in folder.iterdir():  # keep the new files and the previous ones (open snapshots)
         if p.name not in files and p.name not in previous:
             p.unlink()

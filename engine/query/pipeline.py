@@ -81,7 +81,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
 
 def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:
     """{first segment ordinal: (stack view, faiss search kwargs)} of the snapshot's stacked
-    buffer segments this stage searches as one (``index.dense_stack``), as the vector lane
+    buffer segments this stage searches as one (``index.dense.stack``), as the vector lane
     takes them."""
     if not getattr(snapshot, "stacks", None) or index != dense_stack.FIELD:
         return {}

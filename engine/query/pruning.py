@@ -1,7 +1,7 @@
 """Documents pruned by quality (``polyindex index --prune-quality``) kept out of the costly
 representations' searches: each segment's ``_pruned`` rows are folded out of the allow mask
 of every retrieve stage of a costly kind (multivector, sparse, tree). Dense needs no fold:
-its build marks pruned rows absent (``index.dense_presence``), as a missing optional vector.
+its build marks pruned rows absent (``index.dense.presence``), as a missing optional vector.
 Lexical searches every stored document.
 
 Fusion then treats a costly leg as *blind* to a pruned document, not as a vote against it:

@@ -38,7 +38,7 @@ def _buffered(engine) -> list[str]:
     """``name (N documents)`` for each collection with writes its close will seal."""
     out = []
     for name, coll in list(getattr(engine, "_collections", {}).items()):
-        online = getattr(coll, "_online", None)
+        online = getattr(getattr(coll, "live", None), "writes", None)
         n = online.pending().get("buffered_docs", 0) if online is not None else 0
         if n:
             out.append(f"{name} ({n} document{'s' * (n != 1)})")

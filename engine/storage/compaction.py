@@ -1,6 +1,7 @@
 """A collection's merges: one merge (built from a snapshot, committed under the writer), and
 ``compact``, merging until the policy (or ``max_segments``) is met and no deleted row is
-left. The functions take the collection (``polyindex.collection.Collection``)."""
+left. The functions take the storage table (``storage.table.Table``) and, for an online
+collection, its online writer (``online.writes.OnlineWrites``: its seal lock, its re-base)."""
 from __future__ import annotations
 
 import gc as pygc
@@ -14,25 +15,25 @@ from polyindex.storage.merge import Cancelled, build_merge, commit_merge
 from polyindex.storage.merge_policy import TieredPolicy, compact_plan
 
 
-def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
+def merge(table, ids: Sequence[str], stop=lambda: False, online=None) -> dict | None:
     """Merge the segments ``ids`` into one (their live rows; deleted rows dropped): built
     from a snapshot while queries and writes go on, swapped in by one commit. None when the
     segments changed under it (another merge, a drop) or ``stop()`` said so."""
-    snap = coll.sealed_snapshot()
-    online = coll._online
+    snap = table.sealed_snapshot()
     built = None
     try:
         # An online collection serves queries meanwhile: the files are written by the build
         # process, off this process's GIL (storage.build_worker).
-        built = build_merge(coll.folder, snap, list(ids), coll.kinds, coll.vector_spec().fields,
-                            coll.encodes_text(), stop,
+        built = build_merge(table.folder, snap, list(ids), table.kinds,
+                            table.encoding.vector_spec().fields,
+                            table.encoding.encodes_text(), stop,
                             remote=online is not None and build_worker.enabled())
         # The online writer's seal lock: no seal commits between ours and the re-base of its
         # buffer onto the new manifest.
         with (online.seal_lock if online is not None else nullcontext()):
-            with coll.writer() as w:
+            with table.writer() as w:
                 entry = commit_merge(w, built)
-            coll.refresh()
+            table.refresh()
             if online is not None:
                 online.rebase()
     except Cancelled:
@@ -40,14 +41,14 @@ def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
     except BaseException:
         if built is not None:
             built.discard()
-        coll.merge_stats["merge_failures"] += 1
+        table.merge_stats["merge_failures"] += 1
         raise
     # The sources were pinned by this merge's snapshot and by the view served until the
     # re-base: removed now, not at some later commit.
     del snap
-    coll.collect_garbage()
+    table.collect_garbage()
     rows_in = built.rows_in
-    st = coll.merge_stats
+    st = table.merge_stats
     st["merges"] += 1
     st["rows_merged"] += built.n_rows
     st["rows_reclaimed"] += rows_in - built.n_rows
@@ -56,7 +57,7 @@ def merge(coll, ids: Sequence[str], stop=lambda: False) -> dict | None:
             "seconds": round(built.seconds, 3)}
 
 
-def compact(coll, max_segments: int | None = None, on_merge=None) -> dict:
+def compact(table, max_segments: int | None = None, on_merge=None, online=None) -> dict:
     """Merge until the merge policy is satisfied (or at most ``max_segments`` remain) and no
     segment keeps deleted rows; then remove every unreferenced file. Returns a report
     (segments, rows and bytes before and after, the merges); ``on_merge(report)`` is called
@@ -65,30 +66,30 @@ def compact(coll, max_segments: int | None = None, on_merge=None) -> dict:
                                      or isinstance(max_segments, bool) or max_segments < 1):
         raise InvalidArgument(f"max_segments must be a positive integer, got {max_segments!r}")
     policy = TieredPolicy.from_settings()
-    before = storage_report(coll)
+    before = storage_report(table)
     merges = []
     t0 = time.perf_counter()
     # bounded: concurrent deletes or cancelled merges cannot keep it busy forever
     for _ in range(2 * before["segments"] + 8):
-        plan = compact_plan(coll.sealed_snapshot().manifest.segments, policy, max_segments)
+        plan = compact_plan(table.sealed_snapshot().manifest.segments, policy, max_segments)
         if plan is None:
             break
-        report = merge(coll, plan)
+        report = merge(table, plan, online=online)
         if report is None:
             continue
         merges.append(report)
         if on_merge is not None:
             on_merge(report)
     pygc.collect()  # snapshots only a reference cycle still holds stop pinning their files
-    with coll.writer():
-        coll._swept = False  # a full sweep on the way out
-    return {"collection": coll.name, "before": before, "after": storage_report(coll),
+    with table.writer():
+        table._swept = False  # a full sweep on the way out
+    return {"collection": table.name, "before": before, "after": storage_report(table),
             "merges": merges, "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def storage_report(coll) -> dict:
+def storage_report(table) -> dict:
     """Segments, rows and bytes of the committed manifest (no buffered writes)."""
-    m = coll.sealed_snapshot().manifest
+    m = table.sealed_snapshot().manifest
     return {"segments": len(m.segments), "rows": sum(s.n_rows for s in m.segments),
             "deleted_rows": sum(s.n_deleted for s in m.segments),
-            **gc.disk_usage(coll.folder, m)}
+            **gc.disk_usage(table.folder, m)}

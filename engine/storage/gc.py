@@ -7,7 +7,8 @@ pinned ones are retried later. A full sweep (``sweep``: at a writer's open and o
 ``compact``) also finds what a crash left: merged-away segments whose removal did not
 happen, ``.merge-*`` folders of an interrupted merge, tombstone files of a failed commit.
 A file the manifest names is never removed. Readers in other processes that lose a race
-with a removal re-read the manifest (``Collection.sealed_snapshot``). Failpoint ``gc.unlink``.
+with a removal re-read the manifest (``storage.table.Table.sealed_snapshot``). Failpoint
+``gc.unlink``.
 """
 from __future__ import annotations
 

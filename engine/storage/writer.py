@@ -63,7 +63,7 @@ def stored_columns(kinds: dict[str, IndexKind], embeddings: np.ndarray | None,
         return f in dense and dense[f].keeps_vectors()
 
     # an optional field's missing vectors (NaN rows) are stored as zeros: the field's index
-    # keeps which rows are real (``index.dense_presence``)
+    # keeps which rows are real (``index.dense.presence``)
     columns = {f"vector.{f}": placeholders_zeroed(m, missing_rows(m))
                for f, m in vectors.items() if f != "dense" and not in_index(f)}
     if embeddings is None:

@@ -1,0 +1,74 @@
+"""How a collection's writes turn documents into vectors: its model's encoders (loaded on
+first use from ``encode/``), the vector fields the user fills (``VectorSpec``), whether writes
+run the model, and the document-quality hook. The storage table holds one (storage imports
+no encoder) and hands ``document_encoder()`` to each writer."""
+from __future__ import annotations
+
+from polyindex.errors import InvalidArgument
+from polyindex.ingest import quality
+
+
+class Encoding:
+    # the writer's document-quality hook (``ingest.quality``), taken with the folder only
+    assess = staticmethod(quality.assess)
+
+    def __init__(self, name: str, model: str | None, dtype: str, device: str, kinds: dict):
+        """``kinds``: the table's kinds (the same dict; read at each call)."""
+        self.name = name
+        self.model = model  # fixed at the collection's creation, as its dtype
+        self.dtype = dtype
+        self.device = device
+        self.kinds = kinds
+        self._encoder = None
+
+    @property
+    def encoder(self):
+        if self.model is None:
+            raise InvalidArgument(f"collection {self.name!r} has no model (model=None): give "
+                                  "vectors, not text, to the vector indexes")
+        if self._encoder is None:
+            from polyindex.encode.text import get_encoder
+            self._encoder = get_encoder(self.model, self.dtype, self.device)
+        return self._encoder
+
+    def _encode_docs(self, texts, on_batch=None):
+        return self.encoder.encode(texts, on_batch=on_batch)
+
+    def _encode_docs_tokens(self, texts, on_batch=None):
+        """(embeddings or None, per-document tokens) from one forward pass of the model."""
+        from polyindex.encode.tokens import token_encoder_for
+        salience = any(k.wants_salience for k in self.kinds.values())
+        emb, tokens = token_encoder_for(self.encoder).encode_documents(
+            texts, salience=salience, on_batch=on_batch)
+        return (emb if any(k.needs_embeddings for k in self.kinds.values()) else None), tokens
+
+    def document_encoder(self, device: str | None = None):
+        """The writer's ``encode(texts, on_batch)``, or None when writes run no model;
+        ``device``: where the model runs (a Ray encoder on a GPU), default the CPU."""
+        if not self.encodes_text():
+            return None
+        if device not in (None, "cpu"):
+            from polyindex.encode.text import get_encoder
+            self._encoder = get_encoder(self.model, self.dtype, device)
+        if any(k.needs_tokens for k in self.kinds.values()):
+            return self._encode_docs_tokens
+        return self._encode_docs
+
+    def vector_spec(self):
+        """The vector fields the user fills (a fresh ``VectorSpec`` per write: dimensions not
+        yet known are fixed by the write's first vector)."""
+        from polyindex.ingest.vectors import VectorSpec
+        return VectorSpec.of(self.kinds, self.model)
+
+    def encodes_text(self) -> bool:
+        """Whether writes run the collection's model (the unnamed field comes from text)."""
+        return self.model is not None and \
+            "dense" not in self.vector_spec().fields and \
+            any(k.needs_embeddings or k.needs_tokens for k in self.kinds.values())
+
+
+def token_encoder(model: str, dtype: str, device: str = "cpu"):
+    """The collection model's token encoder, for kinds that encode (multivector); a plain
+    function, so the kinds hold no reference back to their collection."""
+    from polyindex.encode.tokens import get_token_encoder
+    return get_token_encoder(model, dtype, device)

@@ -1,0 +1,104 @@
+"""A table's live side, composed over the storage table: the online writer (WAL, write buffer,
+sealer) and its background merger, or a read-only reader's follower of the writer's WAL.
+``Collection`` holds one; what queries see is its ``snapshot()``."""
+from __future__ import annotations
+
+from polyindex.storage.snapshot import Snapshot
+from polyindex.storage.table import has_wal
+
+
+class Live:
+    def __init__(self, table, online: bool = False, follow_wal: bool = False):
+        """``follow_wal``: a reader's view includes the writer's acknowledged, not yet
+        sealed writes (its WAL tail)."""
+        self.table = table
+        self.writes = None    # ``online.writes.OnlineWrites`` of an online writer
+        self.merger = None    # its ``online.merging.BackgroundMerger`` (None: merging off)
+        self.follow_wal = table.readonly and follow_wal
+        self.follower = None  # ``online.follow.WalFollower``, made on first use
+        if online:
+            from polyindex.online.merging import BackgroundMerger
+            from polyindex.online.writes import OnlineWrites
+            self.writes = OnlineWrites(table)
+            self.merger = BackgroundMerger.start_for(table, self.writes)
+        elif not table.readonly and has_wal(table.folder):
+            # Acknowledged online writes not yet sealed (the server stopped before sealing):
+            # an offline writer seals them first, so nothing acknowledged is left unseen.
+            from polyindex.online.writes import OnlineWrites
+            OnlineWrites(table).close()
+
+    def snapshot(self) -> Snapshot:
+        """The newest committed snapshot, plus, in online mode, the acknowledged writes not
+        yet sealed (a follower: the writer's)."""
+        online = self.writes
+        if online is not None:
+            return online.snapshot()
+        if self.follow_wal:
+            return self._follow().snapshot()
+        return self.table.snapshot()
+
+    def _follow(self):
+        follower = self.follower
+        if follower is None:
+            from polyindex.online.follow import WalFollower
+            with self.table._lock:
+                if self.follower is None:
+                    self.follower = WalFollower(self.table)
+                follower = self.follower
+        return follower
+
+    def catch_up(self) -> None:
+        """A reader: take in the writer's acknowledged writes now (not at the next check)."""
+        if self.follow_wal and not self.table.closed:
+            self._follow().catch_up(force=True)
+
+    def pending(self) -> dict:
+        """``info``'s live part: merges this process made (a server's background merging,
+        compact), the buffered writes, a follower's position."""
+        st = self.table.merge_stats
+        return {**(st if self.merger is not None or st["merges"] else {}),
+                **(online.pending() if (online := self.writes) is not None else {}),
+                **(f.pending() if (f := self.follower) is not None else {})}
+
+    def seal(self) -> None:
+        """Online mode: seal the buffered writes into a segment now."""
+        online = self.writes
+        if online is not None:
+            online.seal()
+
+    def close(self) -> None:
+        """In online mode, seal what is buffered first; then release."""
+        online = self.writes
+        self._stop_merger()
+        try:
+            if online is not None:
+                online.close()  # seals first: the collection is still open for that
+        finally:
+            self.writes = None
+            self.table.closed = True
+            self.table.dir_lock = None  # this handle no longer keeps the directory's lock alive
+            self._release()
+
+    def abandon(self) -> None:
+        """Close without sealing (the collection is being dropped): stops the sealer, waits
+        for an in-flight seal, closes the WAL."""
+        self._stop_merger()
+        online, self.writes = self.writes, None
+        self.table.closed = True
+        self.table.dir_lock = None
+        if online is not None:
+            online.abandon()
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of opened segments: a closed handle pins no file against collection."""
+        with self.table._lock:
+            self.table.release()
+            follower, self.follower = self.follower, None
+        if follower is not None:
+            follower.close()  # its private folder of buffer segments
+
+    def _stop_merger(self) -> None:
+        merger, self.merger = self.merger, None
+        if merger is not None:
+            merger.stop()  # an unfinished merge is abandoned: nothing of it committed
