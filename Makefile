@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 # setuptools' notice that an editable install uses a path finder is not something to act on
 export PYTHONWARNINGS := ignore:Editable installation
 
-.PHONY: demo test bench venv native native-deps clean
+.PHONY: demo test test-fast bench venv native native-deps clean
 
 # The native gRPC server front end and client channel (engine/{service,client}/native/*.cc)
 # against Debian's gRPC C++. `pip install` builds them too when it finds gRPC C++ (setup.py);
@@ -59,8 +59,13 @@ $(foreach so,$(NATIVE_SO),$(eval $(call NATIVE_RULE,$(so))))
 demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo
 
+# Both tiers; the budget is 25 minutes on a 2-core machine (README, "Tests").
 test: native
 	$(BIN)/python -m pytest -q
+
+# The fast tier alone, for a quick check while working: no embedding model, no fault campaign.
+test-fast: native
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: native
 	$(BIN)/python bench/bench_quality.py

@@ -140,3 +140,25 @@ def stop_server(proc, timeout: float = 90) -> tuple[int, str]:
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, err
+
+
+# -- the suite's budget --------------------------------------------------------------------
+# `make test` (both tiers) must finish within 25 minutes on the project's 2-core machine from
+# a fresh clone; the `slow` tier (the embedding model, many subprocesses, the fault campaign)
+# is what `make test-fast` leaves out. The time each tier took is printed at the end.
+BUDGET_S = 25 * 60
+_tier_seconds = {"slow": 0.0, "fast": 0.0}
+
+
+def pytest_runtest_logreport(report):
+    tier = "slow" if "slow" in report.keywords else "fast"
+    _tier_seconds[tier] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    fast, slow = _tier_seconds["fast"], _tier_seconds["slow"]
+    total = fast + slow
+    terminalreporter.write_line(
+        f"suite time: fast tier {fast / 60:.1f} min, slow tier {slow / 60:.1f} min, "
+        f"{total / 60:.1f} min of the {BUDGET_S // 60} min budget"
+        + (" - OVER BUDGET" if total > BUDGET_S else ""))

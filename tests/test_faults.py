@@ -42,6 +42,9 @@ import polyindex
 from polyindex.storage import failpoints
 
 HERE = Path(__file__).parent
+# The whole campaign is the slow tier (about 3 minutes, many subprocesses): `make test` runs it,
+# `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
 FLOOR = 200
 ERRORS_PER_POINT = 14  # the first N hits of each point get an error injected
 CRASHES_PER_POINT = 2  # and the first N hits, a crash
