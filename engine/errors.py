@@ -6,6 +6,8 @@ one place (see ``STATUS_NAMES``). Messages say what was wrong and where (file:li
 from __future__ import annotations
 
 import contextvars
+import errno
+import os
 from typing import Callable
 
 
@@ -94,3 +96,19 @@ class InputError(InvalidArgument):
 STATUS_NAMES = {cls: cls.status for cls in (
     InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted,
     FailedPrecondition, Cancelled, Corrupt, Internal)}
+
+
+# -- a full disk -----------------------------------------------------------------------------
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in DISK_FULL
+
+
+def disk_full(e: OSError, what: str, kept: str, path: bool = True) -> ResourceExhausted:
+    """A full disk as RESOURCE_EXHAUSTED: ``what`` was being done, ``kept`` what survives (the
+    one wording of the WAL, the service and the CLI)."""
+    where = f": {e.filename}" if path and e.filename else ""
+    return ResourceExhausted(f"{what}: the disk is full ({os.strerror(e.errno)}{where}); {kept}")
+

@@ -5,22 +5,9 @@ a command says what it was doing and what of its work was kept.
 """
 from __future__ import annotations
 
-import errno
-import os
 from contextlib import contextmanager
 
-from polyindex.errors import ResourceExhausted
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def is_disk_full(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in DISK_FULL
-
-
-def disk_full_error(e: OSError, what: str, kept: str) -> ResourceExhausted:
-    where = f": {e.filename}" if e.filename else ""
-    return ResourceExhausted(f"{what}: the disk is full ({os.strerror(e.errno)}{where}); {kept}")
+from polyindex.errors import disk_full, is_disk_full
 
 
 @contextmanager
@@ -32,4 +19,4 @@ def reported(what: str, kept: str):
     except OSError as e:
         if not is_disk_full(e):
             raise
-        raise disk_full_error(e, what, kept) from e
+        raise disk_full(e, what, kept) from e

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from polyindex.cli.disk_full import disk_full_error, is_disk_full, reported
+from polyindex.cli.disk_full import reported
 from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
@@ -560,13 +560,9 @@ def main() -> None:
     try:
         from polyindex.config import settings
         settings()  # a bad POLYINDEX_* value is an error before any command starts
-        try:
+        # a full disk anywhere else: the same one line
+        with reported(" ".join(sys.argv[1:2]) or "polyindex", "what was committed before stays"):
             app()
-        except OSError as e:  # a full disk anywhere else: the same one line
-            if not is_disk_full(e):
-                raise
-            raise disk_full_error(e, " ".join(sys.argv[1:2]) or "polyindex",
-                                  "what was committed before stays") from e
     except PolyindexError as e:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
         err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,

@@ -33,7 +33,7 @@ from typing import Iterator
 
 import xxhash
 
-from polyindex.errors import Corrupt, ResourceExhausted
+from polyindex.errors import Corrupt, ResourceExhausted, disk_full, is_disk_full
 from polyindex.storage import fsutil
 from polyindex.storage.failpoints import hit
 
@@ -42,7 +42,6 @@ HEADER = struct.Struct("<HIQQ")
 OLD_MAGIC = 0x5057  # format 1: [magic u16][length u32][crc32 u32], no sequence number
 OLD_HEADER = struct.Struct("<HII")
 MAX_RECORD = 1 << 30
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def file_name(number: int) -> str:
@@ -57,9 +56,8 @@ def _checksum(seq: int, payload: bytes) -> int:
 
 def disk_error(e: OSError, what: str) -> Exception:
     """ENOSPC/EDQUOT as RESOURCE_EXHAUSTED with a message; other I/O errors as they are."""
-    if e.errno in DISK_FULL:
-        return ResourceExhausted(f"{what}: the disk is full ({os.strerror(e.errno)}); "
-                                 f"nothing of this write was kept")
+    if is_disk_full(e):
+        return disk_full(e, what, "nothing of this write was kept", path=False)
     return e
 
 

@@ -7,10 +7,8 @@ the exception the embedded engine would have raised.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
 
 import grpc
 
@@ -61,10 +59,9 @@ def as_polyindex_error(exc: BaseException, rpc: str) -> PolyindexError:
     if isinstance(exc, grpc.RpcError):  # reading a request stream the client cancelled
         log.info("%s: the client cancelled the call", rpc)
         return Cancelled(f"{rpc} was cancelled by the client")
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if errors.is_disk_full(exc):
         log.error("%s: %s", rpc, exc)
-        return errors.ResourceExhausted(f"{rpc}: the server's disk is full "
-                                        f"({os.strerror(exc.errno)}); nothing of it was kept")
+        return errors.disk_full(exc, rpc, "nothing of it was kept", path=False)
     if isinstance(exc, MemoryError):  # a limit missed something: the call fails, not the server
         log.error("%s: out of memory", rpc)
         return errors.ResourceExhausted(f"{rpc}: the server ran out of memory for this request")
