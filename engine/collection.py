@@ -12,16 +12,17 @@ import numpy as np
 from polyindex.errors import InvalidArgument, NotFound, ResourceExhausted
 from polyindex.ingest import documents, quality
 from polyindex.ingest.encoding import Encoding, token_encoder
+from polyindex.ingest.export import export as export_parquet
 from polyindex.online.live import Live
 from polyindex.query.filters import compile_filter
-from polyindex.query import vector_lane
+from polyindex.query import scan, vector_lane
 from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.storage import compaction, gc
 from polyindex.storage.snapshot import Snapshot
 from polyindex.storage.table import Table
-from polyindex.types import MAX_K, Document, Hit
+from polyindex.types import MAX_K, MAX_SCROLL, Document, Hit, Page, check_fields, select_fields
 
 
 class Collection:
@@ -34,8 +35,7 @@ class Collection:
         table.encoding = self.encoding = Encoding(table.name, table.config.model,
                                                   table.config.dtype, device, table.kinds)
         self.folder, self.name, self.device, self.uid = folder, table.name, device, table.uid
-        self.online = online
-        self.readonly = readonly
+        self.online, self.readonly = online, readonly
         self.kinds = table.kinds  # the same dict (never rebound)
         self._profiles: dict = {}
         table.on_config_change = self._profiles.clear  # the dict's method: no cycle
@@ -130,26 +130,43 @@ class Collection:
         self.table.refresh()
         return n
 
-    # -- reads -----------------------------------------------------------------------------
-    def count(self) -> int:
-        return self.snapshot().count()
+    def delete_where(self, filter: dict) -> int:
+        """Delete what matches ``filter``, chosen under the write lock (exact at one point)."""
+        return self.live.delete_matching(partial(scan.matching_ids, expr=self._filter(filter)))
 
-    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]:
-        """Documents by id (None where absent); ``with_vectors`` adds each document's stored
-        vectors (``Document.vectors``, by field: "dense" and the named fields)."""
-        ids = documents.check_ids(ids)
+    # -- reads -----------------------------------------------------------------------------
+    def count(self, filter: dict | None = None) -> int:
+        return scan.count(self.snapshot(), self._filter(filter))
+
+    def scroll(self, *, filter: dict | None = None, limit: int = 100, cursor: str | None = None,
+               fields: Sequence[str] | None = None, with_vectors: bool = False) -> Page:
+        """A page in a stable order and the next page's cursor (``query.scan``)."""
+        return scan.scroll(self.snapshot(), self._filter(filter), cursor,
+                           scan.check_limit(limit, MAX_SCROLL),
+                           check_fields(fields), with_vectors)
+
+    def export(self, path, *, progress=None) -> int:
+        """Every document to a Parquet file ``index`` reads back (``ingest.export``)."""
+        return export_parquet(self, path, progress)
+
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False,
+            fields: Sequence[str] | None = None) -> list[Document | None]:
+        """Documents by id (None where absent); ``with_vectors``: with their stored vectors
+        (by field: "dense" and the named ones); ``fields``: only these metadata fields."""
+        ids, fields = documents.check_ids(ids), check_fields(fields)
         snap = self.snapshot()
         out: list[Document | None] = []
         for loc in snap.find(ids):
             doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
-            if doc is not None and with_vectors:
-                seg = snap.segments[loc[0]]
-                vecs = {k.field: seg.indexes[name].vectors(np.array([loc[1]]))[0].copy()
-                        for name, k in self.kinds.items() if k.kind == "dense"}
-                # an optional field the document left out reads back as NaN: absent here
-                doc.vectors = {f: v for f, v in vecs.items() if not np.isnan(v[:1]).any()}
+            if doc is not None:
+                doc.metadata = select_fields(doc.metadata, fields)
+                if with_vectors:
+                    doc.vectors = scan.stored_vectors(snap.segments[loc[0]], loc[1], self.kinds)
             out.append(doc)
         return out
+
+    def _filter(self, spec: dict | None):
+        return None if spec is None else compile_filter(spec, self.config.fields)
 
     def _profile(self, profile):
         """Named profiles are parsed once and cached (their definitions never change)."""
@@ -177,15 +194,17 @@ class Collection:
     def query(self, text: str | None = None, *, vector=None, using: str | None = None,
               tokens=None, k: int = 10, profile=None, filter: dict | None = None,
               explain: bool = False, with_text: bool = False,
-              with_metadata: bool | None = None) -> list[Hit]:
+              with_metadata: bool | None = None, fields: Sequence[str] | None = None
+              ) -> list[Hit]:
         """``vector``: a list/array for the unnamed field (or the field ``using`` names), or a
         dict field -> vector (several named vectors; fused by ``profile``, by default RRF).
         ``tokens``: an (n_tokens, d) query matrix for a ``multivector:source=user`` index
         (alone, profile ``multivector`` by default).
-        ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata."""
+        ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata
+        (``fields``: only these fields, and metadata even without ``with_metadata``)."""
         vectors = None if vector is None else [vector]
-        if vector_lane.plain_call(text, vectors, using, tokens, k, profile, filter, explain,
-                                  with_text, with_metadata):
+        if fields is None and vector_lane.plain_call(text, vectors, using, tokens, k, profile,
+                                                     filter, explain, with_text, with_metadata):
             # the plain nearest-neighbour call: the vector lane when the profile is one dense
             # stage (the same hits as the general path, a fraction of its Python)
             snap, plan = self._lane(profile, vector)
@@ -196,7 +215,8 @@ class Collection:
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
                                 tokens=None if tokens is None else [tokens],
                                 k=k, profile=profile, filter=filter, explain=explain,
-                                with_text=with_text, with_metadata=with_metadata)[0]
+                                with_text=with_text, with_metadata=with_metadata,
+                                fields=fields)[0]
 
     def _lane(self, profile, vector):
         """(the snapshot, its vector-lane plan for ``profile``, or None: the general path)."""
@@ -210,14 +230,16 @@ class Collection:
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,
                     filter: dict | None = None, explain: bool = False,
-                    with_text: bool = False,
-                    with_metadata: bool | None = None) -> list[list[Hit]]:
+                    with_text: bool = False, with_metadata: bool | None = None,
+                    fields: Sequence[str] | None = None) -> list[list[Hit]]:
         """Run many queries through one profile; query-wide work is done once per batch."""
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        if vector_lane.plain_call(texts, vectors, using, tokens, k, profile, filter, explain,
-                                  with_text, with_metadata):
+        if (fields := check_fields(fields)) is not None:
+            with_metadata = True
+        elif vector_lane.plain_call(texts, vectors, using, tokens, k, profile, filter, explain,
+                                    with_text, with_metadata):
             snap, plan = self._lane(profile, vectors[0])  # the vector lane, as in ``query``
             if plan is not None:
                 hits = plan.search_batch(snap, vectors, k)
@@ -233,8 +255,8 @@ class Collection:
             vecs = self.encoder.encode([queries[i].text for i in missing], chunk=len(missing) or 1)
             for i, v in zip(missing, vecs):
                 queries[i].vector = v
-        expr = None if filter is None else compile_filter(filter, self.config.fields)
-        return run(self.snapshot(), queries, prof, k, expr, explain, with_text, with_metadata)
+        return run(self.snapshot(), queries, prof, k, self._filter(filter), explain, with_text,
+                   with_metadata, fields)
 
     def info(self) -> dict:
         snap = self.snapshot()

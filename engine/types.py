@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
 
+from polyindex.errors import InvalidArgument
+
 MAX_K = 10_000  # the most hits one query may ask for
 # Vectors above this L2 norm are refused: float32 inner products of two such vectors would
 # overflow to inf (3.4e38), and no embedding model produces them.
@@ -31,6 +33,7 @@ MAX_FILTER_DEPTH = 32  # JSON nesting levels of one filter (or inline profile)
 MAX_ID_CHARS = 1024  # a document id
 MAX_TOKENS = 65_536  # tokens of one document's (or query's) token matrix (ColPali pages ~1,030)
 MAX_IDS = 10_000  # ids in one Get or Delete
+MAX_SCROLL = 10_000  # documents in one scroll page
 MAX_UPSERT_RECORDS = 100_000  # documents in one Upsert stream (held whole: all or nothing)
 MAX_UPSERT_BYTES = 1 << 30  # bytes of one Upsert stream
 MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, either way (so one record at most)
@@ -70,6 +73,31 @@ class Hit:
     text: str | None = None
     explain: dict[str, Any] | None = field(default=None, repr=False)
     metadata: dict[str, Any] | None = None  # with_metadata only: the stored metadata
+
+
+@dataclass(slots=True)
+class Page:
+    """One page of ``scroll``: documents in scroll order and the cursor of the next page
+    (None: this was the last)."""
+    documents: list[Document]
+    cursor: str | None
+
+
+def check_fields(fields) -> list[str] | None:
+    """A ``fields=`` include list (metadata names a hit or document carries): None (all) or
+    a list of strings."""
+    if fields is None:
+        return None
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise InvalidArgument("fields must be a list of metadata field names (strings)")
+    return list(fields)
+
+
+def select_fields(metadata: dict | None, fields: list[str] | None) -> dict | None:
+    """``metadata`` cut to ``fields`` (None: all of it); names it lacks are left out."""
+    if fields is None or metadata is None:
+        return metadata
+    return {f: metadata[f] for f in fields if f in metadata}
 
 
 class HitLists(list):

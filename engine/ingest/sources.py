@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from polyindex.errors import InputError, InvalidArgument
+from polyindex.ingest.export import METADATA_COLUMN, RESERVED
 from polyindex.ingest.records import document_from_record
 from polyindex.ingest.records import jsonable as _jsonable
 from polyindex.ingest.records import kind_of as _kind
@@ -293,6 +294,12 @@ def batch_records(batch, source: str, position: int, fields: dict[str, str] | No
                   vectors=None) -> Iterator[Document | InputError]:
     """The records of one Arrow batch (rows ``position + 1`` ...): vector columns as numpy
     rows of the batch's buffers, everything else as Python values."""
+    meta_json = None
+    reserved = [n for n in batch.schema.names if n.startswith(RESERVED)]
+    if reserved:  # an export's own columns (``ingest.export``): its metadata, not its copies
+        if METADATA_COLUMN in reserved:
+            meta_json = batch.column(METADATA_COLUMN).to_pylist()
+        batch = batch.drop_columns(reserved)
     vecs, rest = split_vector_columns(batch)
     toks = None
     if "tokens" in rest.schema.names:  # per-row (n_tokens, d) views of the batch's values
@@ -300,6 +307,16 @@ def batch_records(batch, source: str, position: int, fields: dict[str, str] | No
         rest = rest.drop_columns(["tokens"])
     for j, rec in enumerate(rest.to_pylist()):
         rec = {k: v if k in _CORE else _jsonable(v) for k, v in rec.items()}
+        if meta_json is not None and meta_json[j]:
+            try:
+                extra = json.loads(meta_json[j])
+                if not isinstance(extra, dict):
+                    raise ValueError(f"a JSON object is needed, got {_kind(extra)}")
+            except ValueError as e:
+                yield InputError(f"not JSON metadata: {e}"[:300], source=source,
+                                 line=position + j + 1, field=METADATA_COLUMN)
+                continue
+            rec["metadata"] = {**extra, **(rec.get("metadata") or {})}
         if vecs:
             rec["vectors"] = {f: m[j] for f, m in vecs.items()}
         if toks is not None:

@@ -47,6 +47,17 @@ class Live:
                 follower = self.follower
         return follower
 
+    def delete_matching(self, select) -> int:
+        """Delete the ids ``select(snapshot)`` names (delete by filter), chosen under the
+        writer's lock so no write lands between choosing and deleting."""
+        if (online := self.writes) is not None:
+            return online.delete_matching(select)
+        with self.table.writer() as w:
+            self.table.refresh()
+            n = w.delete(select(self.table.sealed_snapshot()))
+        self.table.refresh()
+        return n
+
     def catch_up(self) -> None:
         """A reader: take in the writer's acknowledged writes now (not at the next check)."""
         if self.follow_wal and not self.table.closed:

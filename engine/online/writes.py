@@ -101,6 +101,17 @@ class OnlineWrites(BufferedView):
             self._apply_delete(ids)
         return n
 
+    def delete_matching(self, select) -> int:
+        """Delete the ids ``select(view)`` names (delete by filter), chosen under the write
+        lock: no write lands between choosing them and deleting them."""
+        with self.lock:
+            self._check_writable(0)
+            ids = select(self.view)
+            if ids:
+                self.active.through = self.wal.append({"op": "delete", "ids": ids})
+                self._apply_delete(ids)
+        return len(ids)
+
     def _check_writable(self, adding: int) -> None:
         if self.closed:
             raise NotFound(f"collection {self.table.name!r} was dropped or closed")

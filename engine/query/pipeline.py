@@ -15,7 +15,7 @@ from polyindex.query.profiles import Profile
 from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow, may_abstain
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
-from polyindex.types import Hit
+from polyindex.types import Hit, select_fields
 
 
 def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
@@ -103,9 +103,10 @@ def _stack_prepared(snapshot, i, view, seg_indexes, allow):
 
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         filter_expr=None, explain: bool = False, with_text: bool = False,
-        with_metadata: bool | None = None) -> list[list[Hit]]:
+        with_metadata: bool | None = None, fields: list[str] | None = None) -> list[list[Hit]]:
     """``with_text``: each hit's title and text; ``with_metadata``: its stored metadata
-    (None: the same as ``with_text``, what ``Collection.query(with_text=True)`` gives)."""
+    (None: the same as ``with_text``, what ``Collection.query(with_text=True)`` gives), only
+    the names in ``fields`` when given."""
     if with_metadata is None:
         with_metadata = with_text
     allow = allow_masks(snapshot, filter_expr)
@@ -134,7 +135,7 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None,
-                  (with_text, with_metadata), None if details is None else details[:k], query)
+                  (with_text, with_metadata, fields), None if details is None else details[:k], query)
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
@@ -209,7 +210,8 @@ def explain_hits(profile: Profile, lists, hits: list[Hit], keys, details=None) -
         h.explain["rerank"] = d
 
 
-def _payload(snapshot, hits: list[Hit], keys, with_text: bool, with_metadata: bool) -> None:
+def _payload(snapshot, hits: list[Hit], keys, with_text: bool, with_metadata: bool,
+             fields: list[str] | None = None) -> None:
     """Fill in the stored title/text and/or metadata of hits, one read per segment."""
     seg, rows = snapshot.locate(keys)
     by_segment: dict[int, list[int]] = {}
@@ -220,7 +222,7 @@ def _payload(snapshot, hits: list[Hit], keys, with_text: bool, with_metadata: bo
         seg_rows = [int(rows[i]) for i in idx]
         if with_metadata:
             for i, doc in zip(idx, docs.documents(seg_rows)):
-                hits[i].metadata = doc.metadata
+                hits[i].metadata = select_fields(doc.metadata, fields)
                 if with_text:
                     hits[i].title, hits[i].text = doc.title, doc.text
         else:
