@@ -131,8 +131,9 @@ class Collection:
         return n
 
     def delete_where(self, filter: dict) -> int:
-        """Delete what matches ``filter``, chosen under the write lock (exact at one point)."""
-        return self.live.delete_matching(partial(scan.matching_ids, expr=self._filter(filter)))
+        """Delete what matches ``filter``, chosen under the write lock: exact at one point."""
+        return self.live.delete_matching(partial(  # None is refused (by compile): not "all"
+            scan.matching_ids, expr=compile_filter(filter, self.config.fields)))
 
     # -- reads -----------------------------------------------------------------------------
     def count(self, filter: dict | None = None) -> int:
@@ -147,15 +148,14 @@ class Collection:
 
     def export(self, path, *, progress=None) -> int:
         """Every document to a Parquet file ``index`` reads back (``ingest.export``)."""
-        return export_parquet(self, path, progress)
+        return export_parquet(path, self.info(), self.count(), self.scroll, progress)
 
     def get(self, ids: Sequence[str], *, with_vectors: bool = False,
             fields: Sequence[str] | None = None) -> list[Document | None]:
         """Documents by id (None where absent); ``with_vectors``: with their stored vectors
         (by field: "dense" and the named ones); ``fields``: only these metadata fields."""
         ids, fields = documents.check_ids(ids), check_fields(fields)
-        snap = self.snapshot()
-        out: list[Document | None] = []
+        snap, out = self.snapshot(), []
         for loc in snap.find(ids):
             doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
             if doc is not None:

@@ -31,7 +31,7 @@ from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
-from polyindex.types import MAX_K, Document, Hit, HitLists
+from polyindex.types import MAX_K, Document, Hit, HitLists, Page, check_fields
 from polyindex.wire.convert import (
     MAX_MESSAGE_BYTES,
     doc_from_proto,
@@ -228,11 +228,12 @@ class RemoteCollection:
               tokens=None,
               k: int = 10, profile=None, filter: dict | None = None, explain: bool = False,
               with_text: bool = False, with_metadata: bool | None = None,
-              timeout: float | None = None) -> list[Hit]:
+              fields: Sequence[str] | None = None, timeout: float | None = None) -> list[Hit]:
         """``with_text``: hits carry title and text; ``with_metadata``: their metadata (None:
         the same as ``with_text``, as the embedded ``Collection.query`` does). ``vector``: a
         list/array (the unnamed field, or ``using``'s) or a dict field -> vector."""
         req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
+        _put_fields(req, fields)
         if text is not None:
             req.text = _text(text, 0)
         if vector is not None:
@@ -246,7 +247,8 @@ class RemoteCollection:
                     using: str | None = None, tokens=None, k: int = 10,
                     profile=None, filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
-                    timeout: float | None = None, allow_partial: bool = False) -> HitLists:
+                    fields: Sequence[str] | None = None, timeout: float | None = None,
+                    allow_partial: bool = False) -> HitLists:
         """``allow_partial``: a sharded collection answers from the shards that are up and
         names the others in the result's ``unavailable_shards`` (else: UNAVAILABLE)."""
         n = len(texts) if texts is not None else len(vectors) if vectors is not None else \
@@ -264,6 +266,7 @@ class RemoteCollection:
         for start in range(0, n, QUERY_BATCH):
             req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
             req.allow_partial = bool(allow_partial)
+            _put_fields(req, fields)
             for i in range(start, min(n, start + QUERY_BATCH)):
                 item = req.batch.add()
                 if texts is not None and texts[i] is not None:
@@ -299,9 +302,7 @@ class RemoteCollection:
                 raise InvalidArgument(f"profile must be a name or a dict, got {type(profile).__name__}")
             req.profile = profile
         if filter is not None:
-            if not isinstance(filter, dict) or not filter:
-                raise InvalidArgument(f"filter must be a non-empty JSON object, got {filter!r}")
-            req.filter.CopyFrom(_struct(filter, "filter"))
+            req.filter.CopyFrom(_filter(filter))
         return req
 
     def add(self, docs: Iterable[Any]) -> int:
@@ -336,14 +337,39 @@ class RemoteCollection:
         ids = _check_ids(ids)
         return self.client._call("Delete", pb.DeleteRequest(collection=self.name, ids=ids)).deleted
 
-    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list[Document | None]:
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False,
+            fields: Sequence[str] | None = None) -> list[Document | None]:
         ids = _check_ids(ids)
-        resp = self.client._call("Get", pb.GetRequest(collection=self.name, ids=ids,
-                                                      with_vectors=bool(with_vectors)))
+        req = pb.GetRequest(collection=self.name, ids=ids, with_vectors=bool(with_vectors))
+        _put_fields(req, fields)
+        resp = self.client._call("Get", req)
         return [doc_from_proto(d, self.fields) if found else None
                 for d, found in zip(resp.documents, resp.found)]
 
-    def count(self) -> int:
+    def delete_where(self, filter: dict) -> int:
+        """Delete what matches ``filter`` (retried on UNAVAILABLE: a retry deletes, and
+        counts, what still matches)."""
+        return self.client._call("DeleteWhere", pb.DeleteWhereRequest(
+            collection=self.name, filter=_filter(filter))).deleted
+
+    def scroll(self, *, filter: dict | None = None, limit: int = 100, cursor: str | None = None,
+               fields: Sequence[str] | None = None, with_vectors: bool = False) -> Page:
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _INT64_MAX:
+            raise InvalidArgument(f"scroll limit must be an integer in 1..10000, got {limit!r}")
+        if cursor is not None and not isinstance(cursor, str):
+            raise InvalidArgument(f"scroll cursor must be a string, got {type(cursor).__name__}")
+        req = pb.ScrollRequest(collection=self.name, limit=limit, cursor=cursor or "",
+                               with_vectors=bool(with_vectors))
+        if filter is not None:
+            req.filter.CopyFrom(_filter(filter))
+        _put_fields(req, fields)
+        resp = self.client._call("Scroll", req)
+        return Page([doc_from_proto(d, self.fields) for d in resp.documents], resp.cursor or None)
+
+    def count(self, filter: dict | None = None) -> int:
+        if filter is not None:
+            return self.client._call("Count", pb.CountRequest(collection=self.name,
+                                                              filter=_filter(filter))).count
         resp = self.client._call("Stats", pb.StatsRequest(collection=self.name))
         return resp.collections[0].documents
 
@@ -353,6 +379,18 @@ class RemoteCollection:
 
     def __repr__(self) -> str:
         return f"RemoteCollection({self.name!r} at {self.client.address})"
+
+
+def _filter(filter) -> Any:
+    if not isinstance(filter, dict) or not filter:
+        raise InvalidArgument(f"filter must be a non-empty JSON object, got {filter!r}")
+    return _struct(filter, "filter")
+
+
+def _put_fields(req, fields) -> None:
+    fields = check_fields(fields)
+    if fields is not None:
+        req.fields.names.extend(fields)
 
 
 def _check_ids(ids) -> list[str]:

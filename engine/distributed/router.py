@@ -34,7 +34,8 @@ from polyindex.index.ties import order_ties
 from polyindex.query.pipeline import explain_hits, fuse
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
-from polyindex.types import MAX_K, Hit, HitLists
+from polyindex.distributed import router_data
+from polyindex.types import MAX_K, Hit, HitLists, Page, check_fields, select_fields
 from polyindex.wire.grpc_errors import Unavailable
 
 SHIFT = 40  # local keys (rows of a shard's snapshot) stay below 2**40
@@ -112,9 +113,17 @@ class ShardedCollection:
         calls = {s: ("delete", self.name, part) for s, part in parts.items()}
         return sum(self.backend.each(calls, write=True).values())
 
-    def get(self, ids: Sequence[str], *, with_vectors: bool = False) -> list:
+    def delete_where(self, filter: dict) -> int:
+        return router_data.delete_where(self, filter)
+
+    def scroll(self, *, filter: dict | None = None, limit: int = 100, cursor: str | None = None,
+               fields: Sequence[str] | None = None, with_vectors: bool = False) -> Page:
+        return router_data.scroll(self, filter, limit, cursor, fields, with_vectors)
+
+    def get(self, ids: Sequence[str], *, with_vectors: bool = False,
+            fields: Sequence[str] | None = None) -> list:
         from polyindex.ingest.documents import check_ids
-        ids = list(check_ids(ids))
+        ids, fields = list(check_ids(ids)), check_fields(fields)
         parts: dict[int, list[int]] = {}
         for n, i in enumerate(ids):
             parts.setdefault(shard_of(i, self.n_shards), []).append(n)
@@ -123,10 +132,14 @@ class ShardedCollection:
         out: list = [None] * len(ids)
         for s, rows in parts.items():
             for n, doc in zip(rows, got[s]):
+                if doc is not None:
+                    doc.metadata = select_fields(doc.metadata, fields)
                 out[n] = doc
         return out
 
-    def count(self) -> int:
+    def count(self, filter: dict | None = None) -> int:
+        if filter is not None:
+            return router_data.count(self, filter)
         return sum(i["documents"] for i in self._infos())
 
     def _infos(self) -> list[dict]:
@@ -166,18 +179,23 @@ class ShardedCollection:
     def query(self, text: str | None = None, *, vector=None, using: str | None = None,
               tokens=None, k: int = 10, profile=None, filter: dict | None = None,
               explain: bool = False, with_text: bool = False,
-              with_metadata: bool | None = None) -> list[Hit]:
+              with_metadata: bool | None = None, fields: Sequence[str] | None = None
+              ) -> list[Hit]:
         return self.query_batch(None if text is None else [text],
                                 vectors=None if vector is None else [vector], using=using,
                                 tokens=None if tokens is None else [tokens], k=k,
                                 profile=profile, filter=filter, explain=explain,
-                                with_text=with_text, with_metadata=with_metadata)[0]
+                                with_text=with_text, with_metadata=with_metadata,
+                                fields=fields)[0]
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,
                     filter: dict | None = None, explain: bool = False,
                     with_text: bool = False, with_metadata: bool | None = None,
+                    fields: Sequence[str] | None = None,
                     allow_partial: bool = False) -> HitLists:
+        if (fields := check_fields(fields)) is not None:
+            with_metadata = True
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
@@ -210,7 +228,8 @@ class ShardedCollection:
                 explain_hits(prof, lists, hits, kk[:k], None if details is None
                              else details[:k])
         if with_text or with_metadata:
-            self._payload(out, with_text, with_text if with_metadata is None else with_metadata)
+            self._payload(out, with_text, with_text if with_metadata is None else with_metadata,
+                          fields)
         out.unavailable_shards = tuple(down)
         return out
 
@@ -326,9 +345,9 @@ class ShardedCollection:
         return [Hit(i, float(sc), r)
                 for r, (i, sc) in enumerate(zip(ids(keys), scores.tolist()), 1)]
 
-    def _payload(self, results, with_text: bool, with_metadata: bool) -> None:
+    def _payload(self, results, with_text: bool, with_metadata: bool, fields=None) -> None:
         hits = [h for hs in results for h in hs]
-        docs = self.get([h.id for h in hits])
+        docs = self.get([h.id for h in hits], fields=fields)
         for h, doc in zip(hits, docs):
             if doc is None:  # deleted since the query read it
                 continue

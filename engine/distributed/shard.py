@@ -157,6 +157,16 @@ class Shard:
     def get(self, name: str, ids: list[str], with_vectors: bool = False) -> list:
         return self.engine.collection(name).get(ids, with_vectors=with_vectors)
 
+    def count(self, name: str, filter: dict | None) -> int:
+        return self.engine.collection(name).count(filter)
+
+    def delete_where(self, name: str, filter: dict) -> int:
+        return self.engine.collection(name).delete_where(filter)
+
+    def scroll(self, name: str, filter, limit: int, cursor, fields, with_vectors: bool):
+        return self.engine.collection(name).scroll(filter=filter, limit=limit, cursor=cursor,
+                                                   fields=fields, with_vectors=with_vectors)
+
     def payload(self, name: str, ids: list[str]) -> list:
         """Stored documents of hits (title, text, metadata), by id."""
         return self.engine.collection(name).get(ids)

@@ -1,7 +1,8 @@
 """Export a collection to a Parquet file that ``polyindex index`` reads back.
 
-Works over any collection (embedded, remote or sharded: it uses ``info`` and ``scroll``),
-page by page, so memory is one page whatever the collection's size. The columns:
+Works over any collection (embedded, remote or sharded): it is handed the collection's
+``info()``, its count and its ``scroll`` method, and reads page by page, so memory is one
+page whatever the collection's size. The columns:
 
 - ``id``, ``title``, ``text``;
 - each declared field as a typed column (``int`` -> int64, ...);
@@ -50,13 +51,13 @@ def _schema(info: dict, stored: dict[str, int]) -> pa.Schema:
          "model": info.get("model"), "vector_fields": user}).encode()})
 
 
-def _vector_dims(coll, info: dict) -> dict[str, int]:
+def _vector_dims(scroll, info: dict) -> dict[str, int]:
     """Every stored vector field and its dimension: the user fields' declared ones, and the
     model's, read from a stored document (an empty collection has none to read)."""
     dims = {name: f["dim"] for name, f in (info.get("vector_fields") or {}).items()
             if f.get("dim")}
     if any(ix.split(":")[0].split("@")[0] == "dense" for ix in info["indexes"]):
-        for doc in coll.scroll(limit=8, with_vectors=True).documents:
+        for doc in scroll(limit=8, with_vectors=True).documents:
             for name, v in (doc.vectors or {}).items():
                 dims.setdefault(name, len(v))
     return dims
@@ -87,26 +88,25 @@ def _batch(docs, schema: pa.Schema, info: dict, stored: dict[str, int]) -> pa.Re
     return pa.record_batch([cols[f.name] for f in schema], schema=schema)
 
 
-def export(coll, path, progress: Callable[[int, int], None] | None = None, *,
-           page: int = PAGE) -> int:
-    """Write ``coll`` to ``path`` (a new file, renamed into place when complete); returns the
-    number of documents. ``progress(done, total)`` is called after each page; ``total`` is
-    the count when the export began (writes meanwhile may change what is read)."""
+def export(path, info: dict, total: int, scroll: Callable,
+           progress: Callable[[int, int], None] | None = None, *, page: int = PAGE) -> int:
+    """Write a collection (``info``: its ``info()``, ``total``: its count, ``scroll``: its
+    ``scroll`` method) to ``path`` (a new file, renamed into place when complete); returns
+    the number of documents. ``progress(done, total)`` is called after each page."""
     import pyarrow.parquet as pq  # deferred: only export needs the Parquet writer
     path = Path(path)
     if path.suffix != ".parquet":
         raise InvalidArgument(f"{path}: the export is a Parquet file; name it *.parquet")
     if not path.parent.is_dir():
         raise InvalidArgument(f"{path.parent}: no such directory")
-    info = coll.info()
-    stored = _vector_dims(coll, info)
+    stored = _vector_dims(scroll, info)
     schema = _schema(info, stored)
-    total, done, cursor = coll.count(), 0, None
+    done, cursor = 0, None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             while True:
-                got = coll.scroll(limit=page, cursor=cursor, with_vectors=bool(stored))
+                got = scroll(limit=page, cursor=cursor, with_vectors=bool(stored))
                 if got.documents:
                     writer.write_batch(_batch(got.documents, schema, info, stored))
                     done += len(got.documents)

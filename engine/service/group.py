@@ -27,7 +27,7 @@ from polyindex.wire.grpc_errors import Unavailable, from_rpc_error
 
 FORWARD_WAIT_S = 30.0  # a write waits this long at most for the writer (e.g. while it restarts)
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # pauses between a forwarded write's tries
-_RETRIED = frozenset({"Upsert", "Delete"})  # idempotent: see Member.forward
+_RETRIED = frozenset({"Upsert", "Delete", "DeleteWhere"})  # idempotent: see Member.forward
 PEER_TIMEOUT_S = 2.0   # a sibling that does not answer Stats within this is reported, not waited for
 _PASSED = ("authorization",)  # metadata a forwarded call carries on (the writer checks it too)
 INTERNAL_KEY = "polyindex-internal"  # on calls between the processes of a group: the sender's pid

@@ -48,6 +48,7 @@ class Limits:
     max_filter_nodes: int = limits.MAX_FILTER_NODES
     max_filter_depth: int = limits.MAX_FILTER_DEPTH
     max_ids: int = limits.MAX_IDS  # per Get or Delete
+    max_scroll: int = limits.MAX_SCROLL  # documents per Scroll page
     max_upsert_records: int = limits.MAX_UPSERT_RECORDS
     max_upsert_bytes: int = limits.MAX_UPSERT_BYTES  # one stream is held whole (all or nothing)
     max_row_errors: int = 1000  # reported per Upsert; `failed` counts them all
@@ -82,7 +83,8 @@ def check_count(what: str, n: int, cap: int) -> None:
 
 
 # The calls a group's processes make to each other (queries never are: no metadata scan)
-_MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "CreateCollection", "DropCollection", "Stats"})
+_MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "DeleteWhere", "CreateCollection",
+                              "DropCollection", "Stats"})
 
 
 def _rpc(method):
@@ -121,6 +123,11 @@ def check_deadline(context: grpc.ServicerContext, what: str) -> None:
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         raise DeadlineExceeded(f"deadline exceeded before {what}")
+
+
+def _fields(req) -> list[str] | None:
+    """A request's field selection: None (unset: every field) or the names."""
+    return list(req.fields.names) if req.HasField("fields") else None
 
 
 class PolyindexService(pb_grpc.PolyindexServicer):
@@ -165,8 +172,8 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         profile = (req.profile if which == "profile" else check_shape(
             "inline_profile", from_struct(req.inline_profile), lim.max_filter_nodes,
             lim.max_filter_depth) if which == "inline_profile" else None)
-        flt = check_shape("filter", from_struct(req.filter), lim.max_filter_nodes,
-                          lim.max_filter_depth) if req.HasField("filter") else None
+        flt = self._filter(req)
+        fields = _fields(req)
         coll = self.engine.collection(req.collection)
         check_deadline(context, "the query ran")  # the work below is the expensive part
         # Collection.query's with_text brings the stored metadata too; each is sent if asked
@@ -175,8 +182,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                    explain=req.explain,
                                    with_text=req.with_text or req.with_metadata,
                                    using=req.using if req.HasField("using") else None,
-                                   **({"allow_partial": True} if req.allow_partial else {}))
-        payload = {"text": req.with_text, "metadata": req.with_metadata}
+                                   **({"allow_partial": True} if req.allow_partial else {}),
+                                   **({"fields": fields} if fields is not None else {}))
+        payload = {"text": req.with_text, "metadata": req.with_metadata or fields is not None}
         tags["profile"] = profile if isinstance(profile, str) else (
             "inline" if profile is not None else "default")
         resp = pb.QueryResponse()
@@ -188,6 +196,13 @@ class PolyindexService(pb_grpc.PolyindexServicer):
         resp.unavailable_shards.extend(getattr(results, "unavailable_shards", ()))
         resp.took_ms = (time.perf_counter() - start) * 1000
         return resp
+
+    def _filter(self, req) -> dict | None:
+        """A request's filter (its shape checked), or None when unset."""
+        if not req.HasField("filter"):
+            return None
+        return check_shape("filter", from_struct(req.filter), self.limits.max_filter_nodes,
+                           self.limits.max_filter_depth)
 
     def _query_tokens(self, req):
         """Per query, its token matrix (or None when no query carries tokens)."""
@@ -337,13 +352,43 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     def Get(self, req, context, tags):
         check_count("ids", len(req.ids), self.limits.max_ids)
         docs = self.engine.collection(req.collection).get(list(req.ids),
-                                                          with_vectors=req.with_vectors)
+                                                          with_vectors=req.with_vectors,
+                                                          fields=_fields(req))
         resp = pb.GetResponse()
         for doc_id, doc in zip(req.ids, docs):
             resp.documents.append(doc_to_proto(doc) if doc is not None else pb.Document())
             resp.found.append(doc is not None)
             if doc is None:
                 resp.missing_ids.append(doc_id)
+        return resp
+
+    # -- data operations ---------------------------------------------------------------------
+    @_rpc
+    def Count(self, req, context, tags):
+        coll = self.engine.collection(req.collection)
+        return pb.CountResponse(count=coll.count(self._filter(req)))
+
+    @_rpc
+    def DeleteWhere(self, req, context, tags):
+        flt = self._filter(req)
+        if flt is None:
+            raise InvalidArgument("DeleteWhere needs a filter (to delete everything, drop the "
+                                  "collection)")
+        if self.forwards:
+            return self._forward("DeleteWhere", req, context, req.collection)
+        return pb.DeleteResponse(deleted=self.engine.collection(req.collection).delete_where(flt))
+
+    @_rpc
+    def Scroll(self, req, context, tags):
+        limit = req.limit if req.HasField("limit") else 100
+        if limit > self.limits.max_scroll:
+            raise ResourceExhausted(f"scroll limit must be an integer in "
+                                    f"1..{self.limits.max_scroll}, got {limit}")
+        page = self.engine.collection(req.collection).scroll(
+            filter=self._filter(req), limit=limit, cursor=req.cursor or None,
+            fields=_fields(req), with_vectors=req.with_vectors)
+        resp = pb.ScrollResponse(cursor=page.cursor or "")
+        resp.documents.extend(doc_to_proto(d) for d in page.documents)
         return resp
 
     # -- admin -------------------------------------------------------------------------------

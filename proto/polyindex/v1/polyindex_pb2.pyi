@@ -64,7 +64,7 @@ class QueryItem(_message.Message):
     def __init__(self, text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using", "tokens", "allow_partial")
+    __slots__ = ("collection", "text", "vector", "profile", "inline_profile", "k", "filter", "explain", "with_text", "batch", "with_metadata", "vectors", "using", "tokens", "allow_partial", "fields")
     class VectorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class QueryRequest(_message.Message):
     USING_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _containers.RepeatedScalarFieldContainer[float]
@@ -102,7 +103,8 @@ class QueryRequest(_message.Message):
     using: str
     tokens: TokenMatrix
     allow_partial: bool
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ..., allow_partial: _Optional[bool] = ...) -> None: ...
+    fields: FieldSelection
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., profile: _Optional[str] = ..., inline_profile: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., k: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., explain: _Optional[bool] = ..., with_text: _Optional[bool] = ..., batch: _Optional[_Iterable[_Union[QueryItem, _Mapping]]] = ..., with_metadata: _Optional[bool] = ..., vectors: _Optional[_Mapping[str, Vector]] = ..., using: _Optional[str] = ..., tokens: _Optional[_Union[TokenMatrix, _Mapping]] = ..., allow_partial: _Optional[bool] = ..., fields: _Optional[_Union[FieldSelection, _Mapping]] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("id", "score", "rank", "title", "text", "explain", "metadata")
@@ -189,14 +191,16 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("collection", "ids", "with_vectors")
+    __slots__ = ("collection", "ids", "with_vectors", "fields")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     WITH_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     ids: _containers.RepeatedScalarFieldContainer[str]
     with_vectors: bool
-    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., with_vectors: _Optional[bool] = ...) -> None: ...
+    fields: FieldSelection
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., with_vectors: _Optional[bool] = ..., fields: _Optional[_Union[FieldSelection, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("documents", "found", "missing_ids")
@@ -351,3 +355,55 @@ class StatsResponse(_message.Message):
     requests_all: _containers.ScalarMap[str, int]
     requests_all_total: int
     def __init__(self, collections: _Optional[_Iterable[_Union[CollectionStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., requests: _Optional[_Mapping[str, int]] = ..., requests_total: _Optional[int] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessStats, _Mapping]]] = ..., requests_all: _Optional[_Mapping[str, int]] = ..., requests_all_total: _Optional[int] = ...) -> None: ...
+
+class FieldSelection(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CountRequest(_message.Message):
+    __slots__ = ("collection", "filter")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    filter: _struct_pb2.Struct
+    def __init__(self, collection: _Optional[str] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class CountResponse(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class DeleteWhereRequest(_message.Message):
+    __slots__ = ("collection", "filter")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    filter: _struct_pb2.Struct
+    def __init__(self, collection: _Optional[str] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ScrollRequest(_message.Message):
+    __slots__ = ("collection", "filter", "limit", "cursor", "fields", "with_vectors")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    filter: _struct_pb2.Struct
+    limit: int
+    cursor: str
+    fields: FieldSelection
+    with_vectors: bool
+    def __init__(self, collection: _Optional[str] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ..., fields: _Optional[_Union[FieldSelection, _Mapping]] = ..., with_vectors: _Optional[bool] = ...) -> None: ...
+
+class ScrollResponse(_message.Message):
+    __slots__ = ("documents", "cursor")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[Document]
+    cursor: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., cursor: _Optional[str] = ...) -> None: ...

@@ -79,6 +79,21 @@ class PolyindexStub:
                 request_serializer=polyindex_dot_v1_dot_polyindex__pb2.StatsRequest.SerializeToString,
                 response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Count = channel.unary_unary(
+                '/polyindex.v1.Polyindex/Count',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.CountRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.CountResponse.FromString,
+                _registered_method=True)
+        self.DeleteWhere = channel.unary_unary(
+                '/polyindex.v1.Polyindex/DeleteWhere',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteWhereRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteResponse.FromString,
+                _registered_method=True)
+        self.Scroll = channel.unary_unary(
+                '/polyindex.v1.Polyindex/Scroll',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.FromString,
+                _registered_method=True)
 
 
 class PolyindexServicer:
@@ -141,6 +156,25 @@ class PolyindexServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Count(self, request, context):
+        """Data operations (issue 41): count with a filter, delete by filter, scroll pages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWhere(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scroll(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolyindexServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +222,21 @@ def add_PolyindexServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.StatsRequest.FromString,
                     response_serializer=polyindex_dot_v1_dot_polyindex__pb2.StatsResponse.SerializeToString,
+            ),
+            'Count': grpc.unary_unary_rpc_method_handler(
+                    servicer.Count,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.CountRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.CountResponse.SerializeToString,
+            ),
+            'DeleteWhere': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWhere,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteWhereRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteResponse.SerializeToString,
+            ),
+            'Scroll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scroll,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +482,87 @@ class Polyindex:
             '/polyindex.v1.Polyindex/Stats',
             polyindex_dot_v1_dot_polyindex__pb2.StatsRequest.SerializeToString,
             polyindex_dot_v1_dot_polyindex__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Count(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/Count',
+            polyindex_dot_v1_dot_polyindex__pb2.CountRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.CountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWhere(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/DeleteWhere',
+            polyindex_dot_v1_dot_polyindex__pb2.DeleteWhereRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scroll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/Scroll',
+            polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.FromString,
             options,
             channel_credentials,
             insecure,
