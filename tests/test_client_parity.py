@@ -309,3 +309,78 @@ def test_user_vectors_named_fields(eng):
     assert coll.count() == 40 and coll.get(["n0"]) == [None]
     with pytest.raises(InvalidArgument, match="no vector field 'nope'"):
         coll.query(vector=img[0], using="nope")
+
+
+# ---------------------------------------------------------------- data operations (issue 41)
+
+def _scroll_all(coll, **kw):
+    """Every page of a scroll: (documents in order, number of pages)."""
+    out, cursor, pages = [], None, 0
+    while True:
+        page = coll.scroll(cursor=cursor, **kw)
+        out += page.documents
+        pages += 1
+        if page.cursor is None:
+            return out, pages
+        cursor = page.cursor
+
+
+def test_count_with_a_filter(eng):
+    coll = fresh(eng)
+    assert coll.count() == len(DOCS)
+    assert coll.count({"lang": "en"}) == 6
+    assert coll.count({"year": {"gte": 1990}, "lang": "en"}) == 3
+    assert coll.count({"or": [{"lang": "de"}, {"lang": "it"}]}) == 2
+    assert coll.count({"year": {"gt": 3000}}) == 0
+    with pytest.raises(InvalidArgument, match="not a declared field"):
+        coll.count({"colour": "red"})
+
+
+def test_delete_where(eng):
+    coll = fresh(eng)
+    assert coll.delete_where({"year": {"lt": 1966}}) == 2  # wing, heat
+    assert coll.count() == len(DOCS) - 2
+    assert coll.get(["wing", "heat", "layer"])[:2] == [None, None]
+    assert ids(coll.query("hypersonic heat", k=3)) == []
+    assert coll.delete_where({"year": {"lt": 1966}}) == 0
+    with pytest.raises(InvalidArgument, match="non-empty JSON object"):
+        coll.delete_where({})
+    with pytest.raises(InvalidArgument, match="not a declared field"):
+        coll.delete_where({"colour": "red"})
+    assert coll.count() == len(DOCS) - 2
+
+
+def test_scroll_pages_every_document_once_in_one_order(eng):
+    from polyindex.query.scan import position
+    coll = fresh(eng)
+    docs, pages = _scroll_all(coll, limit=3)
+    assert [d.id for d in docs] == sorted((d["_id"] for d in DOCS), key=position)
+    assert pages == 3  # 3 + 3 + 2: no empty last page
+    assert docs == coll.get([d.id for d in docs])  # the documents get returns
+    again, _ = _scroll_all(coll, limit=len(DOCS))
+    assert again == docs
+    en, _ = _scroll_all(coll, limit=2, filter={"lang": "en"}, fields=["year"])
+    assert sorted(d.id for d in en) == ["cake", "cells", "heat", "layer", "soccer", "wing"]
+    assert all(set(d.metadata) == {"year"} for d in en)
+    with_vec = coll.scroll(limit=1, with_vectors=True).documents[0]
+    assert not with_vec.vectors  # a lexical collection stores no vector
+    with pytest.raises(InvalidArgument, match="cursor"):
+        coll.scroll(cursor="garbage!")
+    with pytest.raises(InvalidArgument, match="scroll limit must be"):
+        coll.scroll(limit=0)
+    with pytest.raises(ResourceExhausted, match="scroll limit must be"):
+        coll.scroll(limit=10_001)
+
+
+def test_fields_choose_the_metadata_a_hit_carries(eng):
+    coll = fresh(eng)
+    hit = coll.query("chocolate", k=1, fields=["stars", "year", "nope"])[0]
+    assert hit.id == "cake" and hit.metadata == {"stars": 4.5, "year": 1999}
+    assert hit.text is None
+    hit = coll.query("chocolate", k=1, with_text=True, fields=["lang"])[0]
+    assert hit.metadata == {"lang": "en"} and hit.title == "Chocolate cake"
+    assert coll.query_batch(["chess pawn"], k=1, fields=["lang"])[0][0].metadata == {"lang": "de"}
+    assert coll.get(["cake", "nope"], fields=["source"]) == [
+        Document("cake", "Chocolate cake", DOCS[3]["text"], {"source": "book"}), None]
+    with pytest.raises(InvalidArgument, match="fields must be"):
+        coll.get(["cake"], fields="lang")

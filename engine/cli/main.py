@@ -1,5 +1,5 @@
 """The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
-compact, demo.
+compact, demo, count, delete, scroll, export.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -554,6 +554,15 @@ def serve(data: Path = DataOpt,
         return
     from polyindex.service.server import run
     run(data, device=device, **kw)
+
+
+# commands in their own modules (cli/data_ops.py, cli/export.py), registered here
+from polyindex.cli import data_ops as _data_ops, export as _export  # noqa: E402
+
+app.command("count")(_data_ops.count)
+app.command("delete")(_data_ops.delete)
+app.command("scroll")(_data_ops.scroll)
+app.command("export")(_export.export)
 
 
 def main() -> None:

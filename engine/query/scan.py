@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, ResourceExhausted
 from polyindex.query.pipeline import allow_masks
 from polyindex.storage import idindex
 from polyindex.storage.snapshot import Snapshot
@@ -72,7 +72,9 @@ def position(doc_id: str) -> tuple[int, str]:
 
 def check_limit(limit, cap: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= cap:
-        raise InvalidArgument(f"scroll limit must be an integer in 1..{cap}, got {limit!r}")
+        raise (ResourceExhausted if isinstance(limit, int) and not isinstance(limit, bool)
+               and limit > cap else InvalidArgument)(
+            f"scroll limit must be an integer in 1..{cap}, got {limit!r}")
     return limit
 
 
