@@ -261,6 +261,7 @@ def test_the_readme_limits_table_is_the_code():
                        (types.MAX_VECTOR_DIMS, "65,536 dimensions"),
                        (types.MAX_FILTER_NODES, "1,024 JSON nodes"),
                        (types.MAX_FILTER_DEPTH, "32 levels"), (types.MAX_IDS, "10,000"),
+                       (types.MAX_SCROLL, "page (`limit`) | 10,000"),
                        (types.MAX_UPSERT_RECORDS, "100,000"), (types.MAX_ID_CHARS, "1,024 char"),
                        (types.MAX_INDEXES, "16, "), (types.MAX_FIELDS, "256 |")]:
         assert shown in table and f"{cap:,}" in shown, (cap, shown)
