@@ -171,8 +171,11 @@ def documents(snap: Snapshot, picked, fields: list[str] | None, with_vectors: bo
     declared = list(snap.manifest.config.fields)
     cols = ["id", "title", "text", "metadata_json", *declared]
     order = [i for at in by_seg.values() for i in at]
-    parts = [snap.segments[s].docs.table.select(cols).take(
-        pa.array([picked[i][3] for i in at], pa.int64())) for s, at in by_seg.items()]
+    parts = []
+    for s, at in by_seg.items():
+        table = snap.segments[s].docs.table  # (a field missing from a segment: no value)
+        parts.append(table.select([c for c in cols if c in table.column_names]).take(
+            pa.array([picked[i][3] for i in at], pa.int64())))
     try:
         rows = pa.concat_tables(parts).to_pylist() if parts else []
     except pa.ArrowInvalid:  # columns typed differently across segments: one at a time
@@ -180,7 +183,7 @@ def documents(snap: Snapshot, picked, fields: list[str] | None, with_vectors: bo
     out: list = [None] * len(picked)
     for i, r in zip(order, rows):
         meta = json.loads(r["metadata_json"]) if r["metadata_json"] else {}
-        meta.update({f: r[f] for f in declared if r[f] is not None})
+        meta.update({f: v for f in declared if (v := r.get(f)) is not None})
         doc = Document(r["id"], r["title"], r["text"], select_fields(meta, fields))
         if with_vectors:
             doc.vectors = stored_vectors(snap.segments[picked[i][2]], picked[i][3], snap.kinds)
