@@ -153,3 +153,28 @@ def test_a_models_embeddings_are_exported_and_encoded_again(tmp_path):
                 [h.id for h in back.query(q, profile="dense", k=5)]
     finally:
         eng.close()
+
+
+def test_an_optional_vector_field_exports_null_rows_and_indexes_back(tmp_path):
+    rng = np.random.default_rng(5)
+    vecs = rng.standard_normal((20, 6)).astype(np.float32)
+    eng = polyindex.open(tmp_path / "data")
+    try:
+        indexes = ["lexical", "dense@img:dim=6,optional,Flat"]
+        src = eng.create_collection("src", indexes, model=None)
+        src.add([{"id": f"d{i}", "text": f"t {i}", **({"vectors": {"img": vecs[i]}} if i % 3 else {})}
+                 for i in range(20)])
+        path = tmp_path / "o.parquet"
+        src.export(path)
+        col = pq.read_table(path).column("vector.img")
+        assert col.null_count == 7  # d0, d3, ..., d18 have no image
+        back = eng.create_collection("back", indexes, model=None)
+        back.index(path)
+        every = [f"d{i}" for i in range(20)]
+        for a, b in zip(src.get(every, with_vectors=True), back.get(every, with_vectors=True)):
+            assert sorted(a.vectors) == sorted(b.vectors)
+            assert all(np.array_equal(a.vectors[f], b.vectors[f]) for f in a.vectors)
+        assert [h.id for h in src.query(vector=vecs[4], using="img", k=5)] == \
+            [h.id for h in back.query(vector=vecs[4], using="img", k=5)]
+    finally:
+        eng.close()
