@@ -116,7 +116,8 @@ def test_bad_metadata_json_is_located(tmp_path):
     eng = polyindex.open(tmp_path / "data")
     try:
         coll = eng.create_collection("c", ["lexical"])
-        with pytest.raises(InputError, match=r"bad.parquet:2.*_polyindex.metadata_json.*JSON object"):
+        with pytest.raises(InputError,
+                           match=r"bad.parquet:2.*_polyindex.metadata_json.*JSON object"):
             coll.index(path)
         coll.index(path, skip_invalid=True)
         got = coll.get(["a"])[0]
@@ -162,8 +163,8 @@ def test_an_optional_vector_field_exports_null_rows_and_indexes_back(tmp_path):
     try:
         indexes = ["lexical", "dense@img:dim=6,optional,Flat"]
         src = eng.create_collection("src", indexes, model=None)
-        src.add([{"id": f"d{i}", "text": f"t {i}", **({"vectors": {"img": vecs[i]}} if i % 3 else {})}
-                 for i in range(20)])
+        src.add([{"id": f"d{i}", "text": f"t {i}",
+                  **({"vectors": {"img": vecs[i]}} if i % 3 else {})} for i in range(20)])
         path = tmp_path / "o.parquet"
         src.export(path)
         col = pq.read_table(path).column("vector.img")

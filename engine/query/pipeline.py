@@ -135,7 +135,8 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None,
-                  (with_text, with_metadata, fields), None if details is None else details[:k], query)
+                  (with_text, with_metadata, fields), None if details is None else details[:k],
+                  query)
             for (lists, keys, scores), details, query in zip(per_query, extra, queries)]
 
 
