@@ -520,21 +520,28 @@ def serve(data: Path = DataOpt,
           ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
           insecure: bool = typer.Option(False, "--insecure", help="Serve a --host beyond loopback in plaintext with no token (refused without this flag): anyone who reaches it can read, write and drop every collection."),
           model_root: Optional[Path] = typer.Option(None, "--model-root", metavar="DIR", help="Clients creating a collection may name a model folder under DIR (besides the shipped model and those of the served collections)."),
+          console_port: Optional[int] = typer.Option(None, "--console-port", metavar="PORT", help="Serve the web console (collections, search with explain, compare, evaluation charts; read-only) on PORT; 0 picks a free one. It needs the same token as the gRPC port."),
+          console_host: str = typer.Option("127.0.0.1", "--console-host", help="Address the console binds (loopback by default; beyond it, the same rule as --host: a token, or --insecure)."),
+          console_root: Optional[Path] = typer.Option(None, "--console-root", metavar="DIR", help="The console's evaluation reads queries and qrels files under DIR only (default: --data)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
     from polyindex.service.exposure import check_exposure
     # before anything binds a port or starts Ray
-    check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
-                   insecure=insecure)
+    warning = check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
+                             insecure=insecure)
+    console = None
+    if console_port is not None:
+        console = _console(data, console_host, console_port, console_root, tls_cert,
+                           token_file is not None, insecure, warned=warning is not None)
     if model_root is not None and not model_root.is_dir():
         raise InvalidArgument(f"--model-root {model_root} is not a directory")
     from polyindex.cuda.device import check_device
     check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly, insecure=insecure, model_root=model_root)
+              readonly=readonly, insecure=insecure, model_root=model_root, console=console)
     if shards is not None or (data / "shards.json").is_file():
         if device != "cpu":  # the shard actors open their engines on the CPU
             raise InvalidArgument("--device cuda does not go with --shards")
@@ -554,6 +561,30 @@ def serve(data: Path = DataOpt,
         return
     from polyindex.service.server import run
     run(data, device=device, **kw)
+
+
+def _console(data: Path, host: str, port: int, root: Optional[Path], tls_cert, token: bool,
+             insecure: bool, warned: bool):
+    """Check the console's address as the gRPC one is (before anything binds) and return
+    what starts it beside the server (``console.serve``)."""
+    from polyindex.service.exposure import check_exposure, is_loopback
+    from polyindex.service.ports import check_free
+    warning = check_exposure(host, token=token, tls=False, insecure=insecure)
+    if warning and not warned:
+        print(f"{warning} (the console, --console-host)", file=sys.stderr, flush=True)
+    if not 0 <= port <= 65535:
+        raise InvalidArgument(f"--console-port must be in 0..65535, got {port}")
+    check_free(host, port)
+    root = root if root is not None else data
+    if not Path(root).is_dir():
+        raise InvalidArgument(f"--console-root {root} is not a directory")
+    loopback = is_loopback(host)
+
+    def start(address: str, token_value, latency):
+        from polyindex.console.serve import start_console
+        return start_console(address, token_value, host=host, port=port, root=root,
+                             loopback=loopback, tls_cert=tls_cert, latency=latency).stop
+    return start
 
 
 def main() -> None:
