@@ -271,6 +271,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
              measure: Optional[List[str]] = typer.Option(None, "--measure", "-m", metavar="MEASURE", help="An ir-measures measure, repeatable (e.g. nDCG@10, P@5, R@1000, RR, Judged@10). Default: nDCG@10, R@100, MRR@10, MAP."),
              k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
              run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Keep the TREC runs here."),
+             plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Also draw the console's evaluation charts (each measure per profile with 95% confidence intervals, per-query wins and losses against the first profile): FILE.html (self-contained) or FILE.png (needs polyindex[plot], matplotlib)."),
              as_json: bool = JsonOpt):
     """Score profiles, or existing run files, with ir-measures.
 
@@ -278,18 +279,31 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     TREC run files given with --run."""
     import tempfile
 
-    from polyindex.cli.evaluate import evaluate_run, parse_measures, run_queries, write_trec
+    from polyindex.cli.evaluate import (
+        evaluate_run,
+        parse_measures,
+        per_query,
+        run_queries,
+        summarize,
+        write_trec,
+    )
     from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     measures = parse_measures(measure)
+    if plot is not None:
+        from polyindex.console.plot import check_target
+        check_target(plot)  # before any query runs
     qrel = read_qrels(qrels)
     results = {}
+    values = {}  # per-query values, for --plot
     if run:
         if data is not None or collection is not None or queries is not None:
             raise InvalidArgument("--run scores existing run files; --data, --collection and "
                                   "--queries are for running queries: give one or the other")
         for path in run:
             results[str(path)] = evaluate_run(path, qrel, measures)
+            if plot is not None:
+                values[str(path)] = per_query(_run_of(path), qrel, measures)
         payload = {"runs": len(run), "queries": len(qrel), "results": results}
         title = f"{qrels}: {len(qrel)} judged queries"
     else:
@@ -311,8 +325,14 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
                 path = folder / f"{collection}.{p}.trec"
                 write_trec(path, result, p)
                 results[p] = evaluate_run(path, qrel, measures)
+                if plot is not None:
+                    values[p] = per_query(result, qrel, measures)
         payload = {"collection": collection, "queries": len(qs), "results": results}
         title = f"{collection}: {len(qs)} judged queries"
+    if plot is not None:
+        from polyindex.console.plot import write_plot
+        write_plot(plot, summarize(values), title)
+        payload["plot"] = str(plot)
     if as_json:
         print(json.dumps(payload))
         return
@@ -324,6 +344,17 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     for p, r in results.items():
         table.add_row(p, *(f"{r[n]:.4f}" for n in names))
     out.print(table)
+    if plot is not None:
+        out.print(f"wrote the charts to {plot}")
+
+
+def _run_of(path: Path) -> dict[str, list[tuple[str, float]]]:
+    """A TREC run file as qid -> [(doc id, score)], for the per-query plot."""
+    from polyindex.cli.evaluate import read_run
+    run: dict[str, list[tuple[str, float]]] = {}
+    for r in read_run(path):
+        run.setdefault(r.query_id, []).append((r.doc_id, r.score))
+    return run
 
 
 @app.command("train-ranker")

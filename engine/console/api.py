@@ -122,9 +122,9 @@ class Api:
             _need(params, "queries"), "queries")) if qid in qrels]
         if not queries:
             raise InvalidArgument("no query in the queries file has judgements in the qrels")
-        judged = {qid: qrels[qid] for qid, _ in queries}
         t0 = time.perf_counter()
-        values = {p: per_query(run_queries(coll, queries, profile=p, k=k), judged, measures)
+        # over every judged query, a query without hits counting 0: `polyindex eval`'s numbers
+        values = {p: per_query(run_queries(coll, queries, profile=p, k=k), qrels, measures)
                   for p in profiles}
         return {**summarize(values), "collection": coll.name, "k": k,
                 "seconds": time.perf_counter() - t0}
