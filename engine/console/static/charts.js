@@ -23,7 +23,8 @@ const PICharts = (() => {
   function explain(hit, stageMax, top = 6) {
     const ex = hit.explain || {};
     const stages = ex.stages || {};
-    const rows = Object.entries(stages).map(([name, st]) => {
+    // in name order: the explain comes as a protobuf Struct, whose keys have no order
+    const rows = Object.entries(stages).sort(([a], [b]) => a < b ? -1 : 1).map(([name, st]) => {
       const w = st && stageMax[name] ? Math.max(2, 100 * Math.abs(st.score) / stageMax[name]) : 0;
       return h("tr", {"data-stage": name},
         h("td", {}, name), h("td", {class: "num"}, st ? st.rank : "not retrieved"),
@@ -64,13 +65,20 @@ const PICharts = (() => {
     return m;
   }
 
-  function load(canvas, series) {
+  // the load chart; called again with `chart`, it updates that chart in place
+  function load(canvas, series, chart) {
     const pts = series.points || [];
     const labels = pts.map(p => new Date(p.t * 1000).toLocaleTimeString());
     const datasets = [{label: "queries/s", data: pts.map(p => p.qps), yAxisID: "y",
                        borderColor: COLORS[0], backgroundColor: COLORS[0], tension: 0.2}];
     if (series.latency) datasets.push({label: "mean latency (ms)", data: pts.map(p => p.latency_ms),
       yAxisID: "y2", borderColor: COLORS[1], backgroundColor: COLORS[1], tension: 0.2, spanGaps: true});
+    if (chart) {
+      chart.data.labels = labels;
+      datasets.forEach((d, i) => { chart.data.datasets[i].data = d.data; });
+      chart.update();
+      return chart;
+    }
     return new Chart(canvas, {type: "line", data: {labels, datasets}, options: {
       animation: false, maintainAspectRatio: false,
       scales: {y: {beginAtZero: true, title: {display: true, text: "q/s"}},
