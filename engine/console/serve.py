@@ -31,7 +31,9 @@ def start_console(address: str, token: str | None, *, host: str = "127.0.0.1",
     from polyindex.client.remote import Client
     tls = None if tls_cert is None else Path(tls_cert).read_bytes()
     client = Client(client_address(address), token=token, tls=tls)
-    sampler = Sampler(lambda: client.stats()["requests"].get("Query", 0), latency)
+    # requests_all: summed over the processes of `serve --processes N` (one process: its own)
+    sampler = Sampler(lambda: client.stats(processes=True)["requests_all"].get("Query", 0),
+                      latency)
     try:
         sampler.start()
         console = http.start(Api(client, Files(root), sampler), Access(token, host, loopback),
