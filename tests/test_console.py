@@ -102,6 +102,10 @@ def test_the_token_in_a_link_becomes_a_session_cookie(console):
     status, _, body = _get(con.url + "api/overview", {"Cookie": session})
     assert status == 200 and json.loads(body)["collections"][0]["name"] == "cran"
     assert _get(con.url + "api/overview", {"Cookie": session[:-1] + "x"})[0] == 401
+    # the redirect stays on the console's own pages
+    for path in ("//evil.example/x", "/..//evil.example"):
+        status, headers, _ = _get(con.url.rstrip("/") + path + "?token=" + TOKEN)
+        assert status == 303 and headers["Location"] == "/"
 
 
 def test_a_foreign_host_header_is_refused_on_loopback(console):

@@ -7,6 +7,7 @@ List); a write never goes through it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import mimetypes
 import socket
@@ -35,6 +36,7 @@ LOGIN = """<!doctype html><meta charset="utf-8"><title>polyindex console: token<
 <form method="get"><input type="password" name="token" placeholder="token" autofocus>
 <button>Open</button></form></main>"""
 MAX_QUERY_BYTES = 64 * 1024
+log = logging.getLogger("polyindex.console")
 
 
 class _Server(ThreadingHTTPServer):
@@ -76,6 +78,10 @@ class Handler(BaseHTTPRequestHandler):
             except PolyindexError as e:
                 return self._json(HTTP_STATUS.get(e.status, 500),
                                   {"error": str(e), "status": e.status})
+            except Exception:  # noqa: BLE001 - a bug: one line on stderr, a 500, not a dead page
+                log.exception("console: %s failed", url.path)
+                return self._json(500, {"error": "internal error (see the server's log)",
+                                        "status": "INTERNAL"})
             return self._json(200, payload)
         self._send(404, b"not found\n", "text/plain")
 
@@ -85,6 +91,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(401, LOGIN.encode(), "text/html; charset=utf-8",
                               {"WWW-Authenticate": 'Bearer realm="polyindex"'})
         rest = urlencode(params, doseq=True)
+        path = path if path in PAGES else "/"  # only our own pages: never a redirect elsewhere
         self._send(303, b"", "text/plain", {"Location": path + ("?" + rest if rest else ""),
                                             "Set-Cookie": self.access.session_cookie()})
 
