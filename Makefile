@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 # setuptools' notice that an editable install uses a path finder is not something to act on
 export PYTHONWARNINGS := ignore:Editable installation
 
-.PHONY: demo test test-fast bench venv native native-deps clean
+.PHONY: demo test test-fast bench venv native native-deps browser-deps clean
 
 # The native gRPC server front end and client channel (engine/{service,client}/native/*.cc)
 # against Debian's gRPC C++. `pip install` builds them too when it finds gRPC C++ (setup.py);
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below can pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e '.[dev,ray]'
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e '.[dev,ray,plot]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -42,6 +42,22 @@ native-deps:
 	fi; \
 	[ -z "$$why" ] || echo "native: gRPC C++ not installed ($$why): polyindex uses grpcio (install $(GRPC_PKGS) for the native front end)"
 
+# Headless Chromium for the web console's browser tests (tests/test_console_browser.py), the
+# same way: installed where apt-get may, else one line saying why and those tests skip.
+browser-deps:
+	@command -v chromium >/dev/null && exit 0; \
+	if [ -n "$(NO_APT)" ]; then why="NO_APT is set"; \
+	elif ! command -v apt-get >/dev/null; then why="no apt-get on this machine"; \
+	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else why="not root, and no sudo without a password"; fi; \
+	if [ -z "$$why" ]; then \
+	    echo "console tests: installing chromium (apt-get)"; \
+	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	        $$sudo apt-get install -y -qq chromium >/dev/null || why="apt-get install failed"; \
+	fi; \
+	[ -z "$$why" ] || echo "console tests: chromium not installed ($$why): the browser tests skip"
+
 native: native-deps $(STAMP)
 	@if pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null; then \
 	    $(MAKE) --no-print-directory $(NATIVE_SO); fi
@@ -60,7 +76,7 @@ demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo
 
 # Both tiers; the budget is 25 minutes on a 2-core machine (README, "Tests").
-test: native
+test: native browser-deps
 	$(BIN)/python -m pytest -q
 
 # The fast tier alone, for a quick check while working: no embedding model, no fault campaign.

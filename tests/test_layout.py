@@ -337,3 +337,24 @@ def test_storage_imports_only_index_from_the_rooms():
                     and (ENGINE / mod.split(".")[1]).is_dir():
                 edges.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not edges, "storage reaches up:\n" + "\n".join(edges)
+
+
+def test_the_console_stands_on_the_client():
+    """The web console (issue 44) reaches the collections only through the SDK's client, so
+    it shows what a client gets: besides the top-level modules it imports ``client``,
+    ``cli.evaluate`` (the shared evaluation) and ``ingest.sources`` (queries and qrels
+    files); and the service never imports the console (the CLI composes them)."""
+    allowed = ("polyindex.console", "polyindex.client", "polyindex.cli.evaluate",
+               "polyindex.ingest.sources")
+    edges = []
+    for path in sorted((ENGINE / "console").rglob("*.py")):
+        for line, name in _imports(path):
+            mod = _engine_module(name)
+            if mod is None or not (ENGINE / mod.split(".")[1]).is_dir():
+                continue  # not the engine's, or a top-level module (errors, types, ...)
+            if not (name + ".").startswith(tuple(a + "." for a in allowed)):
+                edges.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    for path in sorted((ENGINE / "service").rglob("*.py")):
+        edges += [f"{path.relative_to(ROOT)}:{line} imports {name}"
+                  for line, name in _imports(path) if name.startswith("polyindex.console")]
+    assert not edges, "\n".join(edges)

@@ -71,6 +71,12 @@ def test_the_wheel_ships_and_imports_every_module(tmp_path):
     wanted = source_modules()
     assert "polyindex.distributed.router" in wanted  # the room a hand-kept list once left out
     assert wanted - shipped == set()
+    # the web console's pages and its charting library ship as package data (no build step)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for page in ("collections.html", "search.html", "compare.html", "evaluate.html",
+                 "console.js", "charts.js", "console.css", "vendor/chart.umd.min.js",
+                 "vendor/chart.js-LICENSE.md"):
+        assert f"polyindex/console/static/{page}" in names, page
     res = subprocess.run([sys.executable, "-c", IMPORT_ALL, str(unpacked),
                           json.dumps(sorted(wanted))], capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)

@@ -105,3 +105,56 @@ def evaluate_run(run_path: Path, qrels: dict[str, dict[str, int]],
         sums[str(m.measure)] += float(m.value)
     n = len(judged)
     return {measure_name(m): (sums[str(m)] / n if n else 0.0) for m in measures}
+
+
+def per_query(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str, int]],
+              measures: Sequence) -> dict[str, dict[str, float]]:
+    """measure name -> qid -> value over every judged query (0 where the run has no hits for
+    it, as ``evaluate_run`` counts them)."""
+    judged = set(qrels)
+    scored = [ir_measures.ScoredDoc(qid, doc, score) for qid, hits in run.items()
+              if qid in judged for doc, score in hits]
+    out = {measure_name(m): {q: 0.0 for q in judged} for m in measures}
+    names = {str(m): measure_name(m) for m in measures}
+    for m in ir_measures.iter_calc(list(measures), qrels, scored):
+        out[names[str(m.measure)]][m.query_id] = float(m.value)
+    return out
+
+
+def summarize(values: dict[str, dict[str, dict[str, float]]], confidence: float = 0.95) -> dict:
+    """The charts' data from per-profile per-query values (profile -> measure -> qid ->
+    value): each measure's mean per profile with a Student-t confidence interval over the
+    queries, and each profile's per-query wins, ties and losses against the first profile
+    (the baseline)."""
+    from scipy import stats
+
+    profiles = list(values)
+    if not profiles:
+        raise InvalidArgument("no profile to summarize")
+    measures = list(values[profiles[0]])
+    queries = sorted(values[profiles[0]][measures[0]]) if measures else []
+    out = {"profiles": profiles, "measures": measures, "queries": len(queries),
+           "confidence": confidence, "baseline": profiles[0], "means": {}, "wins": {},
+           "deltas": {}}
+    n = len(queries)
+    t = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) if n > 1 else 0.0
+    for p in profiles:
+        out["means"][p] = {}
+        for m in measures:
+            v = [values[p][m].get(q, 0.0) for q in queries]
+            mean = sum(v) / n if n else 0.0
+            sd = (sum((x - mean) ** 2 for x in v) / (n - 1)) ** 0.5 if n > 1 else 0.0
+            half = t * sd / n ** 0.5 if n > 1 else 0.0
+            out["means"][p][m] = {"mean": mean, "low": mean - half, "high": mean + half}
+    base = values[profiles[0]]
+    for p in profiles[1:]:
+        out["wins"][p] = {}
+        for m in measures:
+            diffs = [values[p][m].get(q, 0.0) - base[m].get(q, 0.0) for q in queries]
+            out["wins"][p][m] = {"wins": sum(d > 1e-12 for d in diffs),
+                                 "ties": sum(abs(d) <= 1e-12 for d in diffs),
+                                 "losses": sum(d < -1e-12 for d in diffs)}
+            if m == measures[0]:  # the per-query chart: the first measure, largest gain first
+                out["deltas"][p] = sorted(({"query": q, "delta": d} for q, d in
+                                           zip(queries, diffs)), key=lambda x: -x["delta"])
+    return out

@@ -271,6 +271,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
              measure: Optional[List[str]] = typer.Option(None, "--measure", "-m", metavar="MEASURE", help="An ir-measures measure, repeatable (e.g. nDCG@10, P@5, R@1000, RR, Judged@10). Default: nDCG@10, R@100, MRR@10, MAP."),
              k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
              run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Keep the TREC runs here."),
+             plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Also draw the console's evaluation charts (each measure per profile with 95% confidence intervals, per-query wins and losses against the first profile): FILE.html (self-contained) or FILE.png (needs polyindex[plot], matplotlib)."),
              as_json: bool = JsonOpt):
     """Score profiles, or existing run files, with ir-measures.
 
@@ -278,18 +279,31 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     TREC run files given with --run."""
     import tempfile
 
-    from polyindex.cli.evaluate import evaluate_run, parse_measures, run_queries, write_trec
+    from polyindex.cli.evaluate import (
+        evaluate_run,
+        parse_measures,
+        per_query,
+        run_queries,
+        summarize,
+        write_trec,
+    )
     from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     measures = parse_measures(measure)
+    if plot is not None:
+        from polyindex.console.plot import check_target
+        check_target(plot)  # before any query runs
     qrel = read_qrels(qrels)
     results = {}
+    values = {}  # per-query values, for --plot
     if run:
         if data is not None or collection is not None or queries is not None:
             raise InvalidArgument("--run scores existing run files; --data, --collection and "
                                   "--queries are for running queries: give one or the other")
         for path in run:
             results[str(path)] = evaluate_run(path, qrel, measures)
+            if plot is not None:
+                values[str(path)] = per_query(_run_of(path), qrel, measures)
         payload = {"runs": len(run), "queries": len(qrel), "results": results}
         title = f"{qrels}: {len(qrel)} judged queries"
     else:
@@ -311,8 +325,14 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
                 path = folder / f"{collection}.{p}.trec"
                 write_trec(path, result, p)
                 results[p] = evaluate_run(path, qrel, measures)
+                if plot is not None:
+                    values[p] = per_query(result, qrel, measures)
         payload = {"collection": collection, "queries": len(qs), "results": results}
         title = f"{collection}: {len(qs)} judged queries"
+    if plot is not None:
+        from polyindex.console.plot import write_plot
+        write_plot(plot, summarize(values), title)
+        payload["plot"] = str(plot)
     if as_json:
         print(json.dumps(payload))
         return
@@ -324,6 +344,17 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     for p, r in results.items():
         table.add_row(p, *(f"{r[n]:.4f}" for n in names))
     out.print(table)
+    if plot is not None:
+        out.print(f"wrote the charts to {plot}")
+
+
+def _run_of(path: Path) -> dict[str, list[tuple[str, float]]]:
+    """A TREC run file as qid -> [(doc id, score)], for the per-query plot."""
+    from polyindex.cli.evaluate import read_run
+    run: dict[str, list[tuple[str, float]]] = {}
+    for r in read_run(path):
+        run.setdefault(r.query_id, []).append((r.doc_id, r.score))
+    return run
 
 
 @app.command("train-ranker")
@@ -520,21 +551,28 @@ def serve(data: Path = DataOpt,
           ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
           insecure: bool = typer.Option(False, "--insecure", help="Serve a --host beyond loopback in plaintext with no token (refused without this flag): anyone who reaches it can read, write and drop every collection."),
           model_root: Optional[Path] = typer.Option(None, "--model-root", metavar="DIR", help="Clients creating a collection may name a model folder under DIR (besides the shipped model and those of the served collections)."),
+          console_port: Optional[int] = typer.Option(None, "--console-port", metavar="PORT", help="Serve the web console (collections, search with explain, compare, evaluation charts; read-only) on PORT; 0 picks a free one. It needs the same token as the gRPC port."),
+          console_host: str = typer.Option("127.0.0.1", "--console-host", help="Address the console binds (loopback by default; beyond it, the same rule as --host: a token, or --insecure)."),
+          console_root: Optional[Path] = typer.Option(None, "--console-root", metavar="DIR", help="The console's evaluation reads queries and qrels files under DIR only (default: --data)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
     Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
     from polyindex.service.exposure import check_exposure
     # before anything binds a port or starts Ray
-    check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
-                   insecure=insecure)
+    warning = check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
+                             insecure=insecure)
+    console = None
+    if console_port is not None:
+        console = _console(data, console_host, console_port, console_root, tls_cert,
+                           token_file is not None, insecure, warned=warning is not None)
     if model_root is not None and not model_root.is_dir():
         raise InvalidArgument(f"--model-root {model_root} is not a directory")
     from polyindex.cuda.device import check_device
     check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly, insecure=insecure, model_root=model_root)
+              readonly=readonly, insecure=insecure, model_root=model_root, console=console)
     if shards is not None or (data / "shards.json").is_file():
         if device != "cpu":  # the shard actors open their engines on the CPU
             raise InvalidArgument("--device cuda does not go with --shards")
@@ -563,6 +601,28 @@ app.command("count")(_data_ops.count)
 app.command("delete")(_data_ops.delete)
 app.command("scroll")(_data_ops.scroll)
 app.command("export")(_export.export)
+def _console(data: Path, host: str, port: int, root: Optional[Path], tls_cert, token: bool,
+             insecure: bool, warned: bool):
+    """Check the console's address as the gRPC one is (before anything binds) and return
+    what starts it beside the server (``console.serve``)."""
+    from polyindex.service.exposure import check_exposure, is_loopback
+    from polyindex.service.ports import check_free
+    warning = check_exposure(host, token=token, tls=False, insecure=insecure)
+    if warning and not warned:
+        print(f"{warning} (the console, --console-host)", file=sys.stderr, flush=True)
+    if not 0 <= port <= 65535:
+        raise InvalidArgument(f"--console-port must be in 0..65535, got {port}")
+    check_free(host, port)
+    root = root if root is not None else data
+    if not Path(root).is_dir():
+        raise InvalidArgument(f"--console-root {root} is not a directory")
+    loopback = is_loopback(host)
+
+    def start(address: str, token_value, latency):
+        from polyindex.console.serve import start_console
+        return start_console(address, token_value, host=host, port=port, root=root,
+                             loopback=loopback, tls_cert=tls_cert, latency=latency).stop
+    return start
 
 
 def main() -> None:

@@ -175,6 +175,15 @@ class Client:
                        requests_all=dict(r.requests_all), requests_all_total=r.requests_all_total)
         return out
 
+    def health(self) -> str:
+        """The server's ``grpc.health.v1`` status: SERVING, NOT_SERVING (its models still
+        loading, or draining) or UNKNOWN; Unavailable when it cannot be reached."""
+        try:
+            r = self._health.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
     def close(self) -> None:
         if self._native is not None:
             self._native.close()

@@ -92,6 +92,20 @@ class Metrics:
         with self._lock:
             return dict(self._tally)
 
+    def query_latency(self) -> tuple[float, float]:
+        """(count, seconds) of every Query call so far, over all profiles (the console's
+        latency chart takes differences of two samples)."""
+        count = total = 0.0
+        for metric in self.latency.collect():
+            for s in metric.samples:
+                if s.labels.get("rpc") != "Query":
+                    continue
+                if s.name.endswith("_count"):
+                    count += s.value
+                elif s.name.endswith("_sum"):
+                    total += s.value
+        return count, total
+
     def uptime(self) -> float:
         return time.time() - self.started
 

@@ -209,10 +209,11 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
 
 
 def run(data_dir, *, token_file=None, grace: float | None = None, cpus: str | None = None,
-        **kw) -> None:
+        console=None, **kw) -> None:
     """Serve until SIGTERM/SIGINT, then stop gracefully within a bound (``polyindex serve``,
     ``service.shutdown``). ``cpus`` (e.g. ``"1"`` or ``"0-3"``) pins the process before any
-    server thread starts."""
+    server thread starts. ``console(address, token, latency)``: starts something beside the
+    server once it serves (the web console, handed by the CLI) and returns its stop."""
     if cpus is not None:
         pin_process(parse_cpus(cpus))
     token = None
@@ -229,9 +230,18 @@ def run(data_dir, *, token_file=None, grace: float | None = None, cpus: str | No
                           f"metrics on 127.0.0.1:{srv.metrics_port}" if srv.metrics_port else "") if x]
     print(f"polyindex serving on {srv.address}" + (f" ({', '.join(extras)})" if extras else ""),
           flush=True)
+    stop_console = None
+    try:
+        if console is not None:
+            stop_console = console(srv.address, token, srv.metrics.query_latency)
+    except BaseException:
+        srv.stop(grace)
+        raise
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     while not done.wait(1.0):
         pass
+    if stop_console is not None:
+        stop_console()
     stop_bounded(srv, grace)

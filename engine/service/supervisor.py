@@ -230,8 +230,10 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
               token_file=None, tls_cert=None, tls_key=None, workers: int = 8,
               metrics_port: int | None = None, frontend: str = "auto", readonly: bool = False,
               cpus: str | None = None, grace: float = 5.0, insecure: bool = False,
-              model_root=None) -> None:
-    """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``)."""
+              model_root=None, console=None) -> None:
+    """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``);
+    ``console(address, token, latency)``: as ``server.run``'s, started in this parent
+    (no latency here: each worker keeps its own histogram)."""
     if processes < 2:
         raise InvalidArgument(f"a process group needs 2 or more processes, got {processes}")
     if (tls_cert is None) != (tls_key is None):
@@ -259,9 +261,15 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
               f"metrics on 127.0.0.1:{group.metrics_port}" if group.metrics_port else ""]
     print(f"polyindex serving on {group.address} ({', '.join(x for x in extras if x)})",
           flush=True)
+    stop_console = None
     try:
+        if console is not None:
+            token = Path(token_file).read_text().strip() if token_file else None
+            stop_console = console(group.address, token, None)
         group.watch(done)
     finally:
+        if stop_console is not None:
+            stop_console()
         ok = group.stop()
     if not ok:
         sys.exit(1)

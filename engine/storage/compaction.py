@@ -21,6 +21,9 @@ def merge(table, ids: Sequence[str], stop=lambda: False, online=None) -> dict | 
     segments changed under it (another merge, a drop) or ``stop()`` said so."""
     snap = table.sealed_snapshot()
     built = None
+    # what is merging now, for info() (the console's "merges in progress"): a new list, so a
+    # reader copying merge_stats never sees one half-changed
+    table.merge_stats["merging"] = [*table.merge_stats.get("merging", ()), *ids]
     try:
         # An online collection serves queries meanwhile: the files are written by the build
         # process, off this process's GIL (storage.build_worker).
@@ -43,6 +46,8 @@ def merge(table, ids: Sequence[str], stop=lambda: False, online=None) -> dict | 
             built.discard()
         table.merge_stats["merge_failures"] += 1
         raise
+    finally:
+        table.merge_stats["merging"] = [i for i in table.merge_stats["merging"] if i not in ids]
     # The sources were pinned by this merge's snapshot and by the view served until the
     # re-base: removed now, not at some later commit.
     del snap

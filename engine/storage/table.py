@@ -76,7 +76,7 @@ class Table:
         self._garbage: set[str] = set()
         self._swept = False
         self.merge_stats = {"merges": 0, "merge_failures": 0, "last_merge_error": None,
-                            "rows_merged": 0, "rows_reclaimed": 0}
+                            "merging": [], "rows_merged": 0, "rows_reclaimed": 0}
         self.encoding = None  # set by whoever composes the table (``Collection``)
         # called when the stored config changed (the facade's parsed profiles are stale)
         self.on_config_change = lambda: None

@@ -1,0 +1,1 @@
+"""The web console: collections, search, explain, compare and evaluation in a browser."""
