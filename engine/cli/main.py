@@ -1,5 +1,5 @@
 """The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
-compact, demo.
+compact, demo, snapshot (``cli.snapshot``).
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.cli import snapshot as snapshot_cli
 from polyindex.cli.disk_full import reported
 from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
@@ -25,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="polyindex: a retrieval engine with hybrid indexes.")
 out = Console()
 err = Console(stderr=True)
+app.add_typer(snapshot_cli.app, name="snapshot")
 
 DataOpt = typer.Option(..., "--data", help="Data directory holding the collections.")
 CollOpt = typer.Option(..., "--collection", "-c", help="Collection name.")
@@ -520,6 +522,7 @@ def serve(data: Path = DataOpt,
           ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
           insecure: bool = typer.Option(False, "--insecure", help="Serve a --host beyond loopback in plaintext with no token (refused without this flag): anyone who reaches it can read, write and drop every collection."),
           model_root: Optional[Path] = typer.Option(None, "--model-root", metavar="DIR", help="Clients creating a collection may name a model folder under DIR (besides the shipped model and those of the served collections)."),
+          snapshot_root: Optional[Path] = typer.Option(None, "--snapshot-root", metavar="DIR", help="Clients may write, list and delete snapshots under DIR (`polyindex snapshot create --server`)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
@@ -530,11 +533,14 @@ def serve(data: Path = DataOpt,
                    insecure=insecure)
     if model_root is not None and not model_root.is_dir():
         raise InvalidArgument(f"--model-root {model_root} is not a directory")
+    if snapshot_root is not None and not snapshot_root.is_dir():
+        raise InvalidArgument(f"--snapshot-root {snapshot_root} is not a directory")
     from polyindex.cuda.device import check_device
     check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly, insecure=insecure, model_root=model_root)
+              readonly=readonly, insecure=insecure, model_root=model_root,
+              snapshot_root=snapshot_root)
     if shards is not None or (data / "shards.json").is_file():
         if device != "cpu":  # the shard actors open their engines on the CPU
             raise InvalidArgument("--device cuda does not go with --shards")
