@@ -328,3 +328,32 @@ def test_a_snapshot_through_a_server_mid_stream_restores_every_acknowledged_writ
             client.collection("c").snapshot("x")
     finally:
         stop_server(proc)
+
+
+@pytest.mark.slow
+def test_a_process_group_takes_snapshots_through_its_writer(tmp_path):
+    """``serve --processes 2``: a follower forwards CreateSnapshot to the writer, which seals
+    first, so a snapshot asked of either process holds the client's acknowledged writes."""
+    from polyindex.client.remote import Client
+    root = tmp_path / "snaps"
+    root.mkdir()
+    proc, addr = start_server(tmp_path / "data", "--processes", "2", "--snapshot-root", root)
+    try:
+        with Client(addr) as client:
+            client.create_collection("c", ["lexical"], model=None)
+        workers, counts = set(), []
+        for i in range(6):  # new connections land on either process (SO_REUSEPORT)
+            with Client(addr) as client:
+                coll = client.collection("c")
+                coll.add(_batch(i))
+                counts.append(coll.snapshot(f"s{i}")["documents"])
+                workers.add(client.stats()["process"]["worker"])
+    finally:
+        code, err = stop_server(proc)
+    assert code == 0, err[-2000:]
+    assert counts == [BATCH * (i + 1) for i in range(6)]
+    if len(workers) < 2:
+        pytest.skip("every connection landed on one process; the forward was not exercised")
+    with Engine(tmp_path / "restored") as eng:
+        eng.restore_snapshot(root / "s5")
+        assert eng.collection("c").count() == 6 * BATCH
