@@ -170,6 +170,13 @@ def test_snapshots_while_writes_and_merges_go_on(tmp_path):
         assert not errors, errors
         assert coll.table.merge_stats["merges"] > 0  # merges ran beside the snapshots
         assert len(acked) > len(taken[-1])  # and writes went on
+        # nothing stays pinned after the copies: GC takes every merged-away segment
+        import gc as pygc
+        pygc.collect()
+        coll.table.collect_garbage()
+        named = {e.id for e in coll.table.sealed_snapshot().manifest.segments}
+        on_disk = {p.name for p in (tmp_path / "data" / "c" / "segments").iterdir()}
+        assert on_disk == named, sorted(on_disk - named)
     for i, before in enumerate(taken):
         with Engine(tmp_path / f"restored{i}") as eng:
             eng.restore_snapshot(tmp_path / f"snap{i}")
@@ -357,3 +364,24 @@ def test_a_process_group_takes_snapshots_through_its_writer(tmp_path):
     with Engine(tmp_path / "restored") as eng:
         eng.restore_snapshot(root / "s5")
         assert eng.collection("c").count() == 6 * BATCH
+
+
+def test_every_file_and_folder_is_fsynced_before_the_rename_and_an_error_leaves_nothing(tmp_path):
+    from polyindex.storage import failpoints
+    with Engine(tmp_path / "data") as eng:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        coll.add(_batch(0))
+        with failpoints.record() as log:
+            coll.snapshot(tmp_path / "snap")
+        mine = [(p, path) for p, path in log if p.startswith("backup.")]
+        renamed = next(i for i, (p, _) in enumerate(mine) if p == "backup.rename")
+        synced = {path for p, path in mine[:renamed] if p in ("backup.fsync", "backup.fsync_dir")}
+        tmp = Path(mine[renamed][1]).parent / next(
+            Path(path).relative_to(tmp_path).parts[0] for p, path in mine if p == "backup.write")
+        for p in tmp_path.joinpath("snap").rglob("*"):
+            assert str(tmp / p.relative_to(tmp_path / "snap")) in synced, p
+        assert str(tmp) in synced and mine[renamed + 1][0] == "backup.fsync_dir"
+        with failpoints.armed("backup.fsync", "error", nth=3):
+            with pytest.raises(OSError):
+                coll.snapshot(tmp_path / "snap2")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "snap"]

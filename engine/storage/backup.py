@@ -23,6 +23,7 @@ a manifest that moved meanwhile is retried with the new one. Failpoints: ``backu
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -32,7 +33,7 @@ from typing import Callable
 
 import xxhash
 
-from polyindex.errors import AlreadyExists, Corrupt, InvalidArgument
+from polyindex.errors import AlreadyExists, Corrupt, InvalidArgument, check_cancelled
 from polyindex.storage.failpoints import hit
 from polyindex.storage.fsutil import fsync_dir, mkdir, rename, rmtree, write_file
 from polyindex.storage.integrity import CHUNK, check_file
@@ -108,7 +109,12 @@ def create(folder: Path, dest: Path, pin: Callable[[], "object"], *, link: bool 
         write_file(tmp / SNAPSHOT_FILE, json.dumps(body, indent=1, sort_keys=True).encode(),
                    POINT)
         _fsync_dirs(tmp)
-        rename(tmp, dest, POINT)
+        try:
+            rename(tmp, dest, POINT)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another snapshot got there first
+                raise AlreadyExists(f"snapshot {dest} already exists") from None
+            raise
         fsync_dir(dest.parent, POINT)
     except BaseException:
         rmtree(tmp, f"{POINT}.undo")
@@ -127,11 +133,12 @@ def _copy_all(folder: Path, manifest: Manifest, tmp: Path, link: bool,
     mkdir(tmp, POINT)
     out: dict[str, dict] = {}
     for rel, expect in wanted.items():
+        check_cancelled("the snapshot")  # a server's call that is over: its folder goes
         src, dst = folder / rel, tmp / rel
         mkdir(dst.parent, POINT, parents=True)
         linkable = link and expect is not None and not rel.startswith("artifacts/")
         if linkable and _link(src, dst):
-            check_file(dst, expect)  # the source's identity: a stat where it was checked
+            check_file(dst, expect)  # read once: a link is only as good as the source
             out[rel] = dict(expect)
         else:
             got = copy_summed(src, dst, POINT)
