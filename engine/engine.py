@@ -153,11 +153,12 @@ class Engine:
             fsutil.rmtree(tomb, "drop")
 
     def restore_snapshot(self, path: str | Path, name: str | None = None, *,
-                         force: bool = False) -> dict:
+                         force: bool = False, progress=None) -> dict:
         """Restore the snapshot at ``path`` (``Collection.snapshot``) as the collection ``name``
         (default: the snapshot's); every file is verified first (``storage.restore``). An
         existing collection of that name is refused unless ``force`` (then it is dropped,
-        once the restored copy is complete)."""
+        once the restored copy is complete). ``progress(phase, done, total)``: bytes checked,
+        then copied."""
         from polyindex.storage.restore import install, read
         self._writable()
         target = validate_name(name or read(Path(path))["collection"])
@@ -165,7 +166,7 @@ class Engine:
             raise AlreadyExists(f"collection {target!r} already exists: restore under another "
                                 "name (--collection) or replace it (--force)")
         with self._lock:
-            name, tmp, desc = install(Path(path), self.path, name)
+            name, tmp, desc = install(Path(path), self.path, name, progress)
             try:
                 folder = self.path / name
                 if (folder / MANIFEST).exists():

@@ -45,16 +45,19 @@ def _mb(n: int) -> str:
 
 
 class _Progress:
-    """Copy progress on stderr: a line at most every 2 s (a long snapshot never looks hung)."""
+    """Progress on stderr: a line at most every 2 s (long work never looks hung), none for
+    work done within the first 2 s."""
 
-    def __init__(self):
-        self.last = time.monotonic()
+    def __init__(self, what: str):
+        self.what, self.last = what, time.monotonic()
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, *args) -> None:
+        phase, done, total = args if len(args) == 3 else ("copied", *args)
         now = time.monotonic()
-        if now - self.last >= 2.0 or done >= total:
+        if now - self.last >= 2.0:
             self.last = now
-            print(f"snapshot: {_mb(done)} of {_mb(total)} copied", file=sys.stderr, flush=True)
+            print(f"{self.what}: {_mb(done)} of {_mb(total)} {phase}", file=sys.stderr,
+                  flush=True)
 
 
 @app.command()
@@ -76,7 +79,7 @@ def create(collection: str = typer.Option(..., "--collection", "-c", help="Colle
         eng = Engine(data, create=False)
         try:
             info = eng.collection(collection).snapshot(
-                Path(to), link=link, progress=None if as_json else _Progress())
+                Path(to), link=link, progress=_Progress("snapshot"))
         finally:
             eng.close()
     if as_json:
@@ -100,7 +103,8 @@ def restore(path: Path = typer.Argument(..., help="The snapshot folder."),
     A damaged snapshot is refused naming the file; nothing is written then."""
     from polyindex.engine import Engine
     with Engine(data) as eng:
-        info = eng.restore_snapshot(path, collection, force=force)
+        info = eng.restore_snapshot(path, collection, force=force,
+                                    progress=_Progress("restore"))
     if as_json:
         print(json.dumps(info))
         return

@@ -62,8 +62,9 @@ def read(path: Path) -> dict:
     return data
 
 
-def verify(path: Path) -> dict:
-    """Check every file of the snapshot (Corrupt naming the first bad one); its description."""
+def verify(path: Path, progress=None) -> dict:
+    """Check every file of the snapshot (Corrupt naming the first bad one); its description.
+    ``progress(done, total)``: bytes checked so far."""
     path = Path(path)
     data = read(path)
     listed = set(data["files"]) | {SNAPSHOT_FILE}
@@ -71,8 +72,12 @@ def verify(path: Path) -> dict:
         rel = p.relative_to(path).as_posix()
         if p.is_file() and rel not in listed:
             raise Corrupt(f"{p}: a file the snapshot description does not list")
+    total, done = sum(v["size"] for v in data["files"].values()) or 1, 0
     for rel, expect in data["files"].items():
         check_file(path / rel, expect, cached=False)
+        done += expect["size"]
+        if progress is not None:
+            progress(done, total)
     try:
         manifest = read_manifest(path)
     except Corrupt as e:
@@ -87,12 +92,16 @@ def verify(path: Path) -> dict:
     return data
 
 
-def install(path: Path, data_dir: Path, name: str | None = None) -> tuple[str, Path, dict]:
+def install(path: Path, data_dir: Path, name: str | None = None,
+            progress=None) -> tuple[str, Path, dict]:
     """Verify the snapshot, then copy it into ``data_dir`` under a temporary dot-folder;
     returns (the collection's name, that folder, the snapshot's description). The caller
-    renames the folder into place (or removes it)."""
+    renames the folder into place (or removes it). ``progress(phase, done, total)``: bytes
+    of the phase ("checked", "copied") so far."""
     path = Path(path)
-    desc = verify(path)
+    desc = verify(path, None if progress is None else
+                  lambda done, total: progress("checked", done, total))
+    total, done = sum(v["size"] for v in desc["files"].values()) or 1, 0
     name = validate_name(name or desc["collection"])
     uid = uuid.uuid4().hex
     tmp = Path(data_dir) / f".{name}.creating-{uid}"
@@ -104,6 +113,9 @@ def install(path: Path, data_dir: Path, name: str | None = None) -> tuple[str, P
             if got != expect:  # changed since it was verified
                 raise Corrupt(f"{path / rel}: changed while it was restored (xxh3 "
                               f"{got['xxh3']}, the snapshot says {expect['xxh3']})")
+            done += got["size"]
+            if progress is not None:
+                progress("copied", done, total)
         for sub in ("segments", "tombstones", "artifacts"):
             mkdir(tmp / sub, POINT)
         manifest = read_manifest(tmp)
