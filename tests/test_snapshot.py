@@ -387,3 +387,17 @@ def test_every_file_and_folder_is_fsynced_before_the_rename_and_an_error_leaves_
             with pytest.raises(OSError):
                 coll.snapshot(tmp_path / "snap2")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "snap"]
+
+
+@pytest.mark.slow
+def test_a_sharded_collection_refuses_with_its_reason(tmp_path):
+    from polyindex.distributed.serving import ShardedEngine
+    eng = ShardedEngine.in_process(tmp_path / "sharded", shards=2)
+    try:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        coll.add(_batch(0))
+        with pytest.raises(FailedPrecondition, match="sharded.*coordinated seal"):
+            coll.snapshot(str(tmp_path / "snap"))
+        assert not (tmp_path / "snap").exists()
+    finally:
+        eng.close()
