@@ -59,12 +59,20 @@ class Collection:
         return self.encoding.vector_spec()
 
     # -- snapshots -------------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        """What queries see: the newest committed snapshot, plus, in online mode, the
-        acknowledged writes not yet sealed."""
+    def snapshot(self, path=None, *, link: bool = False, progress=None):
+        """No ``path``: what queries see (a ``Snapshot``: the newest committed one, plus, in
+        online mode, the acknowledged writes not yet sealed). With ``path``: write a
+        snapshot of the collection there (``storage.backup``; every write acknowledged before
+        the call is in it) and return its summary; ``link``: hard-link segment files."""
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
-        return self.live.snapshot()
+        if path is None:
+            return self.live.snapshot()
+        from polyindex.storage.backup import create
+        first = [self.live.sealed_through_now()]  # pinned from before the call returns
+        return create(self.folder, Path(path),
+                      lambda: first.pop() if first else self.table.sealed_snapshot(),
+                      link=link, progress=progress)
 
     def catch_up(self) -> None:
         """A reader: take in the writer's acknowledged writes now (not at the next check)."""

@@ -152,6 +152,40 @@ class Engine:
             fsutil.fsync_dir(self.path, "drop")
             fsutil.rmtree(tomb, "drop")
 
+    def restore_snapshot(self, path: str | Path, name: str | None = None, *,
+                         force: bool = False, progress=None) -> dict:
+        """Restore the snapshot at ``path`` (``Collection.snapshot``) as the collection ``name``
+        (default: the snapshot's); every file is verified first (``storage.restore``). An
+        existing collection of that name is refused unless ``force`` (then it is dropped,
+        once the restored copy is complete). ``progress(phase, done, total)``: bytes checked,
+        then copied."""
+        from polyindex.storage.restore import install, read
+        self._writable()
+        target = validate_name(name or read(Path(path))["collection"])
+        if (self.path / target / MANIFEST).exists() and not force:  # before copying anything
+            raise AlreadyExists(f"collection {target!r} already exists: restore under another "
+                                "name (--collection) or replace it (--force)")
+        with self._lock:
+            name, tmp, desc = install(Path(path), self.path, name, progress)
+            try:
+                folder = self.path / name
+                if (folder / MANIFEST).exists():
+                    if not force:
+                        raise AlreadyExists(f"collection {name!r} already exists: restore "
+                                            "under another name (--collection) or replace it "
+                                            "(--force)")
+                    self.drop_collection(name)
+                elif folder.exists():  # a leftover without a manifest (crashed create)
+                    fsutil.rmtree(folder, "restore")
+                fsutil.rename(tmp, folder, "restore")
+                fsutil.fsync_dir(self.path, "restore")
+            except BaseException:
+                fsutil.rmtree(tmp, "restore.undo")
+                raise
+        return {"collection": name, "documents": desc.get("documents"),
+                "segments": desc.get("segments"), "files": len(desc["files"]),
+                "bytes": sum(v["size"] for v in desc["files"].values())}
+
     def __enter__(self) -> "Engine":
         return self
 

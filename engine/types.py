@@ -144,6 +144,12 @@ class CollectionAPI(Protocol):
                     with_metadata: bool | None = None,
                     fields: Sequence[str] | None = None) -> list[list[Hit]]: ...
 
+    # A snapshot holding every write acknowledged before the call (issue 41): embedded, a
+    # folder path; remote, a name under the server's ``--snapshot-root``; sharded: refused
+    # (FailedPrecondition). The embedded one also answers ``snapshot()`` (no path: the read
+    # view), hence the ``...`` default.
+    def snapshot(self, path: str = ...) -> dict: ...
+
 
 class EngineAPI(Protocol):
     """The collections of a data directory or a server: ``Engine``, ``client.remote.Client``

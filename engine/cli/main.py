@@ -1,5 +1,5 @@
 """The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
-compact, demo, count, delete, scroll, export.
+compact, demo, count, delete, scroll, export, snapshot (``cli.snapshot``).
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (2 for bad input, 1 otherwise).
@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.cli import snapshot as snapshot_cli
 from polyindex.cli.disk_full import reported
 from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
@@ -25,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="polyindex: a retrieval engine with hybrid indexes.")
 out = Console()
 err = Console(stderr=True)
+app.add_typer(snapshot_cli.app, name="snapshot")
 
 DataOpt = typer.Option(..., "--data", help="Data directory holding the collections.")
 CollOpt = typer.Option(..., "--collection", "-c", help="Collection name.")
@@ -554,6 +556,7 @@ def serve(data: Path = DataOpt,
           console_port: Optional[int] = typer.Option(None, "--console-port", metavar="PORT", help="Serve the web console (collections, search with explain, compare, evaluation charts; read-only) on PORT; 0 picks a free one. It needs the same token as the gRPC port."),
           console_host: str = typer.Option("127.0.0.1", "--console-host", help="Address the console binds (loopback by default; beyond it, the same rule as --host: a token, or --insecure)."),
           console_root: Optional[Path] = typer.Option(None, "--console-root", metavar="DIR", help="The console's evaluation reads queries and qrels files under DIR only (default: --data)."),
+          snapshot_root: Optional[Path] = typer.Option(None, "--snapshot-root", metavar="DIR", help="Clients may write, list and delete snapshots under DIR (`polyindex snapshot create --server`)."),
           device: str = DeviceOpt):
     """Serve the collections over gRPC.
 
@@ -568,11 +571,14 @@ def serve(data: Path = DataOpt,
                            token_file is not None, insecure, warned=warning is not None)
     if model_root is not None and not model_root.is_dir():
         raise InvalidArgument(f"--model-root {model_root} is not a directory")
+    if snapshot_root is not None and not snapshot_root.is_dir():
+        raise InvalidArgument(f"--snapshot-root {snapshot_root} is not a directory")
     from polyindex.cuda.device import check_device
     check_device(device)
     kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
               workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly, insecure=insecure, model_root=model_root, console=console)
+              readonly=readonly, insecure=insecure, model_root=model_root, console=console,
+              snapshot_root=snapshot_root)
     if shards is not None or (data / "shards.json").is_file():
         if device != "cpu":  # the shard actors open their engines on the CPU
             raise InvalidArgument("--device cuda does not go with --shards")

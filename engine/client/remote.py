@@ -183,6 +183,13 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    def list_snapshots(self) -> list[dict]:
+        """The snapshots the server keeps under its ``--snapshot-root``."""
+        return [_snapshot(s) for s in self._call("ListSnapshots",
+                                                 pb.ListSnapshotsRequest()).snapshots]
+
+    def delete_snapshot(self, name: str) -> None:
+        self._call("DeleteSnapshot", pb.DeleteSnapshotRequest(name=name), retry=False)
 
     def close(self) -> None:
         if self._native is not None:
@@ -200,6 +207,17 @@ def _process(p) -> dict:
     return {"pid": p.pid, "role": p.role, "worker": p.worker, "uptime_s": p.uptime_s,
             "requests": dict(p.requests), "requests_total": p.requests_total,
             "restarts": p.restarts, "error": p.error}
+
+
+def _snapshot(s) -> dict:
+    out = {"name": s.name, "collection": s.collection, "documents": s.documents,
+           "segments": s.segments, "files": s.files, "bytes": s.bytes,
+           "manifest_version": s.manifest_version, "created_at": s.created_at}
+    if s.seconds:
+        out["seconds"] = s.seconds
+    if s.problem:
+        out["problem"] = s.problem
+    return out
 
 
 def _fields_of(info) -> dict[str, str]:
@@ -385,6 +403,16 @@ class RemoteCollection:
     def info(self) -> dict:
         resp = self.client._call("DescribeCollection", pb.DescribeCollectionRequest(name=self.name))
         return from_struct(resp.info)
+
+    def snapshot(self, path: str, *, timeout: float | None = None) -> dict:
+        """Write a snapshot named ``path`` (a plain name) under the server's
+        ``--snapshot-root``; it holds every write acknowledged before the call."""
+        if not isinstance(path, str):
+            raise InvalidArgument("a remote snapshot is named by a plain name (a str), "
+                                  f"got {type(path).__name__}")
+        resp = self.client._call("CreateSnapshot", pb.CreateSnapshotRequest(
+            collection=self.name, name=path), timeout=timeout, retry=False)
+        return {**_snapshot(resp), "path": path}
 
     def __repr__(self) -> str:
         return f"RemoteCollection({self.name!r} at {self.client.address})"

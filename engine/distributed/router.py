@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
-from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from polyindex.index.ties import order_ties
 from polyindex.query.pipeline import explain_hits, fuse
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
@@ -157,6 +157,15 @@ class ShardedCollection:
             out[key] = sum(int(i.get(key) or 0) for i in infos)
         out["per_shard"] = infos
         return out
+
+    def snapshot(self, path: str) -> dict:
+        """Not for a sharded collection yet: one consistent cut needs every shard sealed at
+        one point (a coordinated seal across shards), which the router does not do."""
+        raise FailedPrecondition(
+            f"collection {self.name!r} is sharded: snapshots are not supported for sharded "
+            "collections (a cut consistent across shards needs a coordinated seal); snapshot "
+            "each shard's data directory with the server stopped (`polyindex snapshot create "
+            "--data DATA/shard-NNN --collection NAME --to PATH`)")
 
     def seal(self) -> None:
         self.backend.each({s: ("seal", self.name) for s in range(self.n_shards)}, write=True)

@@ -3,6 +3,7 @@ sealer) and its background merger, or a read-only reader's follower of the write
 ``Collection`` holds one; what queries see is its ``snapshot()``."""
 from __future__ import annotations
 
+from polyindex.errors import FailedPrecondition
 from polyindex.storage.snapshot import Snapshot
 from polyindex.storage.table import has_wal
 
@@ -57,6 +58,17 @@ class Live:
             n = w.delete(select(self.table.sealed_snapshot()))
         self.table.refresh()
         return n
+    def sealed_through_now(self) -> Snapshot:
+        """A committed snapshot holding every write acknowledged before this call (online: the
+        buffer sealed first), for ``Collection.snapshot(path)``."""
+        if self.table.readonly:
+            raise FailedPrecondition(
+                f"collection {self.table.name!r} is open read-only: a snapshot must hold the "
+                "writer's acknowledged writes, so take it through the writer (`polyindex "
+                "snapshot create --server HOST:PORT`, or stop the server and use --data)")
+        online = self.writes
+        return online.sealed_through_now() if online is not None else \
+            self.table.sealed_snapshot()
 
     def catch_up(self) -> None:
         """A reader: take in the writer's acknowledged writes now (not at the next check)."""

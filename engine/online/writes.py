@@ -137,6 +137,24 @@ class OnlineWrites(BufferedView):
                 self.seal_lock.release()
         return self.view
 
+    def sealed_through_now(self) -> Snapshot:
+        """A committed snapshot holding every write acknowledged before this call: the buffer
+        is sealed first (writes that come meanwhile go to the next buffer; a seal that fails
+        raises). Two seals at most: a frozen buffer retried first, then the newer writes."""
+        with self.lock:
+            target = self.wal.last_seq
+        for _ in range(3):
+            # Nothing buffered: every acknowledged write is committed (asked before the
+            # manifest is read, so a seal finishing in between is in it).
+            with self.lock:
+                drained = self.frozen is None and self.active.empty()
+            base = self.table.sealed_snapshot()
+            if base.manifest.wal_through >= target or drained:
+                return base
+            self.seal()
+        raise ResourceExhausted(f"collection {self.table.name!r}: the writes acknowledged "
+                                "before the snapshot could not be sealed; try again")
+
     # -- sealing ---------------------------------------------------------------------------
     def seal(self) -> None:
         """Commit the buffered writes as one segment, then forget the WAL that held them.

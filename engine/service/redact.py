@@ -19,6 +19,7 @@ from pathlib import Path
 from polyindex.errors import InputError, PolyindexError
 
 DATA = "<data>"
+SNAPSHOTS = "<snapshots>"  # ``serve --snapshot-root``
 # A path token starts after none of these (a word, a longer path's earlier part; an absolute
 # one may follow a '/': file:///srv/d) ...
 _NOT_AFTER = r"(?<![\w.~-])"
@@ -34,16 +35,20 @@ def _token(root: str) -> re.Pattern:
 
 
 class Redactor:
-    def __init__(self, data_dir: str | Path):
-        path = Path(data_dir)
-        spellings = {str(path), str(path.absolute()), os.path.realpath(path)}
+    def __init__(self, data_dir: str | Path, snapshot_root: str | Path | None = None):
+        named = {}
+        for folder, name in ((snapshot_root, SNAPSHOTS), (data_dir, DATA)):
+            if folder is not None:
+                path = Path(folder)
+                named.update({s: name for s in (str(path), str(path.absolute()),
+                                                os.path.realpath(path))})
         # Longest first, so /srv/data/x is not half-replaced by a shorter spelling's match
-        roots = sorted((s for s in spellings if s not in ("", ".")), key=len, reverse=True)
-        self._tokens = [_token(root) for root in roots]
+        roots = sorted((s for s in named if s not in ("", ".")), key=len, reverse=True)
+        self._tokens = [(_token(root), named[root]) for root in roots]
 
     def text(self, message: str) -> str:
-        for token in self._tokens:
-            message = token.sub(DATA, message)
+        for token, name in self._tokens:
+            message = token.sub(name, message)
         return message
 
     def error(self, exc: PolyindexError) -> PolyindexError:

@@ -147,7 +147,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
           tls_cert=None, tls_key=None, workers: int = 8, metrics_port: int | None = None,
           max_message_bytes: int = MAX_MESSAGE_BYTES, limits: Limits = Limits(),
           engine=None, frontend: str = "auto", readonly: bool = False, member=None,
-          device: str = "cpu", insecure: bool = False, model_root=None) -> Server:
+          device: str = "cpu", insecure: bool = False, model_root=None,
+          snapshot_root=None) -> Server:
     """Start serving ``data_dir`` (or an already open ``engine``); returns at once.
 
     ``device``: "cpu" or "cuda" (the engine's placement, ``polyindex.cuda``).
@@ -158,7 +159,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     (worker 0) or a read-only follower forwarding writes to it. ``insecure``: serve a host
     beyond loopback with no token and no TLS (refused otherwise, ``service.exposure``).
     ``model_root``: folders under it may be named as a new collection's model by clients
-    (``service.models``). The served collections' models load in a thread; health answers
+    (``service.models``). ``snapshot_root``: where CreateSnapshot writes (and List/Delete
+    look); interrupted snapshots older than an hour there are removed. The served collections' models load in a thread; health answers
     NOT_SERVING until they are ready."""
     if (tls_cert is None) != (tls_key is None):
         raise InvalidArgument("TLS needs both a certificate and a key")
@@ -188,7 +190,11 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         served = collection_models(engine)
         loader = ModelLoader(served)
         models = ModelPolicy(served, model_root, loader)
-        service = PolyindexService(engine, metrics, limits, member, models)
+        if snapshot_root is not None and (member is None or member.role == "writer"):
+            from polyindex.storage.restore import sweep
+            sweep(snapshot_root)
+        service = PolyindexService(engine, metrics, limits, member, models,
+                                   None if snapshot_root is None else Path(snapshot_root))
         front = front_cls(service, bind, token=token,
                           on_reject=lambda m: metrics.observe(m.rsplit("/", 1)[-1],
                                                               "UNAUTHENTICATED", 0.0),

@@ -17,8 +17,8 @@ import grpc
 import numpy as np
 
 from polyindex.config import DEFAULT_INDEXES
-from polyindex.errors import (InputError, InvalidArgument, PolyindexError, ResourceExhausted,
-                              cancelled)
+from polyindex.errors import (FailedPrecondition, InputError, InvalidArgument, PolyindexError,
+                              ResourceExhausted, cancelled)
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
@@ -84,7 +84,7 @@ def check_count(what: str, n: int, cap: int) -> None:
 
 # The calls a group's processes make to each other (queries never are: no metadata scan)
 _MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "DeleteWhere", "CreateCollection",
-                              "DropCollection", "Stats"})
+                              "DropCollection", "Stats", "CreateSnapshot", "DeleteSnapshot"})
 
 
 def _rpc(method):
@@ -131,14 +131,18 @@ def _fields(req) -> list[str] | None:
 
 
 class PolyindexService(pb_grpc.PolyindexServicer):
-    def __init__(self, engine, metrics, limits: Limits = Limits(), member=None, models=None):
+    def __init__(self, engine, metrics, limits: Limits = Limits(), member=None, models=None,
+                 snapshot_root=None):
         """``member``: this process's place in a ``serve --processes N`` group
         (``service.group.Member``); a follower forwards every write to the group's writer.
         ``models``: which models a new collection may name (``service.models.ModelPolicy``;
-        None: any, as the embedded engine)."""
+        None: any, as the embedded engine). ``snapshot_root``: the folder CreateSnapshot writes
+        under (None: snapshots are refused)."""
         self.engine, self.metrics, self.limits, self.models = engine, metrics, limits, models
-        self.redact = Redactor(engine.path)  # remote clients never see the server's paths
+        # remote clients never see the server's paths
+        self.redact = Redactor(engine.path, snapshot_root)
         self.member = member
+        self.snapshot_root = snapshot_root
         self.forwards = member is not None and member.forwards
         self.flight: collections.Counter = collections.Counter()  # calls running, by RPC
         self._flight_lock = threading.Lock()
@@ -435,6 +439,38 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     def DescribeCollection(self, req, context, tags):
         coll = self.engine.collection(req.name)
         return pb.CollectionInfo(name=coll.name, info=to_struct(self.redact.info(coll.info())))
+
+    # -- snapshots (under ``serve --snapshot-root``; the writer writes them) ------------------
+    def _snapshots(self):
+        if self.snapshot_root is None:
+            raise FailedPrecondition("this server keeps no snapshots: start it with `polyindex "
+                                     "serve --snapshot-root DIR`")
+        from polyindex.storage import restore
+        return restore
+
+    @_rpc
+    def CreateSnapshot(self, req, context, tags):
+        path = self._snapshots().snapshot_path(self.snapshot_root, req.name)
+        if self.forwards:  # the writer seals its buffer first
+            return self._forward("CreateSnapshot", req, context)
+        s = self.engine.collection(req.collection).snapshot(path)
+        return pb.SnapshotInfo(name=req.name, collection=s["collection"],
+                               documents=s["documents"], segments=s["segments"],
+                               files=s["files"], bytes=s["bytes"],
+                               manifest_version=s["manifest_version"], seconds=s["seconds"],
+                               created_at=time.time())
+
+    @_rpc
+    def ListSnapshots(self, req, context, tags):
+        resp = pb.ListSnapshotsResponse()
+        for s in self._snapshots().list_snapshots(self.snapshot_root):
+            resp.snapshots.add(**{k: v for k, v in s.items() if v is not None})
+        return resp
+
+    @_rpc
+    def DeleteSnapshot(self, req, context, tags):
+        self._snapshots().delete(self.snapshot_root, req.name)
+        return pb.DeleteSnapshotResponse()
 
     @_rpc
     def Stats(self, req, context, tags):

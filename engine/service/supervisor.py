@@ -135,7 +135,7 @@ class Worker:
 class Group:
     def __init__(self, data, processes: int, *, host: str, port: int, token_file, tls_cert,
                  tls_key, workers: int, frontend: str, readonly: bool, cpus: str | None,
-                 grace: float, insecure: bool = False, model_root=None):
+                 grace: float, insecure: bool = False, model_root=None, snapshot_root=None):
         self.host, self.grace = host, grace
         self._keep = reserve_port(host, port)
         self.port = self._keep.getsockname()[1]
@@ -145,7 +145,8 @@ class Group:
                "tls_cert": str(tls_cert) if tls_cert else None,
                "tls_key": str(tls_key) if tls_key else None, "workers": workers,
                "frontend": frontend, "readonly": readonly, "cpus": cpus, "grace": grace,
-               "insecure": insecure, "model_root": str(model_root) if model_root else None}
+               "insecure": insecure, "model_root": str(model_root) if model_root else None,
+               "snapshot_root": str(snapshot_root) if snapshot_root else None}
         self.workers = [Worker(i, cfg) for i in range(processes)]
         self.metrics_port: int | None = None
         self._http = None
@@ -230,7 +231,7 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
               token_file=None, tls_cert=None, tls_key=None, workers: int = 8,
               metrics_port: int | None = None, frontend: str = "auto", readonly: bool = False,
               cpus: str | None = None, grace: float = 5.0, insecure: bool = False,
-              model_root=None, console=None) -> None:
+              model_root=None, console=None, snapshot_root=None) -> None:
     """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``);
     ``console(address, token, latency)``: as ``server.run``'s, started in this parent
     (no latency here: each worker keeps its own histogram)."""
@@ -250,7 +251,7 @@ def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 5005
     group = Group(data, processes, host=host, port=port, token_file=token_file,
                   tls_cert=tls_cert, tls_key=tls_key, workers=workers, frontend=frontend,
                   readonly=readonly, cpus=cpus, grace=grace, insecure=insecure,
-                  model_root=model_root)
+                  model_root=model_root, snapshot_root=snapshot_root)
     group.start()
     if metrics_port is not None:
         group.serve_metrics(metrics_port)

@@ -69,7 +69,8 @@ def _serve(cfg: dict):
                          tls_cert=cfg.get("tls_cert"), tls_key=cfg.get("tls_key"),
                          workers=cfg["workers"], metrics_port=0, frontend=cfg["frontend"],
                          member=member, insecure=cfg.get("insecure", False),
-                         model_root=cfg.get("model_root"))
+                         model_root=cfg.get("model_root"),
+                         snapshot_root=cfg.get("snapshot_root"))
         except FailedPrecondition:
             # A restarted writer's predecessor may still be releasing the directory's lock;
             # at the group's start, a lock held by another program fails at once

@@ -407,3 +407,55 @@ class ScrollResponse(_message.Message):
     documents: _containers.RepeatedCompositeFieldContainer[Document]
     cursor: str
     def __init__(self, documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class CreateSnapshotRequest(_message.Message):
+    __slots__ = ("collection", "name")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    name: str
+    def __init__(self, collection: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class SnapshotInfo(_message.Message):
+    __slots__ = ("name", "collection", "documents", "segments", "files", "bytes", "manifest_version", "seconds", "created_at", "problem")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    collection: str
+    documents: int
+    segments: int
+    files: int
+    bytes: int
+    manifest_version: int
+    seconds: float
+    created_at: float
+    problem: str
+    def __init__(self, name: _Optional[str] = ..., collection: _Optional[str] = ..., documents: _Optional[int] = ..., segments: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., manifest_version: _Optional[int] = ..., seconds: _Optional[float] = ..., created_at: _Optional[float] = ..., problem: _Optional[str] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotInfo]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteSnapshotRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteSnapshotResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

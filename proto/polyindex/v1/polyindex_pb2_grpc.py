@@ -94,6 +94,21 @@ class PolyindexStub:
                 request_serializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.SerializeToString,
                 response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.FromString,
                 _registered_method=True)
+        self.CreateSnapshot = channel.unary_unary(
+                '/polyindex.v1.Polyindex/CreateSnapshot',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.CreateSnapshotRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.SnapshotInfo.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/polyindex.v1.Polyindex/ListSnapshots',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/polyindex.v1.Polyindex/DeleteSnapshot',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class PolyindexServicer:
@@ -175,6 +190,28 @@ class PolyindexServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSnapshot(self, request, context):
+        """Snapshots (issue 41): written, listed and deleted on the server, under the folder it was
+        started with (`polyindex serve --snapshot-root DIR`; FAILED_PRECONDITION without one).
+        A snapshot holds every write acknowledged before the call; restore it on the server's
+        machine with `polyindex snapshot restore DIR/NAME --data DATA`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolyindexServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +274,21 @@ def add_PolyindexServicer_to_server(servicer, server):
                     servicer.Scroll,
                     request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.FromString,
                     response_serializer=polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.SerializeToString,
+            ),
+            'CreateSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSnapshot,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.CreateSnapshotRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.SnapshotInfo.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -563,6 +615,87 @@ class Polyindex:
             '/polyindex.v1.Polyindex/Scroll',
             polyindex_dot_v1_dot_polyindex__pb2.ScrollRequest.SerializeToString,
             polyindex_dot_v1_dot_polyindex__pb2.ScrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/CreateSnapshot',
+            polyindex_dot_v1_dot_polyindex__pb2.CreateSnapshotRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.SnapshotInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/ListSnapshots',
+            polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/DeleteSnapshot',
+            polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
