@@ -20,7 +20,6 @@ from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.storage import compaction, gc
-from polyindex.storage.snapshot import Snapshot
 from polyindex.storage.table import Table
 from polyindex.types import MAX_K, MAX_SCROLL, Document, Hit, Page, check_fields, select_fields
 
@@ -58,21 +57,14 @@ class Collection:
         """The vector fields the user fills (the servicer asks any implementation)."""
         return self.encoding.vector_spec()
 
-    # -- snapshots -------------------------------------------------------------------------
     def snapshot(self, path=None, *, link: bool = False, progress=None):
         """No ``path``: what queries see (a ``Snapshot``: the newest committed one, plus, in
-        online mode, the acknowledged writes not yet sealed). With ``path``: write a
-        snapshot of the collection there (``storage.backup``; every write acknowledged before
-        the call is in it) and return its summary; ``link``: hard-link segment files."""
+        online mode, the acknowledged writes not yet sealed). With ``path``: a backup of the
+        collection written there and its summary (``Live.backup``); ``link``: hard links."""
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
-        if path is None:
-            return self.live.snapshot()
-        from polyindex.storage.backup import create
-        first = [self.live.sealed_through_now()]  # pinned from before the call returns
-        return create(self.folder, Path(path),
-                      lambda: first.pop() if first else self.table.sealed_snapshot(),
-                      link=link, progress=progress)
+        return self.live.snapshot() if path is None else \
+            self.live.backup(Path(path), link=link, progress=progress)
 
     def catch_up(self) -> None:
         """A reader: take in the writer's acknowledged writes now (not at the next check)."""

@@ -58,6 +58,15 @@ class Live:
             n = w.delete(select(self.table.sealed_snapshot()))
         self.table.refresh()
         return n
+    def backup(self, path, *, link: bool = False, progress=None) -> dict:
+        """Write a snapshot of the collection to ``path`` (``storage.backup``): every write
+        acknowledged before the call is in it; its manifest is pinned before this returns."""
+        from polyindex.storage.backup import create
+        first = [self.sealed_through_now()]
+        return create(self.table.folder, path,
+                      lambda: first.pop() if first else self.table.sealed_snapshot(),
+                      link=link, progress=progress)
+
     def sealed_through_now(self) -> Snapshot:
         """A committed snapshot holding every write acknowledged before this call (online: the
         buffer sealed first), for ``Collection.snapshot(path)``."""
