@@ -52,6 +52,9 @@ class CollectionConfig:
     indexes: list[str] = field(default_factory=lambda: list(DEFAULT_INDEXES))
     model: str | None = DEFAULT_MODEL  # None: no text encoder (vectors come from the user)
     dtype: str = "bfloat16"
+    # Why ``dtype``: "given", or how ``auto`` chose it on the machine that created the
+    # collection (``encode.precision``); empty for collections made before the choice.
+    dtype_choice: str = ""
     segment_size: int = 50_000
     fields: dict[str, str] = field(default_factory=dict)  # filterable metadata columns
     profiles: dict[str, dict] = field(default_factory=dict)  # user rank profiles

@@ -74,7 +74,7 @@ class Engine:
                       if not p.name.startswith(".") and (p / MANIFEST).exists())
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
-                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          model: str | None = DEFAULT_MODEL, dtype: str = "auto",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> Collection:
@@ -84,8 +84,10 @@ class Engine:
         uid = uuid.uuid4().hex
         from polyindex.ingest.vectors import VectorSpec
         VectorSpec.of({k.name: k for k in kinds}, model)  # e.g. source=model without a model
+        from polyindex.encode.precision import resolve
+        dtype, dtype_choice = resolve(dtype, self.device)  # "auto": this machine's, stored
         config = CollectionConfig(name=name, indexes=[k.describe() for k in kinds], model=model,
-                                  dtype=dtype, segment_size=segment_size, fields=dict(fields or {}),
+                                  dtype=dtype, dtype_choice=dtype_choice, segment_size=segment_size, fields=dict(fields or {}),
                                   profiles=dict(profiles or {}), uid=uid)
         if profiles:
             from polyindex.query.profiles import Profile

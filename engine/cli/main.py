@@ -67,7 +67,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
           ids: Optional[Path] = typer.Option(None, "--ids", metavar="FILE", help="Id file (one per line) of a vector file; default: row numbers."),
           model: Optional[str] = typer.Option(None, "--model", help="Text model of a new collection (default all-MiniLM-L6-v2); 'none': vectors-only, no encoder loaded."),
-          dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's precision for a new collection: bfloat16 (the default; fast on CPUs with AVX-512 BF16/AMX and on GPUs), float32 (several times faster on CPUs without them) or float16."),
+          dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's precision for a new collection: auto (the default: bfloat16 on a GPU or a CPU with AVX-512 BF16/AMX, else float32, several times faster there; `info` says which), bfloat16, float32 or float16."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           prune_quality: Optional[str] = typer.Option(None, "--prune-quality", metavar="P", help="Keep the fraction P (0 <= P < 1) of documents with the lowest quality estimate out of the costly indexes (dense, multivector, sparse, tree): not encoded, not in those indexes, but stored, returned by get and found by lexical queries. The threshold (the P quantile of this input's quality) is stored in the collection and applied to later writes."),
@@ -124,7 +124,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     created = collection not in eng.list_collections()
     if not created:
         coll = eng.collection(collection)
-        if dtype is not None and dtype != coll.config.dtype:
+        if dtype not in (None, "auto") and dtype != coll.config.dtype:
             raise InvalidArgument(f"collection {collection!r} exists with dtype "
                                   f"{coll.config.dtype}; --dtype gave {dtype}")
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
