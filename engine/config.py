@@ -213,6 +213,10 @@ class Settings:
                                       _number(float, 0.0, 3600.0),
                                       "SIGTERM: seconds the last seal gets (then the writes "
                                       "stay in the WAL)")
+    progress_seconds: float = _setting("POLYINDEX_PROGRESS_SECONDS", 30.0,
+                                       _number(float, 0.05, 86400.0),
+                                       "progress on a stderr that is not a terminal: a log "
+                                       "line (count, rate, ETA) every this many seconds")
     bench_data: str = _setting("POLYINDEX_BENCH_DATA", "", _text,
                                "bench/: the BEIR collections (default ../shared/data)")
 
