@@ -4,11 +4,37 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 import polyindex
 from polyindex.ingest.progress_log import LogProgress
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+@pytest.fixture
+def pi(capsys, monkeypatch):
+    """``pi(*args)`` -> (exit code, stdout, stderr) of ``polyindex ARGS`` run in this process
+    (the CLI's own ``main``: its error lines and exit codes), seconds faster than a child."""
+    from polyindex.cli.main import main
+
+    def run(*args):
+        monkeypatch.setattr("sys.argv", ["polyindex", *map(str, args)])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        got = capsys.readouterr()
+        return code, got.out, got.err
+    return run
+
+
+CRANFIELD = pytest.mark.skipif(not (DATA / "cranfield").is_dir(),
+                               reason="../shared/data/cranfield not present")
 
 
 # -- progress as log lines where stderr is not a terminal ---------------------------------------
@@ -43,3 +69,65 @@ def test_index_into_a_pipe_prints_progress_lines(tmp_path, cli, corpus, setting,
     assert records and records[-1].startswith("progress: indexing d.jsonl: 1,500/1,500 docs")
     assert any("building lexical" in ln for ln in lines)
     assert "docs/s" in records[-1]
+
+
+# -- eval: measures in any case, latency, paired tests against the first ------------------------
+
+def _run_file(path, ranks: dict[str, int]):
+    """A run where query q's relevant document ``rel-q`` sits at rank ``ranks[q]``."""
+    lines = []
+    for q, r in ranks.items():
+        docs = [f"other-{q}-{i}" for i in range(r - 1)] + [f"rel-{q}"]
+        lines += [f"{q} Q0 {d} {i + 1} {10 - i} t\n" for i, d in enumerate(docs)]
+    path.write_text("".join(lines))
+    return path
+
+
+def test_eval_compares_runs_with_a_paired_t_test_against_the_first(tmp_path, pi):
+    from scipy.stats import ttest_rel
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n" +
+                     "".join(f"q{i}\trel-q{i}\t1\n" for i in range(4)))
+    a = _run_file(tmp_path / "a.trec", {f"q{i}": 2 for i in range(4)})
+    b = _run_file(tmp_path / "b.trec", {"q0": 1, "q1": 1, "q2": 1, "q3": 2})
+    code, stdout, stderr = pi("eval", "--run", a, "--run", b, "--qrels", qrels, "-m", "rr@10",
+                              "-m", "ndcg@10", "--json")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert list(got["results"][str(a)]) == ["MRR@10", "nDCG@10"]  # lower case accepted
+    assert got["baseline"] == str(a)
+    test = got["paired_t_test"][str(b)]["MRR@10"]
+    want = ttest_rel([1, 1, 1, 0.5], [0.5] * 4)
+    assert test["p"] == pytest.approx(want.pvalue) and test["t"] == pytest.approx(3.0)
+    assert (test["wins"], test["losses"]) == (3, 0)
+    _, table, _ = pi("eval", "--run", a, "--run", b, "--qrels", qrels, "-m", "RR@10")
+    assert "paired t-test against" in table and f"{want.pvalue:.3f}" in table
+    code, _, stderr = pi("eval", "--run", a, "--qrels", qrels, "-m", "ndgc@10")
+    assert code == 2 and "did you mean nDCG@10" in stderr
+
+
+@pytest.mark.slow
+@CRANFIELD
+def test_eval_of_two_profiles_has_latency_and_significance(tmp_path, cli):
+    from scipy.stats import ttest_rel
+
+    from polyindex.cli.evaluate import per_query
+    folder = DATA / "cranfield"
+    data = tmp_path / "D"
+    assert cli("index", folder, "--data", data, "-c", "cran", "--index", "lexical", "--model",
+               "none", "--no-progress").returncode == 0
+    runs = tmp_path / "runs"
+    res = cli("eval", "--data", data, "-c", "cran", "--queries", folder / "queries.jsonl",
+              "--qrels", folder / "qrels" / "test.tsv", "-p", "lexical", "-p", "lexical-prf",
+              "--run-dir", runs, "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert set(got["latency_ms"]) == {"lexical", "lexical-prf"}
+    assert all(ms > 0 for ms in got["latency_ms"].values())
+    from polyindex.ingest.sources import read_qrels
+    qrels = read_qrels(folder / "qrels" / "test.tsv")
+    base = per_query(runs / "cran.lexical.trec", qrels)["nDCG@10"]
+    prf = per_query(runs / "cran.lexical-prf.trec", qrels)["nDCG@10"]
+    qs = sorted(base)
+    want = ttest_rel([prf[q] for q in qs], [base[q] for q in qs]).pvalue
+    assert got["paired_t_test"]["lexical-prf"]["nDCG@10"]["p"] == pytest.approx(want)

@@ -278,19 +278,21 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     TREC run files given with --run."""
     import tempfile
 
-    from polyindex.cli.evaluate import evaluate_run, parse_measures, run_queries, write_trec
+    import time
+
+    from polyindex.cli.compare import paired_tests, render
+    from polyindex.cli.evaluate import means, parse_measures, per_query, run_queries, write_trec
     from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     measures = parse_measures(measure)
     qrel = read_qrels(qrels)
-    results = {}
+    values, latency = {}, {}
     if run:
         if data is not None or collection is not None or queries is not None:
             raise InvalidArgument("--run scores existing run files; --data, --collection and "
                                   "--queries are for running queries: give one or the other")
         for path in run:
-            results[str(path)] = evaluate_run(path, qrel, measures)
-        payload = {"runs": len(run), "queries": len(qrel), "results": results}
+            values[str(path)] = per_query(path, qrel, measures)
         title = f"{qrels}: {len(qrel)} judged queries"
     else:
         missing = [o for o, v in (("--data", data), ("--collection", collection),
@@ -307,23 +309,23 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
             folder = run_dir or Path(tmp)
             folder.mkdir(parents=True, exist_ok=True)
             for p in profile:
+                start = time.perf_counter()
                 result = run_queries(coll, qs, profile=p, k=k, progress=not as_json)
+                latency[p] = (time.perf_counter() - start) * 1000 / len(qs)
                 path = folder / f"{collection}.{p}.trec"
                 write_trec(path, result, p)
-                results[p] = evaluate_run(path, qrel, measures)
-        payload = {"collection": collection, "queries": len(qs), "results": results}
+                values[p] = per_query(path, qrel, measures)
         title = f"{collection}: {len(qs)} judged queries"
+    results = {entry: means(v) for entry, v in values.items()}
+    tests = paired_tests(values)  # two or more: each against the first
     if as_json:
-        print(json.dumps(payload))
+        payload = ({"runs": len(run), "queries": len(qrel)} if run else
+                   {"collection": collection, "queries": len(qs), "latency_ms": latency})
+        print(json.dumps({**payload, "results": results,
+                          **({"baseline": next(iter(results)), "paired_t_test": tests}
+                             if tests else {})}))
         return
-    table = Table(title=title)
-    table.add_column("run" if run else "profile")
-    names = list(next(iter(results.values())))
-    for n in names:
-        table.add_column(n, justify="right")
-    for p, r in results.items():
-        table.add_row(p, *(f"{r[n]:.4f}" for n in names))
-    out.print(table)
+    render(out, title, "run" if run else "profile", results, latency, tests)
 
 
 @app.command("train-ranker")
