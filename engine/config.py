@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.errors import InvalidArgument, ResourceExhausted, did_you_mean
 from polyindex.types import MAX_FIELDS, MAX_INDEXES, MAX_SEGMENT_SIZE
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
@@ -34,7 +34,8 @@ def check_declared(collection: str, declared: dict[str, str], asked: dict[str, s
         have = declared.get(name)
         if have is None:
             raise InvalidArgument(
-                f"collection {collection!r} exists without field {name!r} ({how} gave "
+                f"collection {collection!r} exists without field {name!r}"
+                f"{did_you_mean(name, declared)} ({how} gave "
                 f"{name}:{ftype}; declared: {known}): fields are declared when a collection "
                 f"is created, since its stored documents have no typed {name!r} column to "
                 f"filter on; index into a new collection with {name}:{ftype}, or drop "

@@ -23,7 +23,7 @@ from polyindex.config import (
     validate_name,
 )
 from polyindex.cuda.device import check_device
-from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound
+from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound, did_you_mean
 from polyindex.index.registry import from_factory
 from polyindex.storage import fsutil
 from polyindex.storage.lock import DirectoryLock
@@ -131,8 +131,9 @@ class Engine:
             if coll is None:
                 folder = self.path / name
                 if not (folder / MANIFEST).exists():
-                    raise NotFound(f"collection {name!r} not found "
-                                   f"(have: {', '.join(self.list_collections()) or 'none'})")
+                    have = self.list_collections()
+                    raise NotFound(f"collection {name!r} not found{did_you_mean(name, have)} "
+                                   f"(have: {', '.join(have) or 'none'})")
                 coll = Collection(folder, self.device, online=self.online,
                                   readonly=self.readonly, dir_lock=self._dir_lock,
                                   follow_wal=self.follow_wal)
@@ -145,7 +146,8 @@ class Engine:
         with self._lock:
             folder = self.path / name
             if not (folder / MANIFEST).exists():
-                raise NotFound(f"collection {name!r} not found")
+                raise NotFound(f"collection {name!r} not found"
+                               f"{did_you_mean(name, self.list_collections())}")
             coll = self._collections.pop(name, None)
             if coll is not None:
                 coll.abandon()  # sealer stopped, in-flight seal awaited, WAL closed

@@ -131,3 +131,84 @@ def test_eval_of_two_profiles_has_latency_and_significance(tmp_path, cli):
     qs = sorted(base)
     want = ttest_rel([prf[q] for q in qs], [base[q] for q in qs]).pvalue
     assert got["paired_t_test"]["lexical-prf"]["nDCG@10"]["p"] == pytest.approx(want)
+
+
+# -- query: the profile it ran, tidy JSON, filters, "did you mean" ------------------------------
+
+@pytest.fixture
+def lexical_data(tmp_path):
+    """A lexical-only collection 'books' (no model) with a declared int field 'year'."""
+    data = tmp_path / "D"
+    eng = polyindex.open(data)
+    coll = eng.create_collection("books", ["lexical"], model=None, fields={"year": "int"})
+    coll.add([{"id": "a", "title": "Rivers", "text": "river delta", "year": 1990},
+              {"id": "b", "text": "river mouth", "year": 1995},
+              {"id": "c", "title": "Hills", "text": "hill top"}])
+    eng.close()
+    return data
+
+
+def test_query_table_names_the_profile_it_ran(lexical_data, pi):
+    code, out, err = pi("query", "river", "--data", lexical_data, "-c", "books")
+    assert code == 0, err
+    assert "books · lexical · 'river'" in out  # the collection's default, by name
+    _, out, _ = pi("query", "river", "--data", lexical_data, "-c", "books", "-p", "lexical-prf")
+    assert "books · lexical-prf · 'river'" in out
+
+
+def test_json_hits_leave_out_empty_fields(lexical_data, pi):
+    code, out, err = pi("query", "river", "--data", lexical_data, "-c", "books", "--json",
+                        "--with-text", "--with-metadata")
+    assert code == 0, err
+    hits = {h["id"]: h for h in json.loads(out)}
+    assert hits["a"]["title"] == "Rivers" and hits["a"]["metadata"] == {"year": 1990}
+    assert set(hits["b"]) == {"rank", "id", "score", "text", "metadata"}  # no empty title
+    _, out, _ = pi("query", "river", "--data", lexical_data, "-c", "books", "--json")
+    assert all("text" not in h and "metadata" not in h for h in json.loads(out))
+
+
+def test_filter_syntax_of_the_readme_runs(lexical_data):
+    """Every form README's filter section shows, against the documents they should match."""
+    eng = polyindex.open(lexical_data, readonly=True)
+    coll = eng.collection("books")
+
+    def ids(flt):
+        return sorted(h.id for h in coll.query("river hill", k=10, filter=flt))
+    assert ids({"year": 1990}) == ["a"]                                   # equality
+    assert ids({"year": {"eq": 1995}}) == ["b"]
+    assert ids({"year": {"ne": 1990}}) == ["b"]                           # a missing value never matches
+    assert ids({"year": {"gte": 1991, "lt": 2000}}) == ["b"]              # a range
+    assert ids({"year": {"in": [1990, 1995]}}) == ["a", "b"]
+    # a document without the field: no comparison matches it, nor the comparison's not;
+    # in never matches it, nin (and the not of in) does (Arrow's is_in)
+    assert ids({"year": {"nin": [1990]}}) == ["b", "c"]
+    assert ids({"not": {"year": {"in": [1990]}}}) == ["b", "c"]
+    assert ids({"or": [{"year": 1990}, {"id": "c"}]}) == ["a", "c"]
+    assert ids({"not": {"year": 1990}}) == ["b"]
+    assert ids({"and": [{"year": {"gt": 1980}}, {"not": {"id": "a"}}]}) == ["b"]
+    assert ids({"id": {"in": ["a", "c"]}}) == ["a", "c"]
+    eng.close()
+
+
+@pytest.mark.parametrize("flt, says", [
+    ('{"year": [1990, 1995]}', 'use in: {"year": {"in": [1990, 1995]}}'),
+    ('{"year": {"eq": [1990]}}', "(to match any of several values: in)"),
+    ('{"year": {"ne": [1990]}}', "(to exclude several values: nin)"),
+    ('{"yaer": 1990}', "(did you mean 'year'?)"),
+    ('{"year": {"gtee": 1990}}', "(did you mean 'gte'?)"),
+])
+def test_filter_mistakes_say_what_to_write(lexical_data, pi, flt, says):
+    code, _, err = pi("query", "river", "--data", lexical_data, "-c", "books", "--filter", flt)
+    assert code == 2 and says in err, err
+
+
+def test_unknown_profile_and_collection_get_a_suggestion(lexical_data, pi):
+    code, _, err = pi("query", "river", "--data", lexical_data, "-c", "books", "-p", "lexcial")
+    assert code == 2 and "unknown rank profile 'lexcial' (did you mean 'lexical'?)" in err
+    code, _, err = pi("query", "river", "--data", lexical_data, "-c", "boks")
+    assert code == 2 and "collection 'boks' not found (did you mean 'books'?)" in err
+    src = lexical_data.parent / "more.jsonl"
+    src.write_text('{"_id": "d", "text": "lake", "year": 2001}\n')
+    code, _, err = pi("index", src, "--data", lexical_data, "-c", "books", "--field", "yera:int",
+                      "--no-progress")
+    assert code == 2 and "exists without field 'yera' (did you mean 'year'?)" in err, err

@@ -2,7 +2,7 @@
 compact, demo.
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
-exit non-zero (2 for bad input, 1 otherwise).
+exit non-zero (``exit_codes``: 2 for a user error, 1 otherwise).
 """
 from __future__ import annotations
 
@@ -233,13 +233,13 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
     hits = coll.query(text or None, vector=vec, using=using, k=k, profile=profile, filter=flt,
                       explain=explain, with_text=True)
     if as_json:
-        print(json.dumps([{"rank": h.rank, "id": h.id, "score": h.score, "title": h.title,
-                           **({"text": h.text} if with_text else {}),
-                           **({"metadata": h.metadata or {}} if with_metadata else {}),
-                           **({"explain": h.explain} if explain else {})} for h in hits]))
+        from polyindex.cli.show import hit_json
+        print(json.dumps([hit_json(h, with_text, with_metadata, explain) for h in hits]))
         return
+    from polyindex.cli.show import profile_ran
     shown = repr(text) if text else "vector"
-    table = Table(title=f"{collection} · {profile or 'default'} · {shown}", show_lines=False)
+    table = Table(title=f"{collection} · {profile_ran(coll, profile, text, vec, using)} · {shown}",
+                  show_lines=False)
     for col in ("rank", "id", "score", "title / text", *(["metadata"] if with_metadata else [])):
         table.add_column(col, overflow="fold" if col in ("title / text", "metadata") else None)
     for h in hits:
@@ -569,7 +569,8 @@ def main() -> None:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
         err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,
                   soft_wrap=True)
-        sys.exit(2 if isinstance(e, InvalidArgument) else 1)
+        from polyindex.cli.exit_codes import exit_code
+        sys.exit(exit_code(e))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,35 @@ def _value(key: str, value, info: dict) -> str:
     return str(value)
 
 
+def hit_json(hit, with_text: bool, with_metadata: bool, explain: bool) -> dict:
+    """A hit for ``query --json``: rank, id and score, then only the fields it has (no
+    empty title, text or metadata) among those asked for."""
+    out = {"rank": hit.rank, "id": hit.id, "score": hit.score}
+    for key, value, asked in (("title", hit.title, True), ("text", hit.text, with_text),
+                              ("metadata", hit.metadata, with_metadata),
+                              ("explain", hit.explain, explain)):
+        if asked and value not in (None, "", {}, []):
+            out[key] = value
+    return out
+
+
+def profile_ran(coll, profile, text, vector, using) -> str:
+    """The name of the profile a ``query`` ran: the one given, or the collection's default
+    for that query (a vector query: its field's index, or fusion over the fields given)."""
+    if isinstance(profile, str):
+        return profile
+    if vector is not None:
+        from polyindex.query.requests import default_vector_profile, make_queries
+        name = default_vector_profile(make_queries(None if text is None else [text], [vector],
+                                                   using), using, coll.kinds)
+        if isinstance(name, dict):
+            return "rrf of " + ", ".join(s["index"] for s in name["retrieve"])
+        if name is not None:
+            return name
+    from polyindex.query.profiles import default_profile
+    return default_profile(list(coll.kinds), coll.profiles())
+
+
 def show_collection(out: Console, info: dict) -> None:
     out.print(f"[bold]{escape(info['name'])}[/bold]")
     shown = {k for k, _ in _LABELS} | {"name", "dtype", "dtype_choice", "encodes_text"}
