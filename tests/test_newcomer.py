@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -212,3 +213,96 @@ def test_unknown_profile_and_collection_get_a_suggestion(lexical_data, pi):
     code, _, err = pi("index", src, "--data", lexical_data, "-c", "books", "--field", "yera:int",
                       "--no-progress")
     assert code == 2 and "exists without field 'yera' (did you mean 'year'?)" in err, err
+
+
+# -- .hdf5 files marked distance=angular --------------------------------------------------------
+
+def _angular_file(path, x, distance="angular"):
+    h5py = pytest.importorskip("h5py")  # the optional extra: without it, nothing to check
+    with h5py.File(path, "w") as f:
+        f["train"], f["test"] = x, x[:2]
+        f.attrs["distance"] = distance
+    return path
+
+
+def test_an_angular_hdf5_file_is_indexed_by_cosine(tmp_path, pi):
+    import numpy as np
+    rng = np.random.default_rng(7)
+    # lengths spread over two orders of magnitude: inner product and cosine rank differently
+    x = (rng.normal(size=(200, 8)) * rng.uniform(0.1, 10, size=(200, 1))).astype(np.float32)
+    src = _angular_file(tmp_path / "glove-8-angular.hdf5", x)
+    data = tmp_path / "D"
+    code, _, err = pi("index", src, "--data", data, "-c", "g", "--index", "dense:Flat",
+                      "--model", "none", "--no-progress")
+    assert code == 0, err
+    assert "marked distance=angular: indexing its vectors with 'dense:metric=cosine,Flat'" in err
+    eng = polyindex.open(data, readonly=True)
+    coll = eng.collection("g")
+    assert coll.kinds["dense"].metric == "cosine"
+    q = rng.normal(size=8).astype(np.float32)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    want = [str(i) for i in np.argsort(-(unit @ (q / np.linalg.norm(q))), kind="stable")[:10]]
+    assert [h.id for h in coll.query(vector=q.tolist(), k=10)] == want
+    eng.close()
+    # an existing collection ranking by inner product: indexed as asked, with a warning
+    eng = polyindex.open(data)
+    eng.create_collection("ip", ["dense:Flat"], model=None)
+    eng.close()
+    code, _, err = pi("index", src, "--data", data, "-c", "ip", "--no-progress")
+    assert code == 0, err
+    assert "warning: glove-8-angular.hdf5 is marked distance=angular, but collection 'ip' " \
+           "ranks its vectors by metric=ip" in err
+
+
+def test_reading_hdf5_without_h5py_names_the_package(tmp_path, monkeypatch):
+    import sys
+
+    from polyindex.errors import InvalidArgument
+    from polyindex.ingest.vector_files import load_matrix
+    monkeypatch.setitem(sys.modules, "h5py", None)  # as where it is not installed
+    (tmp_path / "v.hdf5").write_bytes(b"")
+    with pytest.raises(InvalidArgument) as e:
+        load_matrix(tmp_path / "v.hdf5", "v.hdf5")
+    assert "reading HDF5 needs h5py: pip install 'h5py" in str(e.value)
+    assert "polyindex[hdf5]" not in str(e.value)  # fails where polyindex is not on the index
+
+
+# -- info, exit codes ---------------------------------------------------------------------------
+
+def test_info_shows_no_model_for_lexical_only_and_vector_fields_readably(tmp_path, pi):
+    data = tmp_path / "D"
+    eng = polyindex.open(data)
+    eng.create_collection("lex", ["lexical"])  # the default model, which nothing runs
+    eng.create_collection("img", ["lexical", "dense@image:dim=4,metric=cosine,Flat"],
+                          model=None)
+    eng.close()
+    code, out, err = pi("info", "--data", data, "-c", "lex")
+    assert code == 0, err
+    assert re.search(r"\n  model +none \(no index encodes text\)\n", out), out
+    _, out, _ = pi("info", "--data", data, "-c", "img")
+    assert re.search(r"\n  your vector fields +image: dim 4, cosine, index dense@image\n", out)
+    assert "{" not in out and "'" not in out  # no Python reprs
+    _, out, _ = pi("info", "--data", data, "-c", "lex", "--json")
+    assert json.loads(out)["encodes_text"] is False
+
+
+@pytest.mark.parametrize("args, code, status", [
+    (("query", "x", "-c", "nope"), 2, "NOT_FOUND"),                     # a name not there
+    (("query", "x", "-c", "books", "--k", "0"), 2, "INVALID_ARGUMENT"),
+    (("query", "x", "-c", "books", "--no-such-option"), 2, None),         # usage (click)
+    (("compact", "-c", "books"), 1, "FAILED_PRECONDITION"),               # a writer holds it
+])
+def test_exit_codes_follow_one_convention(lexical_data, pi, args, code, status):
+    """README "Exit codes": 2 for what the user fixes by changing the command, 1 for the
+    machine's or the data's state."""
+    argv = [*args[:1], *args[1:2], "--data", lexical_data, *args[2:]] if args[0] == "query" \
+        else [args[0], "--data", lexical_data, *args[1:]]
+    holder = polyindex.open(lexical_data) if status == "FAILED_PRECONDITION" else None
+    try:
+        got, _, err = pi(*argv)
+    finally:
+        if holder is not None:
+            holder.close()
+    assert got == code, err
+    if status:
+        assert err.startswith(f"error ({status}): ")

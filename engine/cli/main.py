@@ -132,9 +132,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                   f"{coll.config.indexes}; --index gave {index}")
         check_declared(collection, coll.config.fields,
                        dict(_parse_field(f) for f in field or []), "--field")
+        from polyindex.cli.file_metric import check_existing
+        check_existing(src, coll, _say)
     else:
+        from polyindex.cli.file_metric import indexes_for_new
         fields = dict(_parse_field(f) for f in field or [])
-        coll = eng.create_collection(collection, index or ["lexical", "dense"], fields=fields,
+        indexes = indexes_for_new(src, index or ["lexical", "dense"], _say)
+        coll = eng.create_collection(collection, indexes, fields=fields,
                                      **_create_options(model, dtype, segment_size))
     try:
         if ray:
@@ -162,6 +166,10 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         out.print(f"indexed {report.indexed:,} documents into {collection!r} "
                   f"({report.segments} segment(s), {report.skipped_invalid} invalid skipped); "
                   f"collection now has {payload['documents']:,} documents")
+
+
+def _say(line: str) -> None:
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _create_options(model: str | None, dtype: str | None, segment_size: int) -> dict:

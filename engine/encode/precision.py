@@ -2,7 +2,7 @@
 hardware runs it natively (a GPU; a CPU with AVX-512 BF16 or AMX), else float32.
 
 On CPUs without native bfloat16 (AVX2 only) torch emulates it and encoding measured 5-8x
-slower than float32 (docs/notes/encoding-dtype.md), so a newcomer's first index would be slow
+slower than float32 (docs/notes/newcomer.md), so a newcomer's first index would be slow
 for nothing. The choice is made once, when the collection is created, and stored with it: its
 documents and queries are all encoded in that precision wherever it is opened later (bfloat16
 and float32 embeddings of the same text have cosine >= 0.9999, so either is comparable).

@@ -73,6 +73,30 @@ def load_matrix(path: Path, source: str, dataset: str = "train") -> np.ndarray:
     return m
 
 
+# ANN-benchmarks' ``distance`` attribute -> the dense metric that ranks the same way
+FILE_METRICS = {"angular": "cosine", "euclidean": "l2"}
+
+
+def file_metric(path: Path) -> tuple[str | None, str | None]:
+    """(the distance an ANN-benchmarks HDF5 file is marked with, the dense metric that ranks
+    by it); (None, None) for other formats, unmarked files, or without h5py."""
+    if VECTOR_FORMATS.get(Path(path).suffix.lower()) != "hdf5":
+        return None, None
+    try:
+        import h5py
+    except ImportError:
+        return None, None  # reading the file says how to install it
+    try:
+        with h5py.File(path, "r") as f:
+            distance = f.attrs.get("distance")
+    except OSError:
+        return None, None  # not readable: reading it names the problem
+    if isinstance(distance, bytes):
+        distance = distance.decode("utf-8", "replace")
+    distance = str(distance).lower() if distance is not None else None
+    return distance, FILE_METRICS.get(distance)
+
+
 def read_ids(path: Path | None, n: int) -> list[str] | None:
     if path is None:
         return None
