@@ -8,7 +8,7 @@ that reports nothing for minutes (training, building) still shows it is running,
 line per task at the end:
 
     progress: indexing d.jsonl: 12,800/50,000 docs (26%), 41 docs/s, 0:05:12 elapsed, ETA 0:15:07
-    progress:   building dense: running 0:01:40 (51,200 docs done at 512 docs/s, ETA 0:01:20)
+    progress:   building dense: running 0:01:40 (10,000/50,000 docs done at 512 docs/s, ETA 0:01:20)
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ class _Task:
         name = self.description.replace("[bold]", "").replace("[/bold]", "")
         if phase is not None:  # a phase of a bulk run (``progress._Phase``)
             rate = phase.rate()
-            done = (f"{phase.done:,} {self.unit} done" +
-                    (f" at {rate:,.0f} {self.unit}/s" if rate else ""))
+            done = (f"{self.completed:,}" + (f"/{self.total:,}" if self.total else "") +
+                    f" {self.unit} done" + (f" at {rate:,.0f} {self.unit}/s" if rate else ""))
             if phase.since is None:
                 return f"{name}: {done}, {clock(phase.elapsed())} in all"
             return (f"{name}: running {clock(phase.elapsed())} ({done}, "
