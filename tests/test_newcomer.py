@@ -306,3 +306,17 @@ def test_exit_codes_follow_one_convention(lexical_data, pi, args, code, status):
     assert got == code, err
     if status:
         assert err.startswith(f"error ({status}): ")
+
+
+def test_tune_bm25_takes_a_measure_in_any_case(lexical_data):
+    from polyindex.cli.tune import Grid, tune
+    eng = polyindex.open(lexical_data)
+    coll = eng.collection("books")
+    queries = [("q1", "river delta"), ("q2", "hill"), ("q3", "river mouth")]
+    qrels = {"q1": {"a": 1}, "q2": {"c": 1}}
+    report = tune(coll, queries, qrels, test_qrels={"q3": {"b": 1}}, measure="ndcg@10",
+                  grid=Grid(variants=("bm25",), k1=(1.2,), b=(0.75,)), store=False)
+    assert report["measure"] == "nDCG@10"
+    with pytest.raises(polyindex.InvalidArgument, match="did you mean nDCG@10"):
+        tune(coll, queries, qrels, measure="ndgc@10", grid=Grid(variants=("bm25",)))
+    eng.close()
