@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below can pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e '.[dev,ray,plot]'
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e '.[dev,ray,plot,hdf5]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -265,7 +265,8 @@ class Collection:
                 "segments": len(m.segments), "deleted_rows": sum(s.n_deleted for s in m.segments),
                 "indexes": [k.describe() for k in self.kinds.values()],
                 "profiles": sorted(self.profiles()), "model": self.config.model,
-                "dtype": self.config.dtype, "segment_size": self.config.segment_size,
+                "dtype": self.config.dtype, "dtype_choice": self.config.dtype_choice,
+                "encodes_text": self.encoding.encodes_text(), "segment_size": self.config.segment_size,
                 "fields": self.config.fields,
                 "vector_fields": {f.name: {"index": f.index, "dim": f.dim, "metric": f.metric}
                                   for f in self.encoding.vector_spec().fields.values()},

@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-from polyindex.errors import InvalidArgument, ResourceExhausted
+from polyindex.errors import InvalidArgument, ResourceExhausted, did_you_mean
 from polyindex.types import MAX_FIELDS, MAX_INDEXES, MAX_SEGMENT_SIZE
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: no trailing newline
@@ -34,7 +34,8 @@ def check_declared(collection: str, declared: dict[str, str], asked: dict[str, s
         have = declared.get(name)
         if have is None:
             raise InvalidArgument(
-                f"collection {collection!r} exists without field {name!r} ({how} gave "
+                f"collection {collection!r} exists without field {name!r}"
+                f"{did_you_mean(name, declared)} ({how} gave "
                 f"{name}:{ftype}; declared: {known}): fields are declared when a collection "
                 f"is created, since its stored documents have no typed {name!r} column to "
                 f"filter on; index into a new collection with {name}:{ftype}, or drop "
@@ -52,6 +53,9 @@ class CollectionConfig:
     indexes: list[str] = field(default_factory=lambda: list(DEFAULT_INDEXES))
     model: str | None = DEFAULT_MODEL  # None: no text encoder (vectors come from the user)
     dtype: str = "bfloat16"
+    # Why ``dtype``: "given", or how ``auto`` chose it on the machine that created the
+    # collection (``encode.precision``); empty for collections made before the choice.
+    dtype_choice: str = ""
     segment_size: int = 50_000
     fields: dict[str, str] = field(default_factory=dict)  # filterable metadata columns
     profiles: dict[str, dict] = field(default_factory=dict)  # user rank profiles
@@ -210,6 +214,10 @@ class Settings:
                                       _number(float, 0.0, 3600.0),
                                       "SIGTERM: seconds the last seal gets (then the writes "
                                       "stay in the WAL)")
+    progress_seconds: float = _setting("POLYINDEX_PROGRESS_SECONDS", 30.0,
+                                       _number(float, 0.05, 86400.0),
+                                       "progress on a stderr that is not a terminal: a log "
+                                       "line (count, rate, ETA) every this many seconds")
     bench_data: str = _setting("POLYINDEX_BENCH_DATA", "", _text,
                                "bench/: the BEIR collections (default ../shared/data)")
 

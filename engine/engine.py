@@ -23,7 +23,7 @@ from polyindex.config import (
     validate_name,
 )
 from polyindex.cuda.device import check_device
-from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound
+from polyindex.errors import AlreadyExists, FailedPrecondition, NotFound, did_you_mean
 from polyindex.index.registry import from_factory
 from polyindex.storage import fsutil
 from polyindex.storage.lock import DirectoryLock
@@ -74,7 +74,7 @@ class Engine:
                       if not p.name.startswith(".") and (p / MANIFEST).exists())
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
-                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          model: str | None = DEFAULT_MODEL, dtype: str = "auto",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> Collection:
@@ -84,8 +84,10 @@ class Engine:
         uid = uuid.uuid4().hex
         from polyindex.ingest.vectors import VectorSpec
         VectorSpec.of({k.name: k for k in kinds}, model)  # e.g. source=model without a model
+        from polyindex.encode.precision import resolve
+        dtype, dtype_choice = resolve(dtype, self.device)  # "auto": this machine's, stored
         config = CollectionConfig(name=name, indexes=[k.describe() for k in kinds], model=model,
-                                  dtype=dtype, segment_size=segment_size, fields=dict(fields or {}),
+                                  dtype=dtype, dtype_choice=dtype_choice, segment_size=segment_size, fields=dict(fields or {}),
                                   profiles=dict(profiles or {}), uid=uid)
         if profiles:
             from polyindex.query.profiles import Profile
@@ -129,8 +131,9 @@ class Engine:
             if coll is None:
                 folder = self.path / name
                 if not (folder / MANIFEST).exists():
-                    raise NotFound(f"collection {name!r} not found "
-                                   f"(have: {', '.join(self.list_collections()) or 'none'})")
+                    have = self.list_collections()
+                    raise NotFound(f"collection {name!r} not found{did_you_mean(name, have)} "
+                                   f"(have: {', '.join(have) or 'none'})")
                 coll = Collection(folder, self.device, online=self.online,
                                   readonly=self.readonly, dir_lock=self._dir_lock,
                                   follow_wal=self.follow_wal)
@@ -143,7 +146,8 @@ class Engine:
         with self._lock:
             folder = self.path / name
             if not (folder / MANIFEST).exists():
-                raise NotFound(f"collection {name!r} not found")
+                raise NotFound(f"collection {name!r} not found"
+                               f"{did_you_mean(name, self.list_collections())}")
             coll = self._collections.pop(name, None)
             if coll is not None:
                 coll.abandon()  # sealer stopped, in-flight seal awaited, WAL closed

@@ -11,6 +11,37 @@ import os
 from typing import Callable
 
 
+def did_you_mean(name, choices) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a misspelt ``name`` (difflib), or
+    ''. The messages that name an unknown profile, collection or field end with it."""
+    import difflib
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1, cutoff=0.6)
+    if not close:  # "Hybrid" for "hybrid": case alone
+        close = [c for c in map(str, choices) if c.lower() == name.lower()][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def install_hint(extra: str, package: str) -> str:
+    """How to install an optional extra, as a line that works: the package itself with
+    polyindex's own bounds (read from the installed metadata, which pyproject.toml writes),
+    e.g. ``pip install 'h5py>=3.8'``. ``pip install 'polyindex[EXTRA]'`` fails wherever
+    polyindex is not on the package index (a source checkout), so it is only the second way."""
+    import re
+    from importlib import metadata
+    spec = package
+    try:
+        for req in metadata.requires("polyindex") or []:
+            name, _, marker = req.partition(";")
+            if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", marker) and \
+                    re.match(rf"{re.escape(package)}\b", name.strip()):
+                spec = name.strip()
+    except metadata.PackageNotFoundError:
+        pass
+    return (f"pip install '{spec}' (or, in a polyindex checkout, pip install '.[{extra}]')")
+
+
 class PolyindexError(Exception):
     """Base of every polyindex error."""
 

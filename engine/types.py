@@ -156,7 +156,7 @@ class EngineAPI(Protocol):
     and ``distributed.serving.ShardedEngine`` (checked like ``CollectionAPI``)."""
 
     def create_collection(self, name: str, indexes: Sequence[str] = ..., *,
-                          model: str | None = ..., dtype: str = "bfloat16",
+                          model: str | None = ..., dtype: str = "auto",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> CollectionAPI: ...

@@ -353,7 +353,7 @@ def test_the_compact_command(tmp_path, cli):
         busy = cli("compact", "--data", tmp_path, "--collection", "m")
     assert busy.returncode == 1 and "already open for writing" in busy.stderr
     missing = cli("compact", "--data", tmp_path, "--collection", "nope")
-    assert missing.returncode == 1 and "nope" in missing.stderr
+    assert missing.returncode == 2 and "nope" in missing.stderr  # a user error: NOT_FOUND
 
 
 def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypatch):

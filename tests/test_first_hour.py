@@ -167,7 +167,7 @@ def test_8_read_only_commands_refuse_a_missing_data_dir(tmp_path, cli, args):
     missing = tmp_path / "no" / "such"
     argv = [a if a != "QRELS" else tmp_path / "QRELS" for a in args]
     res = cli(*argv, "--data", missing)
-    assert res.returncode == 1, res.stdout
+    assert res.returncode == 2, res.stdout  # NOT_FOUND: a user error (README, exit codes)
     assert f"data directory {missing} does not exist" in res.stderr
     assert not missing.exists() and not missing.parent.exists()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'polyindex[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray[data]')")
 if not Path("/proc/net/tcp").exists():
     pytest.skip("needs Linux /proc to list sockets", allow_module_level=True)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'polyindex[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray[data]')")
 
 from polyindex.client import Client  # noqa: E402
 from polyindex.distributed import cluster  # noqa: E402

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'polyindex[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray[data]')")
 
 from polyindex.distributed import cluster  # noqa: E402
 

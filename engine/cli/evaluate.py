@@ -1,6 +1,8 @@
 """Evaluation: run queries through a profile, write a TREC run, score it with ir-measures."""
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -16,23 +18,48 @@ MEASURE_NAMES = {str(nDCG @ 10): "nDCG@10", str(R @ 100): "R@100", str(RR @ 10):
 BATCH = 64
 
 
+def _by_lowercase() -> dict[str, str]:
+    from ir_measures.measures import registry
+    out: dict[str, str] = {}
+    for name in registry:  # the first spelling wins (nDCG before NDCG)
+        out.setdefault(name.lower(), name)
+    return out
+
+
+def _parse_one(spec: str) -> list:
+    """One measure: ir-measures' own syntax, its name in any case (``ndcg@10``, ``map``,
+    ``mrr@10``), or a TREC name (``ndcg_cut_10``)."""
+    try:
+        return [ir_measures.parse_measure(spec)]
+    except (NameError, ValueError, SyntaxError, TypeError):
+        pass
+    m = re.match(r"([^@(_]+)(.*)", spec.strip())
+    name = _by_lowercase().get(m.group(1).lower()) if m else None
+    if name is not None:
+        try:
+            return [ir_measures.parse_measure(name + m.group(2))]
+        except (NameError, ValueError, SyntaxError, TypeError):
+            pass
+    try:
+        return list(ir_measures.parse_trec_measure(spec))
+    except (NameError, ValueError, SyntaxError, TypeError, KeyError):
+        pass
+    head = m.group(1) if m else spec
+    close = difflib.get_close_matches(head.lower(), list(_by_lowercase()), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(_by_lowercase()[c] + (m.group(2) if m else '') for c in close)}? " \
+        if close else ""
+    raise InvalidArgument(f"--measure {spec!r} is not an ir-measures measure ({hint}e.g. "
+                          "nDCG@10, P@5, R@1000, RR@10, AP, Judged@10, in any case, or a TREC "
+                          "name such as ndcg_cut_10)")
+
+
 def parse_measures(specs: Sequence[str] | None) -> list:
     """ir-measures measures from their names (``nDCG@10``, ``P@5``, ``R@1000``, ``RR``,
-    ``Judged@10``, TREC names like ``ndcg_cut_10``...); none given: the default four."""
+    ``Judged@10``, case-insensitively, TREC names like ``ndcg_cut_10``...); none given: the
+    default four."""
     if not specs:
         return list(MEASURES)
-    out = []
-    for spec in specs:
-        try:
-            out.extend([ir_measures.parse_measure(spec)])
-        except (NameError, ValueError, SyntaxError, TypeError):
-            try:
-                out.extend(ir_measures.parse_trec_measure(spec))
-            except (NameError, ValueError, SyntaxError, TypeError, KeyError):
-                raise InvalidArgument(f"--measure {spec!r} is not an ir-measures measure (e.g. "
-                                      "nDCG@10, P@5, R@1000, RR@10, AP, Judged@10, or a TREC "
-                                      "name such as ndcg_cut_10)") from None
-    return out
+    return [m for spec in specs for m in _parse_one(spec)]
 
 
 def measure_name(measure) -> str:
@@ -92,33 +119,32 @@ def read_run(path: Path) -> list:
     return out
 
 
+def per_query(run_path: Path | dict, qrels: dict[str, dict[str, int]],
+              measures: Sequence | None = None) -> dict[str, dict[str, float]]:
+    """Each measure's value for every judged query: ``{measure name: {query id: value}}`` of a
+    TREC run file or a run (qid -> [(doc id, score)]); a
+    judged query without hits counts as zero (whether ir-measures reports a query absent
+    from the run, as 0, or leaves it out depends on the measure's provider)."""
+    measures = list(measures or MEASURES)
+    if isinstance(run_path, dict):  # qid -> [(doc id, score)], as ``run_queries`` returns
+        run = [ir_measures.ScoredDoc(q, d, s) for q, hits in run_path.items() if q in qrels
+               for d, s in hits]
+    else:
+        run = [r for r in read_run(run_path) if r.query_id in qrels]
+    out = {str(m): {q: 0.0 for q in qrels} for m in measures}
+    for m in ir_measures.iter_calc(measures, qrels, run):
+        out[str(m.measure)][m.query_id] = float(m.value)
+    return {measure_name(m): out[str(m)] for m in measures}
+
+
 def evaluate_run(run_path: Path, qrels: dict[str, dict[str, int]],
                  measures: Sequence | None = None) -> dict[str, float]:
-    """Mean measures of a TREC run file over the judged queries; a judged query without hits
-    counts as zero. Per-query values are summed here because whether ir-measures reports a
-    query absent from the run (as 0) or leaves it out depends on the measure's provider."""
-    measures = list(measures or MEASURES)
-    judged = set(qrels)
-    run = [r for r in read_run(run_path) if r.query_id in judged]
-    sums = {str(m): 0.0 for m in measures}
-    for m in ir_measures.iter_calc(measures, qrels, run):
-        sums[str(m.measure)] += float(m.value)
-    n = len(judged)
-    return {measure_name(m): (sums[str(m)] / n if n else 0.0) for m in measures}
+    """Mean measures of a TREC run file over the judged queries (``per_query``)."""
+    return means(per_query(run_path, qrels, measures))
 
 
-def per_query(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str, int]],
-              measures: Sequence) -> dict[str, dict[str, float]]:
-    """measure name -> qid -> value over every judged query (0 where the run has no hits for
-    it, as ``evaluate_run`` counts them)."""
-    judged = set(qrels)
-    scored = [ir_measures.ScoredDoc(qid, doc, score) for qid, hits in run.items()
-              if qid in judged for doc, score in hits]
-    out = {measure_name(m): {q: 0.0 for q in judged} for m in measures}
-    names = {str(m): measure_name(m) for m in measures}
-    for m in ir_measures.iter_calc(list(measures), qrels, scored):
-        out[names[str(m.measure)]][m.query_id] = float(m.value)
-    return out
+def means(values: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {name: (sum(v.values()) / len(v) if v else 0.0) for name, v in values.items()}
 
 
 def summarize(values: dict[str, dict[str, dict[str, float]]], confidence: float = 0.95) -> dict:

@@ -2,7 +2,7 @@
 compact, demo, count, delete, scroll, export, snapshot (``cli.snapshot``).
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
-exit non-zero (2 for bad input, 1 otherwise).
+exit non-zero (``exit_codes``: 2 for a user error, 1 otherwise).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           segment_size: int = typer.Option(50_000, "--segment-size", help="Documents per segment (new collections)."),
           ids: Optional[Path] = typer.Option(None, "--ids", metavar="FILE", help="Id file (one per line) of a vector file; default: row numbers."),
           model: Optional[str] = typer.Option(None, "--model", help="Text model of a new collection (default all-MiniLM-L6-v2); 'none': vectors-only, no encoder loaded."),
-          dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's precision for a new collection: bfloat16 (the default; fast on CPUs with AVX-512 BF16/AMX and on GPUs), float32 (several times faster on CPUs without them) or float16."),
+          dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's precision for a new collection: auto (the default: bfloat16 on a GPU or a CPU with AVX-512 BF16/AMX, else float32, several times faster there; `info` says which), bfloat16, float32 or float16."),
           skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip and count bad records instead of stopping."),
           force: bool = typer.Option(False, "--force", help="Index a source again even if it was fully indexed."),
           prune_quality: Optional[str] = typer.Option(None, "--prune-quality", metavar="P", help="Keep the fraction P (0 <= P < 1) of documents with the lowest quality estimate out of the costly indexes (dense, multivector, sparse, tree): not encoded, not in those indexes, but stored, returned by get and found by lexical queries. The threshold (the P quantile of this input's quality) is stored in the collection and applied to later writes."),
@@ -126,7 +126,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     created = collection not in eng.list_collections()
     if not created:
         coll = eng.collection(collection)
-        if dtype is not None and dtype != coll.config.dtype:
+        if dtype not in (None, "auto") and dtype != coll.config.dtype:
             raise InvalidArgument(f"collection {collection!r} exists with dtype "
                                   f"{coll.config.dtype}; --dtype gave {dtype}")
         if index and sorted(_describe(f) for f in index) != sorted(coll.config.indexes):
@@ -134,9 +134,13 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
                                   f"{coll.config.indexes}; --index gave {index}")
         check_declared(collection, coll.config.fields,
                        dict(_parse_field(f) for f in field or []), "--field")
+        from polyindex.cli.file_metric import check_existing
+        check_existing(src, coll, _say)
     else:
+        from polyindex.cli.file_metric import indexes_for_new
         fields = dict(_parse_field(f) for f in field or [])
-        coll = eng.create_collection(collection, index or ["lexical", "dense"], fields=fields,
+        indexes = indexes_for_new(src, index or ["lexical", "dense"], _say)
+        coll = eng.create_collection(collection, indexes, fields=fields,
                                      **_create_options(model, dtype, segment_size))
     try:
         if ray:
@@ -164,6 +168,10 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         out.print(f"indexed {report.indexed:,} documents into {collection!r} "
                   f"({report.segments} segment(s), {report.skipped_invalid} invalid skipped); "
                   f"collection now has {payload['documents']:,} documents")
+
+
+def _say(line: str) -> None:
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _create_options(model: str | None, dtype: str | None, segment_size: int) -> dict:
@@ -235,13 +243,13 @@ def query(text: Optional[str] = typer.Argument(None, help="Query text (or use --
     hits = coll.query(text or None, vector=vec, using=using, k=k, profile=profile, filter=flt,
                       explain=explain, with_text=True)
     if as_json:
-        print(json.dumps([{"rank": h.rank, "id": h.id, "score": h.score, "title": h.title,
-                           **({"text": h.text} if with_text else {}),
-                           **({"metadata": h.metadata or {}} if with_metadata else {}),
-                           **({"explain": h.explain} if explain else {})} for h in hits]))
+        from polyindex.cli.show import hit_json
+        print(json.dumps([hit_json(h, with_text, with_metadata, explain) for h in hits]))
         return
+    from polyindex.cli.show import profile_ran
     shown = repr(text) if text else "vector"
-    table = Table(title=f"{collection} · {profile or 'default'} · {shown}", show_lines=False)
+    table = Table(title=f"{collection} · {profile_ran(coll, profile, text, vec, using)} · {shown}",
+                  show_lines=False)
     for col in ("rank", "id", "score", "title / text", *(["metadata"] if with_metadata else [])):
         table.add_column(col, overflow="fold" if col in ("title / text", "metadata") else None)
     for h in hits:
@@ -281,14 +289,11 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
     TREC run files given with --run."""
     import tempfile
 
-    from polyindex.cli.evaluate import (
-        evaluate_run,
-        parse_measures,
-        per_query,
-        run_queries,
-        summarize,
-        write_trec,
-    )
+    import time
+
+    from polyindex.cli.compare import paired_tests, render
+    from polyindex.cli.evaluate import (means, parse_measures, per_query, run_queries, summarize,
+                                         write_trec)
     from polyindex.cli.profile_names import expand
     from polyindex.ingest.sources import read_qrels, read_queries
     measures = parse_measures(measure)
@@ -296,17 +301,13 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
         from polyindex.console.plot import check_target
         check_target(plot)  # before any query runs
     qrel = read_qrels(qrels)
-    results = {}
-    values = {}  # per-query values, for --plot
+    values, latency = {}, {}
     if run:
         if data is not None or collection is not None or queries is not None:
             raise InvalidArgument("--run scores existing run files; --data, --collection and "
                                   "--queries are for running queries: give one or the other")
         for path in run:
-            results[str(path)] = evaluate_run(path, qrel, measures)
-            if plot is not None:
-                values[str(path)] = per_query(_run_of(path), qrel, measures)
-        payload = {"runs": len(run), "queries": len(qrel), "results": results}
+            values[str(path)] = per_query(path, qrel, measures)
         title = f"{qrels}: {len(qrel)} judged queries"
     else:
         missing = [o for o, v in (("--data", data), ("--collection", collection),
@@ -323,40 +324,28 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
             folder = run_dir or Path(tmp)
             folder.mkdir(parents=True, exist_ok=True)
             for p in profile:
+                start = time.perf_counter()
                 result = run_queries(coll, qs, profile=p, k=k, progress=not as_json)
+                latency[p] = (time.perf_counter() - start) * 1000 / len(qs)
                 path = folder / f"{collection}.{p}.trec"
                 write_trec(path, result, p)
-                results[p] = evaluate_run(path, qrel, measures)
-                if plot is not None:
-                    values[p] = per_query(result, qrel, measures)
-        payload = {"collection": collection, "queries": len(qs), "results": results}
+                values[p] = per_query(path, qrel, measures)
         title = f"{collection}: {len(qs)} judged queries"
+    results = {entry: means(v) for entry, v in values.items()}
+    tests = paired_tests(values)  # two or more: each against the first
     if plot is not None:
         from polyindex.console.plot import write_plot
         write_plot(plot, summarize(values), title)
-        payload["plot"] = str(plot)
     if as_json:
-        print(json.dumps(payload))
+        payload = ({"runs": len(run), "queries": len(qrel)} if run else
+                   {"collection": collection, "queries": len(qs), "latency_ms": latency})
+        print(json.dumps({**payload, "results": results,
+                          **({"baseline": next(iter(results)), "paired_t_test": tests}
+                             if tests else {}), **({"plot": str(plot)} if plot else {})}))
         return
-    table = Table(title=title)
-    table.add_column("run" if run else "profile")
-    names = list(next(iter(results.values())))
-    for n in names:
-        table.add_column(n, justify="right")
-    for p, r in results.items():
-        table.add_row(p, *(f"{r[n]:.4f}" for n in names))
-    out.print(table)
+    render(out, title, "run" if run else "profile", results, latency, tests)
     if plot is not None:
         out.print(f"wrote the charts to {plot}")
-
-
-def _run_of(path: Path) -> dict[str, list[tuple[str, float]]]:
-    """A TREC run file as qid -> [(doc id, score)], for the per-query plot."""
-    from polyindex.cli.evaluate import read_run
-    run: dict[str, list[tuple[str, float]]] = {}
-    for r in read_run(path):
-        run.setdefault(r.query_id, []).append((r.doc_id, r.score))
-    return run
 
 
 @app.command("train-ranker")
@@ -642,7 +631,8 @@ def main() -> None:
         # soft_wrap: one line, never folded at the console width (paths and ids stay whole)
         err.print(f"error ({e.status}): {e}", style="red", highlight=False, markup=False,
                   soft_wrap=True)
-        sys.exit(2 if isinstance(e, InvalidArgument) else 1)
+        from polyindex.cli.exit_codes import exit_code
+        sys.exit(exit_code(e))
 
 
 if __name__ == "__main__":

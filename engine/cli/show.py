@@ -10,15 +10,24 @@ from rich.table import Table
 _LABELS = [("documents", "documents"), ("segments", "segments"), ("deleted_rows", "deleted rows"),
            ("bytes_on_disk", "bytes on disk"), ("bytes_reclaimable", "bytes reclaimable"),
            ("indexes", "indexes"), ("profiles", "profiles"), ("model", "model"),
-           ("segment_size", "segment size"), ("fields", "fields"), ("ingest", "last ingest"),
+           ("vector_fields", "your vector fields"), ("segment_size", "segment size"),
+           ("fields", "fields"), ("ingest", "last ingest"),
            ("version", "manifest version"), ("format_version", "format")]
 
 
 def _value(key: str, value, info: dict) -> str:
+    if key == "model" and (value is None or info.get("encodes_text") is False):
+        return "none (no index encodes text)"  # lexical only, or the user's own vectors
     if value is None or value == [] or value == {}:
         return "-"
     if key == "model":
-        return f"{value} ({info.get('dtype', '?')})"
+        choice = info.get("dtype_choice")
+        return f"{value}, {info.get('dtype', '?')}" + (f" ({choice})" if choice else "")
+    if key == "vector_fields":  # one "name: dim D, metric, index" per field
+        return "; ".join(f"{n}: " + ", ".join(
+            [f"dim {f['dim']}" if f.get("dim") else "dim from the first vector",
+             f.get("metric") or "ip", f"index {f['index']}" if f.get("index") else "no index"])
+            for n, f in value.items())
     if key == "fields":
         return ", ".join(f"{n}:{t}" for n, t in value.items())
     if key == "ingest":
@@ -34,9 +43,38 @@ def _value(key: str, value, info: dict) -> str:
     return str(value)
 
 
+def hit_json(hit, with_text: bool, with_metadata: bool, explain: bool) -> dict:
+    """A hit for ``query --json``: rank, id and score, then only the fields it has (no
+    empty title, text or metadata) among those asked for."""
+    out = {"rank": hit.rank, "id": hit.id, "score": hit.score}
+    for key, value, asked in (("title", hit.title, True), ("text", hit.text, with_text),
+                              ("metadata", hit.metadata, with_metadata),
+                              ("explain", hit.explain, explain)):
+        if asked and value not in (None, "", {}, []):
+            out[key] = value
+    return out
+
+
+def profile_ran(coll, profile, text, vector, using) -> str:
+    """The name of the profile a ``query`` ran: the one given, or the collection's default
+    for that query (a vector query: its field's index, or fusion over the fields given)."""
+    if isinstance(profile, str):
+        return profile
+    if vector is not None:
+        from polyindex.query.requests import default_vector_profile, make_queries
+        name = default_vector_profile(make_queries(None if text is None else [text], [vector],
+                                                   using), using, coll.kinds)
+        if isinstance(name, dict):
+            return "rrf of " + ", ".join(s["index"] for s in name["retrieve"])
+        if name is not None:
+            return name
+    from polyindex.query.profiles import default_profile
+    return default_profile(list(coll.kinds), coll.profiles())
+
+
 def show_collection(out: Console, info: dict) -> None:
     out.print(f"[bold]{escape(info['name'])}[/bold]")
-    shown = {k for k, _ in _LABELS} | {"name", "dtype"}
+    shown = {k for k, _ in _LABELS} | {"name", "dtype", "dtype_choice", "encodes_text"}
     rows = [(label, _value(key, info.get(key), info)) for key, label in _LABELS if key in info]
     rows += [(key.replace("_", " "), _value(key, v, info)) for key, v in info.items()
              if key not in shown]  # online-mode extras (buffered writes, WAL bytes)

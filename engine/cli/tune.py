@@ -110,11 +110,11 @@ def tune(coll, queries: list[tuple[str, str]], qrels: dict, *, test_qrels: dict 
     """Grid-search the lexical scorer; see the module docstring. Returns the report."""
     if "lexical" not in coll.kinds:
         raise InvalidArgument(f"collection {coll.name!r} has no lexical index to tune")
-    try:
-        m = ir_measures.parse_measure(measure)
-    except (ValueError, NameError, SyntaxError, TypeError):
-        raise InvalidArgument(f"--measure {measure!r} is not an ir-measures measure "
-                              f"(e.g. nDCG@10, AP, R@100)") from None
+    from polyindex.cli.evaluate import parse_measures  # any case, "did you mean", TREC names
+    found = parse_measures([measure])
+    if len(found) != 1:
+        raise InvalidArgument(f"--measure {measure!r} names {len(found)} measures; tune one")
+    m = found[0]
     grid = grid or Grid()
     train = [(q, t) for q, t in queries if q in qrels]
     if not train:

@@ -11,11 +11,10 @@ import logging
 import os
 import signal
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, install_hint
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "Ray is not installed: pip install 'polyindex[ray]' (or pip install 'ray[data]')"
 
 # Bounded so a test or a laptop does not hand Ray a third of its RAM by default.
 DEFAULT_OBJECT_STORE_BYTES = 256 * 1024 * 1024
@@ -34,7 +33,7 @@ def require_ray():
     try:
         import ray
     except ImportError as e:
-        raise InvalidArgument(INSTALL_HINT) from e
+        raise InvalidArgument(f"Ray is not installed: {install_hint('ray', 'ray')}") from e
     return ray
 
 

@@ -114,10 +114,12 @@ class ShardedEngine:
         return coll
 
     def create_collection(self, name: str, indexes: Sequence[str] = DEFAULT_INDEXES, *,
-                          model: str | None = DEFAULT_MODEL, dtype: str = "bfloat16",
+                          model: str | None = DEFAULT_MODEL, dtype: str = "auto",
                           segment_size: int = 50_000, fields: dict[str, str] | None = None,
                           profiles: dict[str, dict] | None = None,
                           exist_ok: bool = False) -> ShardedCollection:
+        from polyindex.encode.precision import resolve
+        dtype = resolve(dtype)[0]  # chosen once here: every shard (any node) encodes alike
         kw = {"model": model, "dtype": dtype, "segment_size": segment_size, "fields": fields,
               "profiles": profiles, "exist_ok": exist_ok}
         self.backend.each({s: ("create", name, list(indexes), kw)

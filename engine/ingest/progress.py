@@ -1,4 +1,5 @@
-"""Progress display for long work: rich bars with rate and ETA, on stderr.
+"""Progress display for long work: rich bars with rate and ETA, on stderr (log lines every
+30 s where stderr is not a terminal: ``progress_log``).
 
 ``progress_bar`` is one bar (queries, records). ``Phases`` is a bulk run's display: the records
 bar (read and encoded) and one row per phase that follows it on each segment (training a kind,
@@ -24,6 +25,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from polyindex.ingest.progress_log import LogProgress, clock
+
 REFRESH_PER_SECOND = 4  # elapsed times and ETAs move at least every second
 
 
@@ -45,19 +48,16 @@ def progress_bar(description: str, total: int | None, unit: str = "docs", enable
     if not enabled:
         yield lambda n: None
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  _Rate(unit), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=False,
-                  refresh_per_second=REFRESH_PER_SECOND) as bar:
+    console = Console(stderr=True)
+    shown = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     _Rate(unit), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                     console=console, transient=False, refresh_per_second=REFRESH_PER_SECOND) \
+        if console.is_terminal else LogProgress(unit)
+    with shown as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
 
 
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "-:--:--"
-    s = int(max(seconds, 0))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 @dataclass
@@ -85,7 +85,7 @@ class _Phase:
 class _Elapsed(ProgressColumn):
     def render(self, task):
         phase = task.fields.get("phase")
-        return Text(_clock(phase.elapsed() if phase is not None else task.elapsed))
+        return Text(clock(phase.elapsed() if phase is not None else task.elapsed))
 
 
 class _Eta(ProgressColumn):
@@ -93,10 +93,10 @@ class _Eta(ProgressColumn):
         phase = task.fields.get("phase")
         if phase is None:
             remaining = task.time_remaining
-            return Text("ETA " + ("0:00:00" if task.finished else _clock(remaining)))
+            return Text("ETA " + ("0:00:00" if task.finished else clock(remaining)))
         if phase.since is None:
             return Text("done" if phase.done else "")
-        return Text("ETA " + _clock(phase.eta()))
+        return Text("ETA " + clock(phase.eta()))
 
 
 class Phases:
@@ -111,10 +111,12 @@ class Phases:
 
     def __enter__(self) -> "Phases":
         if self.enabled:
+            console = Console(stderr=True)
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), _Rate("docs"), _Elapsed(), _Eta(),
-                                 console=Console(stderr=True), transient=False,
-                                 refresh_per_second=REFRESH_PER_SECOND)
+                                 console=console, transient=False,
+                                 refresh_per_second=REFRESH_PER_SECOND) \
+                if console.is_terminal else LogProgress("docs")
             self._bar.__enter__()
         return self
 

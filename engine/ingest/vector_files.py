@@ -4,7 +4,7 @@ Each row becomes a document with only an id and its vector (the unnamed field ``
 Ids come from an id file (one per line, ``ids=``) or are the row numbers ``0..n-1``, which
 is what ANN-benchmarks' ``neighbors`` refer to. Files are memory-mapped and checked a block
 at a time (NaN, infinity, magnitude), so a bad row is named by its row number without a
-Python object per value. HDF5 needs the optional ``h5py`` (``pip install polyindex[hdf5]``);
+Python object per value. HDF5 needs the optional ``h5py`` (``pip install h5py``, the extra ``hdf5``);
 its ``train`` dataset is indexed, ``test`` and ``neighbors`` are what bench_ann reads.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from polyindex.errors import InputError, InvalidArgument
+from polyindex.errors import InputError, InvalidArgument, install_hint
 from polyindex.ingest.values import MAX_ABS
 from polyindex.types import Document
 
@@ -58,8 +58,8 @@ def load_matrix(path: Path, source: str, dataset: str = "train") -> np.ndarray:
         try:
             import h5py
         except ImportError:
-            raise InvalidArgument(f"{source}: reading HDF5 needs h5py (pip install "
-                                  "'polyindex[hdf5]')") from None
+            raise InvalidArgument(f"{source}: reading HDF5 needs h5py: "
+                                  f"{install_hint('hdf5', 'h5py')}") from None
         with h5py.File(path, "r") as f:
             if dataset not in f:
                 raise InputError(f"HDF5 file has no {dataset!r} dataset (has: "
@@ -71,6 +71,30 @@ def load_matrix(path: Path, source: str, dataset: str = "train") -> np.ndarray:
         raise InputError(f"expected a 2-D array of numbers, got shape {m.shape}, dtype {m.dtype}",
                          source=source)
     return m
+
+
+# ANN-benchmarks' ``distance`` attribute -> the dense metric that ranks the same way
+FILE_METRICS = {"angular": "cosine", "euclidean": "l2"}
+
+
+def file_metric(path: Path) -> tuple[str | None, str | None]:
+    """(the distance an ANN-benchmarks HDF5 file is marked with, the dense metric that ranks
+    by it); (None, None) for other formats, unmarked files, or without h5py."""
+    if VECTOR_FORMATS.get(Path(path).suffix.lower()) != "hdf5":
+        return None, None
+    try:
+        import h5py
+    except ImportError:
+        return None, None  # reading the file says how to install it
+    try:
+        with h5py.File(path, "r") as f:
+            distance = f.attrs.get("distance")
+    except OSError:
+        return None, None  # not readable: reading it names the problem
+    if isinstance(distance, bytes):
+        distance = distance.decode("utf-8", "replace")
+    distance = str(distance).lower() if distance is not None else None
+    return distance, FILE_METRICS.get(distance)
 
 
 def read_ids(path: Path | None, n: int) -> list[str] | None:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from polyindex.config import settings
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, did_you_mean
 from polyindex.index.masks import IdentityLRU, freeze, nothing
 
 MASK_CACHE_BYTES = settings().filter_cache_mb << 20
@@ -89,10 +89,15 @@ def _compile(spec: dict, fields: dict[str, str]) -> pc.Expression:
 
 def _field_expr(name: str, cond, fields: dict[str, str]) -> pc.Expression:
     if name != "id" and name not in fields:
-        raise InvalidArgument(f"filter names field {name!r}, which is not a declared field "
+        raise InvalidArgument(f"filter names field {name!r}, which is not a declared field"
+                              f"{did_you_mean(name, [*fields, 'id', 'and', 'or', 'not'])} "
                               f"(declared: {sorted(fields) or 'none'}; 'id' always works)")
     col = pc.field(name)
     ftype = "string" if name == "id" else fields[name]
+    if isinstance(cond, list):  # {"year": [1990, 1991]}: meant as "any of these"
+        raise InvalidArgument(f"filter on {name!r}: a list is not a value; to match any of "
+                              f"several, use in: {{{json.dumps(name)}: {{\"in\": "
+                              f"{json.dumps(cond)[:200]}}}}}")
     if not isinstance(cond, dict):
         cond = {"eq": cond}
     exprs = []
@@ -106,11 +111,15 @@ def _field_expr(name: str, cond, fields: dict[str, str]) -> pc.Expression:
             exprs.append(~e if op == "nin" else e)
         elif op in OPS:
             if isinstance(value, (list, dict)) or value is None:
-                raise InvalidArgument(f"filter on {name!r}: {op!r} needs a scalar value")
+                hint = {"eq": " (to match any of several values: in)",
+                        "ne": " (to exclude several values: nin)"}.get(op, "") \
+                    if isinstance(value, list) else ""
+                raise InvalidArgument(f"filter on {name!r}: {op!r} needs a scalar value{hint}")
             _check_value(name, ftype, op, value)
             exprs.append(getattr(col, OPS[op])(value))
         else:
-            raise InvalidArgument(f"filter on {name!r}: unknown operator {op!r} "
+            raise InvalidArgument(f"filter on {name!r}: unknown operator {op!r}"
+                                  f"{did_you_mean(op, [*OPS, 'in', 'nin'])} "
                                   f"(known: {sorted([*OPS, 'in', 'nin'])})")
     expr = exprs[0]
     for e in exprs[1:]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, did_you_mean
 from polyindex.index.protocol import parse_options
 
 FUSE_METHODS = ("rrf", "weighted")
@@ -150,14 +150,20 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
     return out
 
 
+def default_profile(kinds: list[str], profiles: dict) -> str:
+    """The profile a text query runs when it names none."""
+    return "hybrid" if "hybrid" in profiles else kinds[0]
+
+
 def resolve_profile(name_or_data, kinds: list[str], user: dict[str, dict]) -> Profile:
     """A profile by name (user profiles shadow built-ins) or an inline dict."""
     if isinstance(name_or_data, dict):
         return Profile.from_json("inline", name_or_data, set(kinds))
     profiles = {**builtin_profiles(kinds), **user}
     if name_or_data is None:
-        name_or_data = "hybrid" if "hybrid" in profiles else kinds[0]
+        name_or_data = default_profile(kinds, profiles)
     if name_or_data not in profiles:
-        raise InvalidArgument(f"unknown rank profile {name_or_data!r}; this collection has: "
+        raise InvalidArgument(f"unknown rank profile {name_or_data!r}"
+                              f"{did_you_mean(name_or_data, profiles)}; this collection has: "
                               f"{', '.join(sorted(profiles))}")
     return Profile.from_json(name_or_data, profiles[name_or_data], set(kinds))

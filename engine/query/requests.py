@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyindex.errors import InvalidArgument
+from polyindex.errors import InvalidArgument, did_you_mean
 from polyindex.index.protocol import Query
 from polyindex.types import MAX_VECTOR_NORM
 
@@ -29,7 +29,8 @@ def default_vector_profile(queries: list[Query], using: str | None, kinds: dict)
         name = "dense" if f == "dense" else f"dense@{f}"
         if name not in kinds:
             have = sorted(k.field for k in kinds.values() if k.kind == "dense")
-            raise InvalidArgument(f"no vector field {f!r} in this collection "
+            raise InvalidArgument(f"no vector field {f!r} in this collection"
+                                  f"{did_you_mean(f, have)} "
                                   f"(its vector fields: {', '.join(have) or 'none'})")
         names.append(name)
     if len(names) == 1:
