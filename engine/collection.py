@@ -121,14 +121,7 @@ class Collection:
         return len(unique)
 
     def delete(self, ids: Sequence[str]) -> int:
-        ids = documents.check_ids(ids)
-        online = self.live.writes
-        if online is not None:
-            return online.delete(ids)
-        with self.table.writer() as w:
-            n = w.delete(ids)
-        self.table.refresh()
-        return n
+        return self.live.delete(documents.check_ids(ids))
 
     def delete_where(self, filter: dict) -> int:
         """Delete what matches ``filter``, chosen under the write lock: exact at one point."""
@@ -266,8 +259,8 @@ class Collection:
                 "indexes": [k.describe() for k in self.kinds.values()],
                 "profiles": sorted(self.profiles()), "model": self.config.model,
                 "dtype": self.config.dtype, "dtype_choice": self.config.dtype_choice,
-                "encodes_text": self.encoding.encodes_text(), "segment_size": self.config.segment_size,
-                "fields": self.config.fields,
+                "encodes_text": self.encoding.encodes_text(), "fields": self.config.fields,
+                "segment_size": self.config.segment_size,
                 "vector_fields": {f.name: {"index": f.index, "dim": f.dim, "metric": f.metric}
                                   for f in self.encoding.vector_spec().fields.values()},
                 "ingest": m.ingest, "format_version": m.format_version,

@@ -48,6 +48,16 @@ class Live:
                 follower = self.follower
         return follower
 
+    def delete(self, ids) -> int:
+        """Delete documents by id: through the online writer's WAL, or committed directly."""
+        online = self.writes  # read once: a concurrent drop sets it to None
+        if online is not None:
+            return online.delete(ids)
+        with self.table.writer() as w:
+            n = w.delete(ids)
+        self.table.refresh()
+        return n
+
     def delete_matching(self, select) -> int:
         """Delete the ids ``select(snapshot)`` names (delete by filter), chosen under the
         writer's lock so no write lands between choosing and deleting."""
