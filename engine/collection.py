@@ -118,6 +118,7 @@ class Collection:
             w.commit_segment(batch, self.config.fields, embeddings=embeddings,
                              vectors=spec.stack(batch) if spec else None)
         self.table.refresh()
+        self.live.wrote()
         return len(unique)
 
     def delete(self, ids: Sequence[str]) -> int:
@@ -128,6 +129,7 @@ class Collection:
         with self.table.writer() as w:
             n = w.delete(ids)
         self.table.refresh()
+        self.live.wrote()
         return n
 
     # -- reads -----------------------------------------------------------------------------
