@@ -40,6 +40,7 @@ class BackgroundMerger:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._failures = 0
+        self._merging = False
         self._thread = threading.Thread(target=self._run, name=f"merge-{table.name}",
                                         daemon=True)
 
@@ -60,6 +61,13 @@ class BackgroundMerger:
         """A write committed segments: plan now, and count the quiet time from here."""
         self._last_write = time.monotonic()
         self._wake.set()
+
+    def busy(self) -> bool:
+        """A merge is running, or the policy would start one once the writer is quiet."""
+        if self._merging:
+            return True
+        return self.policy.plan(self.table.sealed_snapshot().manifest.segments,
+                                idle=True) is not None
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,7 +91,12 @@ class BackgroundMerger:
                     if quiet < self.idle_s and self.policy.plan(segments, idle=True):
                         wait = self.idle_s - quiet  # back when the writer has been quiet
                     continue
-                compaction.merge(self.table, plan, self._stop.is_set, self.online, remote=True)
+                self._merging = True
+                try:
+                    compaction.merge(self.table, plan, self._stop.is_set, self.online,
+                                     remote=True)
+                finally:
+                    self._merging = False
                 self._failures = 0
                 wait = 0.0  # the policy may want another merge right away
             except (Cancelled, NotFound):
