@@ -10,7 +10,10 @@ model) into three embedded collections, each in its own data directory, in one p
 - (b) ``merged``: written with the merger on (the default); measured once its segment count
   has been still for ``--still`` s, at most ``--settle`` s after its last add, no
   ``compact()``;
-- (c) ``one``: the same documents in one ``add()``: one segment.
+- (c) ``one``: the same documents in one ``add()``: one segment;
+- (d) ``flat``: dense only, the same vectors as one exact ``Flat`` segment: what (a)'s
+  exact scans of small segments cost without a per-segment cost (from 10,000 rows on, (c)'s
+  one segment is an HNSW graph, which no set of exact scans matches).
 
 Then p50 latency of ``lexical`` (text, k=10) and ``dense`` (vector, k=10, the vector lane)
 queries over (a), (b), (c), interleaved in ``--rounds`` rounds, so that the load from
@@ -93,12 +96,19 @@ def scenario(args, adds: int) -> dict:
     waited, segs = settle(colls["merged"], args.still, args.settle)
     colls["one"] = write(open_writer(work / "one", False), [[d for b in batches for d in b]])
     info = {n: c.info() for n, c in colls.items()}
+    # (d) dense only: the same rows as one exact (Flat) segment, the reference of (a)'s
+    # per-segment cost (past 10,000 rows (c)'s segment is an HNSW graph, (a)'s are scans)
+    flat = open_writer(work / "flat", False).create_collection("c", ["dense:Flat"], model=None)
+    flat.add([d for b in batches for d in b])
     queries = corpus.queries(args.queries, seed=11)
     for c in colls.values():  # first queries load and compile
         for text, vec in queries[:20]:
             one_query(c, "lexical", text, vec)
             one_query(c, "dense", text, vec)
+    for _, vec in queries[:20]:
+        one_query(flat, "dense", "", vec)
     times = {(n, p): [] for n in colls for p in ("lexical", "dense")}
+    times[("flat", "dense")] = []
     order = list(colls.items())
     for _ in range(args.rounds):
         for i, (text, vec) in enumerate(queries):
@@ -106,6 +116,7 @@ def scenario(args, adds: int) -> dict:
             for p in ("lexical", "dense"):
                 for n, c in turn:
                     times[(n, p)].append(one_query(c, p, text, vec))
+            times[("flat", "dense")].append(one_query(flat, "dense", text, vec))
     p50 = {f"{n}/{p}": round(statistics.median(v), 1) for (n, p), v in times.items()}
     # lexical: the same hits and scores however segmented; dense: past 10,000 rows a segment
     # is an HNSW graph (approximate), so (b) and (c) are compared with (a)'s exact scans
@@ -116,15 +127,17 @@ def scenario(args, adds: int) -> dict:
     recall = {n: round(float(np.mean([len(a & b) / max(1, len(a)) for a, b in
                                       zip(dense["many"], dense[n])])), 4)
               for n in ("merged", "one")}
-    for c in colls.values():
+    for c in [*colls.values(), flat]:
         c.close()
     return {"adds": adds, "batch": args.batch, "docs": adds * args.batch,
             "segments": {n: i["segments"] for n, i in info.items()},
             "merges": info["merged"].get("merges", 0),
             "write_s": {"many": round(t_many, 2), "merged": round(t_merged, 2)},
             "settled_after_s": waited, "settled_segments": segs, "p50_us": p50,
-            "ratios": {f"{n}/{p}": round(p50[f"{n}/{p}"] / p50[f"one/{p}"], 2)
-                       for n in ("many", "merged") for p in ("lexical", "dense")},
+            "ratios": {**{f"{n}/{p}": round(p50[f"{n}/{p}"] / p50[f"one/{p}"], 2)
+                          for n in ("many", "merged") for p in ("lexical", "dense")},
+                       "many/dense vs one Flat": round(p50["many/dense"] / p50["flat/dense"],
+                                                       2)},
             "lexical_same_hits": lex["many"] == lex["merged"] == lex["one"],
             "dense_recall_at_10_vs_exact": recall}
 
@@ -151,6 +164,9 @@ def main() -> None:
                          verdict(r["ratios"][f"many/{p}"] <= 5),
                          f'{r["ratios"][f"merged/{p}"]}x',
                          verdict(r["ratios"][f"merged/{p}"] <= 1.3)])
+        rows.append(["dense, (d) one Flat segment", r["p50_us"]["many/dense"], "-",
+                     r["p50_us"]["flat/dense"], f'{r["ratios"]["many/dense vs one Flat"]}x',
+                     "-", "-", "-"])
         console.print(table(
             f"{adds} adds of {args.batch}: segments (a) {r['segments']['many']}, (b) "
             f"{r['segments']['merged']} after {r['settled_after_s']} s ({r['merges']} merges), "

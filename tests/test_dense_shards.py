@@ -59,3 +59,24 @@ def test_straddling_tie_keeps_the_per_segment_choice(eng):
         hits = coll.query(vector=x[0], k=k, profile="dense")
         assert same(hits, general(coll, x[0], k, "dense"))
         assert [h.id for h in hits] == sorted(h.id for h in hits)  # ties in id order
+
+
+def test_general_path_runs_and_filters(eng):
+    """Hybrid and filtered dense stages (the general pipeline) search runs too, and a
+    filter's masked segments one by one: the same hits as one segment's."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 16)).astype(np.float32)
+    many = eng.create_collection("many", ["dense:Flat"], model=None, fields={"n": "int"})
+    one = eng.create_collection("one", ["dense:Flat"], model=None, fields={"n": "int"})
+    rows = [{"id": f"d{i:03d}", "vector": x[i], "metadata": {"n": i % 7}} for i in range(300)]
+    for s in range(0, 300, 30):
+        many.add(rows[s:s + 30])
+    one.add(rows)
+    from polyindex.query import pipeline
+    for q in rng.standard_normal((5, 16)).astype(np.float32):
+        assert same(general(many, q, 20, "dense"), one.query(vector=q, k=20, profile="dense"))
+        a = many.query(vector=q, k=20, profile="dense", filter={"n": 3})
+        b = one.query(vector=q, k=20, profile="dense", filter={"n": 3})
+        assert [(h.id, h.score) for h in a] == [(h.id, h.score) for h in b]
+    runs = many.snapshot().cache["dense"][pipeline._RUNS][1]
+    assert list(runs) == [0] and runs[0][0] == 10  # the ten segments: one run

@@ -28,7 +28,8 @@ MIN_RUN = 2  # a run of one is its segment's own part
 
 def flat(seg) -> bool:
     """Is this segment's index a plain CPU ``Flat`` with every row (a run may hold it)?"""
-    if seg.presence is not None or seg.on_gpu:
+    from polyindex.cuda.device import torch_kernels
+    if seg.presence is not None or seg.on_gpu or torch_kernels(seg.device):
         return False
     base = faiss.downcast_index(seg.index)
     return type(base) in _FLAT and base.ntotal == seg.n_rows and \
@@ -121,4 +122,24 @@ def fuse(parts: list, segs: list, threads: int) -> list:
         else:
             out.append(part)
     close()
+    return out
+
+
+def runs(segments: list, bases, allow: list, threads: int,
+         taken: frozenset = frozenset()) -> dict[int, tuple[int, Run]]:
+    """The general pipeline's runs: {first ordinal: (ordinal past it, its ``Run``)} for each
+    stretch of at least ``MIN_RUN`` consecutive plain flat segments with nothing to mask
+    (``allow`` None) and not in ``taken`` (a buffer's stack)."""
+    out: dict[int, tuple[int, Run]] = {}
+    n, i = len(segments), 0
+    while i < n:
+        j = i
+        while j < n and j not in taken and allow[j] is None and flat(segments[j]) and (
+                j == i or (bases[j] == bases[j - 1] + segments[j - 1].n_rows and
+                           faiss.downcast_index(segments[j].index).metric_type ==
+                           faiss.downcast_index(segments[i].index).metric_type)):
+            j += 1
+        if j - i >= MIN_RUN:
+            out[i] = (j, Run(segments[i:j], threads))
+        i = max(j, i + 1)
     return out
