@@ -139,6 +139,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # a writer process started and killed: seconds each on a busy machine
 @pytest.mark.parametrize("how", ["kill -9 during the build", "crash at the manifest commit"])
 def test_kill_during_an_embedded_merge_loses_nothing(tmp_path, how):
     data = tmp_path / "data"
@@ -159,7 +160,7 @@ def test_kill_during_an_embedded_merge_loses_nothing(tmp_path, how):
             lo, hi = json.loads(line)
             acked.extend(range(lo, hi))
             tmp = list((data / "c/segments").glob(".merge-*")) if (data / "c").exists() else []
-            if tmp and len(acked) >= 60:
+            if tmp and len(acked) >= 60 and how.startswith("kill"):
                 merging_seen = True  # a merge is being built, and writes went on beside it
                 os.kill(proc.pid, signal.SIGKILL)
                 break
