@@ -179,3 +179,17 @@ def test_kill_during_an_embedded_merge_loses_nothing(tmp_path, how):
         assert {h.id for h in coll.query(f"w{acked[-1]}", k=3, profile="lexical")} >= \
             {f"d{acked[-1]}"}
     assert verify_collection(data / "c").ok  # every file the manifest names is whole
+
+
+def test_size_of_a_folder_removed_while_counted(tmp_path, monkeypatch):
+    """``info()`` beside a merge's garbage collection: a folder that vanishes while its
+    bytes are counted counts 0 (it raised FileNotFoundError)."""
+    from polyindex.storage import gc
+    (tmp_path / "seg").mkdir()
+    (tmp_path / "seg" / "a").write_bytes(b"x" * 10)
+    assert gc.size_of(tmp_path / "seg") == 10
+
+    def gone(self):
+        raise FileNotFoundError(self)
+    monkeypatch.setattr(Path, "iterdir", gone)
+    assert gc.size_of(tmp_path / "seg") == 0
