@@ -106,7 +106,7 @@ def test_off_keeps_segmentation(eng, setting):
     assert coll.info()["segments"] == 6
 
 
-def test_close_stops_the_merger(tmp_path, merging):
+def test_close_stops_the_merger(tmp_path, merging, setting):
     eng = polyindex.open(tmp_path / "data")
     coll = eng.create_collection("c", ["lexical", "dense:Flat"], model=None)
     for b in range(4):  # four of one size: a merge at once, built in the build process
@@ -117,6 +117,7 @@ def test_close_stops_the_merger(tmp_path, merging):
     t0 = time.monotonic()
     eng.close()  # the build in flight is stopped (its process killed), nothing committed
     assert time.monotonic() - t0 < 20 and not merger._thread.is_alive()
+    setting("POLYINDEX_MERGE_EMBEDDED", "0")  # reopened without a merge of its own
     with polyindex.open(tmp_path / "data") as e2:
         c2 = e2.collection("c")
         assert c2.count() == 12_000 and c2.info()["segments"] in (1, 4)
