@@ -120,7 +120,7 @@ def test_close_stops_the_merger(tmp_path, merging, setting):
     setting("POLYINDEX_MERGE_EMBEDDED", "0")  # reopened without a merge of its own
     with polyindex.open(tmp_path / "data") as e2:
         c2 = e2.collection("c")
-        assert c2.count() == 12_000 and c2.info()["segments"] in (1, 4)
+        assert c2.count() == 12_000 and 1 <= c2.info()["segments"] <= 4
         assert not list((tmp_path / "data/c/segments").glob(".merge-*"))  # swept at open
 
 
