@@ -118,6 +118,7 @@ class Collection:
             w.commit_segment(batch, self.config.fields, embeddings=embeddings,
                              vectors=spec.stack(batch) if spec else None)
         self.table.refresh()
+        self.live.wrote()
         return len(unique)
 
     def delete(self, ids: Sequence[str]) -> int:

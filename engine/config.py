@@ -173,8 +173,14 @@ class Settings:
     max_backlog: int = _setting("POLYINDEX_MAX_BACKLOG", 0, _number(int, 0),
                                 "unsealed documents past which writes are refused while "
                                 "sealing fails (0: max(50,000, 10 x seal_docs))")
-    merge: bool = _setting("POLYINDEX_MERGE", True, _bool, "background merging of an online "
-                           "collection's segments")
+    merge: bool = _setting("POLYINDEX_MERGE", True, _bool, "background merging of a writer's "
+                           "segments (served and embedded)")
+    merge_embedded: bool = _setting("POLYINDEX_MERGE_EMBEDDED", True, _bool,
+                                    "background merging in an embedded writer (off: fixed "
+                                    "segmentation; compact() still merges)")
+    merge_idle: float = _setting("POLYINDEX_MERGE_IDLE", 2.0, _number(float, 0.0),
+                                 "merge policy: after this many seconds without a write, the "
+                                 "smallest tier becomes one segment")
     merge_factor: int = _setting("POLYINDEX_MERGE_FACTOR", 4, _number(int, 2),
                                  "merge policy: segments of one tier merged at once")
     merge_floor: int = _setting("POLYINDEX_MERGE_FLOOR", 20_000, _number(int, 1),

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from polyindex.service import native_front
+# Fixed segmentation for the suite (and the processes it starts): many tests count the
+# segments their add() calls made, and the fault campaign counts the failpoints each
+# operation passes. The embedded writer's background merging is tested with it turned
+# back on (``setting("POLYINDEX_MERGE_EMBEDDED", "1")``, tests/test_embedded_merge.py).
+os.environ.setdefault("POLYINDEX_MERGE_EMBEDDED", "0")
+
+from polyindex.service import native_front  # noqa: E402
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta iota kappa lambda omicron sigma river "
          "mountain ocean forest desert city harbor valley glacier canyon meadow island prairie "

@@ -253,6 +253,7 @@ def test_a_crash_at_every_merge_step_loses_nothing(tmp_path):
 def test_online_collection_merges_in_the_background_while_written(tmp_path, monkeypatch,
                                                                   setting):
     setting("POLYINDEX_MERGE_FACTOR", "3")
+    setting("POLYINDEX_MERGE_IDLE", "3600")  # merges while written, not one once quiet
     monkeypatch.setattr("polyindex.online.merging.INTERVAL_S", 0.2)
     expected: dict[str, str] = {}
     with polyindex.open(tmp_path, online=True) as eng:

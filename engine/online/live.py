@@ -14,7 +14,8 @@ class Live:
         sealed writes (its WAL tail)."""
         self.table = table
         self.writes = None    # ``online.writes.OnlineWrites`` of an online writer
-        self.merger = None    # its ``online.merging.BackgroundMerger`` (None: merging off)
+        self.merger = None    # the ``online.merging.BackgroundMerger`` of a writer, online or
+        #                       embedded (None: a reader, or merging off)
         self.follow_wal = table.readonly and follow_wal
         self.follower = None  # ``online.follow.WalFollower``, made on first use
         if online:
@@ -22,11 +23,16 @@ class Live:
             from polyindex.online.writes import OnlineWrites
             self.writes = OnlineWrites(table)
             self.merger = BackgroundMerger.start_for(table, self.writes)
-        elif not table.readonly and has_wal(table.folder):
-            # Acknowledged online writes not yet sealed (the server stopped before sealing):
-            # an offline writer seals them first, so nothing acknowledged is left unseen.
-            from polyindex.online.writes import OnlineWrites
-            OnlineWrites(table).close()
+        elif not table.readonly:
+            if has_wal(table.folder):
+                # Acknowledged online writes not yet sealed (the server stopped before
+                # sealing): an offline writer seals them first, so nothing acknowledged is
+                # left unseen.
+                from polyindex.online.writes import OnlineWrites
+                OnlineWrites(table).close()
+            # An embedded writer merges like the server: its commits wake the merger.
+            from polyindex.online.merging import BackgroundMerger
+            self.merger = BackgroundMerger.start_for(table, None)
 
     def snapshot(self) -> Snapshot:
         """The newest committed snapshot, plus, in online mode, the acknowledged writes not
@@ -56,6 +62,7 @@ class Live:
         with self.table.writer() as w:
             n = w.delete(ids)
         self.table.refresh()
+        self.wrote()
         return n
 
     def delete_matching(self, select) -> int:
@@ -67,6 +74,7 @@ class Live:
             self.table.refresh()
             n = w.delete(select(self.table.sealed_snapshot()))
         self.table.refresh()
+        self.wrote()
         return n
     def backup(self, path, *, link: bool = False, progress=None) -> dict:
         """Write a snapshot of the collection to ``path`` (``storage.backup``): every write
@@ -101,6 +109,12 @@ class Live:
         return {**(st if self.merger is not None or st["merges"] else {}),
                 **(online.pending() if (online := self.writes) is not None else {}),
                 **(f.pending() if (f := self.follower) is not None else {})}
+
+    def wrote(self) -> None:
+        """An embedded writer committed: the merger plans now (and counts quiet from now)."""
+        merger = self.merger
+        if merger is not None and self.writes is None:
+            merger.wake()
 
     def seal(self) -> None:
         """Online mode: seal the buffered writes into a segment now."""

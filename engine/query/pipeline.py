@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.index.dense import kind as dense
+from polyindex.index.dense import shards as dense_shards
 from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
@@ -30,6 +31,9 @@ def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
             for seg, live in zip(snapshot.segments, snapshot.live)]
 
 
+_RUNS = "_dense_runs"  # a stage's runs in the snapshot's cache of its index
+
+
 def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
              params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
     """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
@@ -50,9 +54,16 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []
     stacks = _stacks(snapshot, index, seg_indexes, params)
+    runs = _runs(snapshot, kind, index, seg_indexes, params, allow, stacks)
     skip_to = 0
     for i, (base, seg_index, mask) in enumerate(zip(snapshot.bases, seg_indexes, allow)):
         if i < skip_to:
+            continue
+        if i in runs:  # plain flat segments searched by one faiss call, as the vector lane's
+            skip_to, run = runs[i]
+            scores, keys = run.search(prepared, k)
+            all_scores.append(scores)
+            all_keys.append(np.where(keys >= 0, keys + base, -1) if base else keys)
             continue
         if i in stacks:  # an online buffer's segments as one stack, as the vector lane's
             view, kwargs = stacks[i]
@@ -89,6 +100,24 @@ def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:
     return {i: (view, kwargs) for i, view in snapshot.stacks.items()
             if len(seg_indexes[i:i + view.segments]) == view.segments
             and dense_stack.stackable(seg_indexes[i:i + view.segments])}
+
+
+def _runs(snapshot: Snapshot, kind, index: str, seg_indexes, params, allow, stacks) -> dict:
+    """A dense stage's runs of plain flat segments (``index.dense.shards.runs``), worked out
+    once per snapshot for its unfiltered masks (the same list object every query), per
+    query under a filter."""
+    if getattr(kind, "kind", None) != "dense" or len(seg_indexes) < 2 or \
+            dense.faiss_kwargs(params):
+        return {}
+    cache = snapshot.cache[index]
+    got = cache.get(_RUNS)
+    if got is not None and got[0] is allow:
+        return got[1]
+    taken = frozenset(j for i, (view, _) in stacks.items() for j in range(i, i + view.segments))
+    runs = dense_shards.runs(seg_indexes, snapshot.bases, allow, dense.QUERY_THREADS, taken)
+    if allow is snapshot.live:
+        cache[_RUNS] = (allow, runs)
+    return runs
 
 
 def _stack_prepared(snapshot, i, view, seg_indexes, allow):

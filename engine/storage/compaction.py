@@ -15,22 +15,27 @@ from polyindex.storage.merge import Cancelled, build_merge, commit_merge
 from polyindex.storage.merge_policy import TieredPolicy, compact_plan
 
 
-def merge(table, ids: Sequence[str], stop=lambda: False, online=None) -> dict | None:
+def merge(table, ids: Sequence[str], stop=lambda: False, online=None,
+          remote: bool | None = None) -> dict | None:
     """Merge the segments ``ids`` into one (their live rows; deleted rows dropped): built
     from a snapshot while queries and writes go on, swapped in by one commit. None when the
-    segments changed under it (another merge, a drop) or ``stop()`` said so."""
+    segments changed under it (another merge, a drop) or ``stop()`` said so. ``remote``:
+    build in the build process (default: for an online collection; the background merger
+    asks for it always)."""
+    if remote is None:
+        remote = online is not None
     snap = table.sealed_snapshot()
     built = None
     # what is merging now, for info() (the console's "merges in progress"): a new list, so a
     # reader copying merge_stats never sees one half-changed
     table.merge_stats["merging"] = [*table.merge_stats.get("merging", ()), *ids]
     try:
-        # An online collection serves queries meanwhile: the files are written by the build
+        # Queries go on meanwhile: a background merge's files are written by the build
         # process, off this process's GIL (storage.build_worker).
         built = build_merge(table.folder, snap, list(ids), table.kinds,
                             table.encoding.vector_spec().fields,
                             table.encoding.encodes_text(), stop,
-                            remote=online is not None and build_worker.enabled())
+                            remote=remote and build_worker.enabled())
         # The online writer's seal lock: no seal commits between ours and the re-base of its
         # buffer onto the new manifest.
         with (online.seal_lock if online is not None else nullcontext()):
@@ -39,6 +44,8 @@ def merge(table, ids: Sequence[str], stop=lambda: False, online=None) -> dict | 
             table.refresh()
             if online is not None:
                 online.rebase()
+            else:  # opened here (the merged segment's files), not by the next query
+                table.sealed_snapshot()
     except Cancelled:
         return None
     except BaseException:

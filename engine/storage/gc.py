@@ -85,8 +85,13 @@ def remove(folder: Path, candidates: Iterable[str], manifest: Manifest) -> tuple
 
 
 def size_of(path: Path) -> int:
+    """Bytes under ``path``; what a concurrent collection (a background merge's) removes
+    while it is counted counts 0."""
     if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        try:
+            return sum(map(size_of, list(path.iterdir())))
+        except FileNotFoundError:
+            return 0
     try:
         return path.stat().st_size
     except FileNotFoundError:

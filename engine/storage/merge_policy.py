@@ -5,7 +5,12 @@ tier 0, then one tier per factor of ``factor`` above it. Tier 0 is merged as soo
 segments hold ``floor_rows`` together (small segments cost the most per row: each is a
 search of its own, and the dense default scans those under 2,000 rows, or every segment
 of a collection under 10,000, exactly); a higher tier holding ``factor``
-segments has them merged into one (the smallest first). So a collection written in small
+segments has them merged into one (the smallest first). Inside tier 0, segments of one
+power of ``factor`` (by live rows) are merged ``factor`` at a time, so a collection written
+in many small batches (an embedded ``add()`` per notebook cell) keeps a few segments while it
+is written, not hundreds; and once the writer has been quiet a while (``idle``: the
+background merger's call), all of tier 0 becomes one segment (under ``floor_rows`` rows
+together: a cheap merge), which a query over a small collection pays for the most. So a collection written in small
 batches keeps ``O(factor x log(rows))`` segments, and each row is rewritten
 ``O(log(rows))`` times. A segment whose deleted share reaches ``deletes_pct`` is rewritten
 on its own to reclaim them. No background merge produces more than ``max_rows`` live rows;
@@ -49,17 +54,23 @@ class TieredPolicy:
             return 0
         return int(math.log(rows / self.floor_rows, self.factor)) + 1
 
-    def plan(self, segments: Sequence[SegmentEntry]) -> list[str] | None:
+    def plan(self, segments: Sequence[SegmentEntry], idle: bool = False) -> list[str] | None:
         """One merge (segment ids) the policy wants now, or None: the lowest full tier
-        first, then the most-deleted segment over the threshold."""
+        first, then the most-deleted segment over the threshold. ``idle``: no write for a
+        while; tier 0 is then merged into one whatever its size."""
         tiers: dict[int, list[SegmentEntry]] = {}
         for s in segments:
             if _live(s) < self.max_rows:
                 tiers.setdefault(self.tier(_live(s)), []).append(s)
         for t in sorted(tiers):
             members = sorted(tiers[t], key=lambda s: (_live(s), s.id))
-            if t == 0 and len(members) >= 2 and sum(map(_live, members)) >= self.floor_rows:
-                return [s.id for s in members]  # below max_rows: floor_rows is far smaller
+            if t == 0:
+                if len(members) >= 2 and (idle or sum(map(_live, members)) >= self.floor_rows):
+                    return [s.id for s in members]  # below max_rows: floor_rows is far smaller
+                group = self._small_group(members)
+                if group is not None:
+                    return group
+                continue
             if len(members) < self.factor:
                 continue
             group, total = [], 0
@@ -70,6 +81,20 @@ class TieredPolicy:
                 total += _live(s)
             if len(group) >= 2:
                 return group
+        return self._most_deleted(segments)
+
+    def _small_group(self, members: list[SegmentEntry]) -> list[str] | None:
+        """``factor`` tier-0 segments of the lowest power of ``factor`` that holds as many
+        (the smallest first), else None: logarithmic rewriting below the floor too."""
+        subs: dict[int, list[SegmentEntry]] = {}
+        for s in members:  # members are sorted by live rows
+            subs.setdefault(int(math.log(max(1, _live(s)), self.factor)), []).append(s)
+        for sub in sorted(subs):
+            if len(subs[sub]) >= self.factor:
+                return [s.id for s in subs[sub][:self.factor]]
+        return None
+
+    def _most_deleted(self, segments: Sequence[SegmentEntry]) -> list[str] | None:
         worst = max(segments, key=lambda s: (s.n_deleted / max(1, s.n_rows), -s.n_rows),
                     default=None)
         if worst is not None and worst.n_deleted and \

@@ -26,6 +26,7 @@ import numpy as np
 
 from polyindex.config import settings
 from polyindex.index.dense import filtered as dense_filtered
+from polyindex.index.dense import shards as dense_shards
 from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
@@ -58,6 +59,7 @@ class Plan:
         self.threads = threads
         exact_below = int(fparams.get("exact_below", dense_filtered.EXACT_BELOW))
         self.parts = []  # (base,) + a segment's part (``_segment_part``), or a stack's
+        segs = []  # the segment of each part (None: a stack's)
         # the placement rule (``_plain_cpu``) reads this setting: a cached part must too
         key = (tuple(sorted(fparams.items())), settings().kernels)
         stacks = snapshot.stacks
@@ -70,6 +72,7 @@ class Plan:
                 skip_to = i + stacked[0]
                 if stacked[1] is not None:
                     self.parts.append(stacked[1])
+                    segs.append(None)
                 continue
             if seg.n_rows == 0:
                 continue
@@ -85,6 +88,9 @@ class Plan:
                     seg.lane_parts[key] = (live, part)
             if part is not None:
                 self.parts.append((base,) + part)
+                segs.append(seg)
+        # runs of plain flat segments: one faiss call each (``shards``), not one a segment
+        self.parts = dense_shards.fuse(self.parts, segs, threads)
         self.kwargs = kwargs
 
     def _stacked(self, snapshot, segments, i: int, kwargs: dict):
