@@ -8,7 +8,11 @@ lexical-only collection (``--index lexical --model none``), built once under
 ``bench/.work/cold``. A first query with an empty numba cache (``NUMBA_CACHE_DIR`` a fresh
 folder: every kernel compiled, then cached) is measured apart, ``--first`` times.
 
-    python bench/bench_cold_cli.py --rounds 11 --first 2
+    python bench/bench_cold_cli.py --rounds 11 --first 2 [--before CHECKOUT]
+
+``--before CHECKOUT``: the same query run by another checkout's code and virtual environment
+(``CHECKOUT/.venv/bin/python``, e.g. the main branch before a change) in the same rounds; its
+bytecode and numba caches go to a temporary folder, so the checkout is left untouched.
 """
 from __future__ import annotations
 
@@ -74,6 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--first", type=int, default=2, help="first queries with an empty numba cache")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a checkout whose .venv runs the same query as a reference")
     args = ap.parse_args()
     data = WORK / "cold"
     build(data, "npl_lexical")
@@ -85,13 +91,22 @@ def main() -> None:
         "polyindex --version": [*polyindex_cmd(), "--version"],
         "polyindex query --profile lexical": [*polyindex_cmd(), *query],
     }
+    envs: dict[str, dict | None] = {name: None for name in cases}
+    scratch = Path(tempfile.mkdtemp(prefix="cold-cli-before-"))
+    if args.before is not None:
+        name = f"before ({args.before}): query"
+        cases[name] = [str(args.before / ".venv" / "bin" / "python"), "-m",
+                       "polyindex.cli.main", *query]
+        envs[name] = {**os.environ, "NUMBA_CACHE_DIR": str(scratch / "numba"),
+                      "PYTHONPYCACHEPREFIX": str(scratch / "pyc")}
+        timed(cases[name], envs[name])  # its caches filled once
     timed(cases["polyindex query --profile lexical"][:])  # fill the numba cache once
     walls: dict[str, list[float]] = {c: [] for c in cases}
     cpus: dict[str, list[float]] = {c: [] for c in cases}
     order = list(cases)
     for r in range(args.rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
-            w, c = timed(cases[name])
+            w, c = timed(cases[name], envs[name])
             walls[name].append(w)
             cpus[name].append(c)
         console.print(f"[dim]round {r + 1}/{args.rounds}[/dim]")
@@ -113,6 +128,7 @@ def main() -> None:
         fw, fc = median([f[0] for f in first]), median([f[1] for f in first])
         rows.append(["query, empty numba cache", f"{fw:.3f}", f"{fc:.3f}", f"{fw / ref:.2f}x"])
         out["query, empty numba cache"] = {"wall_s": fw, "cpu_s": fc, "runs": first}
+    shutil.rmtree(scratch, ignore_errors=True)
     heavy = modules_loaded(query)
     console.print(table(f"cold CLI, median of {args.rounds} rounds (fresh processes)",
                         ["case", "wall s", "cpu s", "wall / import numpy, pyarrow"], rows))
