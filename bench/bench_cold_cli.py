@@ -10,9 +10,11 @@ folder: every kernel compiled, then cached) is measured apart, ``--first`` times
 
     python bench/bench_cold_cli.py --rounds 11 --first 2 [--before CHECKOUT]
 
-``--before CHECKOUT``: the same query run by another checkout's code and virtual environment
-(``CHECKOUT/.venv/bin/python``, e.g. the main branch before a change) in the same rounds; its
-bytecode and numba caches go to a temporary folder, so the checkout is left untouched.
+``--before DIR``: the same query run by other code in the same rounds, e.g. the code before a
+change: ``DIR/.venv/bin/python`` when DIR is a checkout with its virtual environment, else
+this interpreter with DIR (a folder holding a ``polyindex`` package) first on PYTHONPATH. Its
+numba cache goes to a temporary folder (its bytecode is cached as any run's: a
+PYTHONPYCACHEPREFIX made numba recompile at every call).
 """
 from __future__ import annotations
 
@@ -94,11 +96,12 @@ def main() -> None:
     envs: dict[str, dict | None] = {name: None for name in cases}
     scratch = Path(tempfile.mkdtemp(prefix="cold-cli-before-"))
     if args.before is not None:
-        name = f"before ({args.before}): query"
-        cases[name] = [str(args.before / ".venv" / "bin" / "python"), "-m",
+        name = "before: polyindex query --profile lexical"
+        venv = args.before / ".venv" / "bin" / "python"
+        cases[name] = [str(venv) if venv.exists() else sys.executable, "-m",
                        "polyindex.cli.main", *query]
         envs[name] = {**os.environ, "NUMBA_CACHE_DIR": str(scratch / "numba"),
-                      "PYTHONPYCACHEPREFIX": str(scratch / "pyc")}
+                      **({} if venv.exists() else {"PYTHONPATH": str(args.before)})}
         timed(cases[name], envs[name])  # its caches filled once
     timed(cases["polyindex query --profile lexical"][:])  # fill the numba cache once
     walls: dict[str, list[float]] = {c: [] for c in cases}
