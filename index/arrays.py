@@ -28,8 +28,10 @@ def view(arr: pa.Array | pa.ChunkedArray, zero_copy_only: bool = True) -> np.nda
         return arr.to_numpy(zero_copy_only=zero_copy_only)
     data = arr.buffers()[1]
     if data is None:  # an empty array may have no buffer
-        return np.zeros(0, dtype)
-    out = np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
+        out = np.zeros(0, dtype)
+    else:
+        out = np.frombuffer(data, dtype, count=len(arr),
+                            offset=arr.offset * np.dtype(dtype).itemsize)
     out.flags.writeable = False  # as pyarrow's view: Arrow data is immutable
     return out
 
