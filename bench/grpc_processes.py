@@ -158,9 +158,10 @@ def query_requests(queries, vectors, profile: str) -> list[bytes]:
 
 
 def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: float,
-            rounds: int, console, table, workers: int | None = None) -> dict:
+            rounds: int, console, table, workers: int | None = None,
+            profiles=("lexical", "dense")) -> dict:
     """Start one server per setting, then rounds of (setting x profile) measurements."""
-    requests = {p: query_requests(queries, vectors, p) for p in ("lexical", "dense")}
+    requests = {p: query_requests(queries, vectors, p) for p in profiles}
     servers = {n: start_group(data_copies[n], n, workers) for n in settings}
     clients = Clients()
     runs: dict = {n: {p: [] for p in requests} for n in settings}

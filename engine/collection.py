@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from polyindex.errors import InvalidArgument, NotFound, ResourceExhausted
-from polyindex.ingest import documents, quality
+from polyindex.ingest import documents
 from polyindex.ingest.encoding import Encoding, token_encoder
 from polyindex.ingest.export import export as export_parquet
 from polyindex.online.live import Live
@@ -85,6 +85,7 @@ class Collection:
         collection has none yet (``bench/train_quality.py``)."""
         from polyindex.ingest.bulk import bulk_index
         from polyindex.ingest.sources import Source, open_source
+        from polyindex.ingest import quality  # LightGBM's scorer: only an indexing run loads it
         from polyindex.rerank.doc_quality import check_fraction
         prune = None if prune_quality is None else check_fraction(prune_quality)
         src = source if isinstance(source, Source) else open_source(source)

@@ -27,7 +27,7 @@ from numba.core import types
 from numba.extending import overload
 
 from polyindex.errors import Corrupt
-from polyindex.index import docids
+from polyindex.index import arrays, docids
 from polyindex.index.docids import block_of, doc_at, find, row_in_block
 
 
@@ -125,12 +125,10 @@ def read_arrow(path: Path, schema: dict[str, pa.DataType | tuple[pa.DataType, ..
             out[name] = col
         elif col.null_count:
             raise Corrupt(f"{path}: column {name!r} has nulls")
-        elif col.num_chunks == 1:
-            out[name] = col.chunk(0).to_numpy(zero_copy_only=True)
         elif col.num_chunks == 0:  # read-only as the mapped columns are (``readonly``)
             out[name] = readonly(np.zeros(0, dtype=typ.to_pandas_dtype()))
         else:
-            out[name] = col.combine_chunks().to_numpy(zero_copy_only=True)
+            out[name] = arrays.view(col)
     return table, out
 
 

@@ -5,12 +5,16 @@ no encoder) and hands ``document_encoder()`` to each writer."""
 from __future__ import annotations
 
 from polyindex.errors import InvalidArgument
-from polyindex.ingest import quality
 
 
 class Encoding:
-    # the writer's document-quality hook (``ingest.quality``), taken with the folder only
-    assess = staticmethod(quality.assess)
+    @staticmethod
+    def assess(folder, w, m, texts):
+        """The writer's document-quality hook (``ingest.quality.assess``), taken with the
+        folder only; imported at the first write: a query never loads the quality model's
+        scorer (a cold CLI query; issue 38)."""
+        from polyindex.ingest import quality
+        return quality.assess(folder, w, m, texts)
 
     def __init__(self, name: str, model: str | None, dtype: str, device: str, kinds: dict):
         """``kinds``: the table's kinds (the same dict; read at each call)."""

@@ -15,9 +15,6 @@ import logging
 import os
 import threading
 
-import faiss
-
-from polyindex.index.dense import kind as dense
 from polyindex.index.dense.stack import build_graph
 
 # A graph from 1,000 buffered rows, grown every 500 (~30 ms of adding, a copy of a few ms):
@@ -60,6 +57,7 @@ class BufferIndexer:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except (AttributeError, OSError):
             pass
+        import faiss  # here: a buffer without dense rows never loads it (issue 38)
         faiss.omp_set_num_threads(1)  # a per-thread setting
         while not self._stop.is_set():
             self._wake.wait()
@@ -85,4 +83,5 @@ def wanted(view, stack, base_rows: int) -> bool:
         return False
     if stack.rows < FIRST_ROWS or stack.rows - stack.indexed < STEP_ROWS:
         return False
+    from polyindex.index.dense import kind as dense
     return base_rows + stack.rows >= dense.AUTO_HNSW_ROWS

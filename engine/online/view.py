@@ -24,7 +24,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from polyindex.index.dense.kind import DenseKind
 from polyindex.index.dense.stack import FIELD, Stack, cached_prepare
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import DocTokens
@@ -117,7 +116,7 @@ class BufferedView:
         self.combined: list[np.ndarray | None] = []
         kind = table.kinds.get(FIELD)
         # the dense `auto` rule's graph for the buffer too (``online.buffer_index``)
-        self.graph_auto = isinstance(kind, DenseKind) and kind._auto()
+        self.graph_auto = kind is not None and kind.kind == FIELD and kind._auto()
         self.indexer = buffer_index.BufferIndexer(self)
         self._rehide_all()
         self.view: Snapshot = self.base

@@ -5,9 +5,6 @@ from typing import Sequence
 
 import numpy as np
 
-from polyindex.index.dense import kind as dense
-from polyindex.index.dense import shards as dense_shards
-from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
 from polyindex.index.ties import order_ties
@@ -69,6 +66,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
             view, kwargs = stacks[i]
             skip_to = i + view.segments
             prep = _stack_prepared(snapshot, i, view, seg_indexes, allow)
+            from polyindex.index.dense import stack as dense_stack
             scores, keys = dense_stack.search(prep, prepared, k, kwargs)
             all_scores.append(scores)
             all_keys.append(np.where(keys >= 0, keys + base, -1) if base else keys)
@@ -94,7 +92,12 @@ def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:
     """{first segment ordinal: (stack view, faiss search kwargs)} of the snapshot's stacked
     buffer segments this stage searches as one (``index.dense.stack``), as the vector lane
     takes them."""
-    if not getattr(snapshot, "stacks", None) or index != dense_stack.FIELD:
+    if not getattr(snapshot, "stacks", None):
+        return {}
+    # dense imported only here: a collection without dense never loads faiss (issue 38)
+    from polyindex.index.dense import kind as dense
+    from polyindex.index.dense import stack as dense_stack
+    if index != dense_stack.FIELD:
         return {}
     kwargs = dense.faiss_kwargs(params)
     return {i: (view, kwargs) for i, view in snapshot.stacks.items()
@@ -106,8 +109,11 @@ def _runs(snapshot: Snapshot, kind, index: str, seg_indexes, params, allow, stac
     """A dense stage's runs of plain flat segments (``index.dense.shards.runs``), worked out
     once per snapshot for its unfiltered masks (the same list object every query), per
     query under a filter."""
-    if getattr(kind, "kind", None) != "dense" or len(seg_indexes) < 2 or \
-            dense.faiss_kwargs(params):
+    if getattr(kind, "kind", None) != "dense" or len(seg_indexes) < 2:
+        return {}
+    from polyindex.index.dense import kind as dense  # a dense stage: faiss is loaded already
+    from polyindex.index.dense import shards as dense_shards
+    if dense.faiss_kwargs(params):
         return {}
     cache = snapshot.cache[index]
     got = cache.get(_RUNS)
@@ -124,6 +130,7 @@ def _stack_prepared(snapshot, i, view, seg_indexes, allow):
     """The stack's rows allowed by ``allow``, ready to search: the snapshot's own (made as
     the writer published it) when ``allow`` is its live masks, made per query under a
     filter."""
+    from polyindex.index.dense import stack as dense_stack
     end = i + view.segments
     if allow is snapshot.live:
         return dense_stack.cached_prepare(snapshot, i, view, seg_indexes[i:end], allow[i:end])

@@ -227,6 +227,12 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     def _queries(self, req):
         """(texts | None, vectors | None) for query_batch, with the size limits checked."""
         lim = self.limits
+        if not req.batch and not req.vector and not req.vectors and req.HasField("text"):
+            # one text, no vectors (most calls): the checks below reduce to its length
+            if len(req.text) > lim.max_text_chars:
+                raise InvalidArgument(f"query 0: text is {len(req.text)} characters long "
+                                      f"(max {lim.max_text_chars})")
+            return [req.text], None
         if req.batch:
             if req.HasField("text") or req.vector or req.vectors:
                 raise InvalidArgument("give either text/vector or batch, not both")

@@ -18,6 +18,7 @@ import pyarrow as pa
 import xxhash
 
 from polyindex.errors import Corrupt
+from polyindex.index import arrays
 
 ID_INDEX_FILE = "ids.index.arrow"
 _hash = xxhash.xxh3_64_intdigest
@@ -67,8 +68,8 @@ def read(path: Path, n_rows: int, scan: bool = True) -> tuple[np.ndarray, np.nda
     number (skipped for a file its checksum vouches for: the scan makes it all resident)."""
     try:
         table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        hashes = table.column("hash").combine_chunks().to_numpy(zero_copy_only=True)
-        rows = table.column("row").combine_chunks().to_numpy(zero_copy_only=True)
+        hashes = arrays.view(table.column("hash"))
+        rows = arrays.view(table.column("row"))
     except (OSError, KeyError, pa.ArrowException) as e:
         raise Corrupt(f"{path}: cannot read the id index: {e}") from e
     if len(hashes) != n_rows or len(rows) != n_rows or table.schema.field("hash").type != pa.uint64() \

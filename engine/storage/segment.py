@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from polyindex.errors import Corrupt, InputError
+from polyindex.index import arrays
 from polyindex.storage import idindex
 from polyindex.storage.integrity import check_file, validate_arrow
 from polyindex.types import Document
@@ -232,7 +233,7 @@ class Segment:
         return out
 
     def rows(self, rows: Sequence[int], columns: Sequence[str] = ("id", "title", "text")) -> list[dict]:
-        sub = self.table.select(list(columns)).take(pa.array(np.asarray(rows, dtype=np.int64)))
+        sub = self.table.select(list(columns)).take(arrays.int64_array(rows))
         return sub.to_pylist()
 
     def documents(self, rows: Sequence[int]) -> list[Document]:

@@ -22,16 +22,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 
-_C = getattr(getattr(faiss, "swigfaiss", None), "_swigfaiss", faiss)
-_ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
 FIELD = "dense"  # the unnamed dense field: the one a buffer stacks
 GRAPH_M = 16  # a buffer's graph: 0.28 s to build over 5,000 x 384 rows, recall@10 0.999
 GRAPH_EF_CONSTRUCTION = 40
 # a graph over fewer allowed rows than this share is searched exactly (the filtered rule)
 GRAPH_MIN_SHARE = 0.5
+
+
+_SWIG: tuple | None = None
+
+
+def _swig():
+    """(faiss's C module, its ``swig_ptr``), imported at first use: every online buffer has a
+    ``Stack``, and one without dense rows never loads faiss (a cold CLI query; issue 38)."""
+    global _SWIG
+    if _SWIG is None:
+        import faiss
+        c = getattr(getattr(faiss, "swigfaiss", None), "_swigfaiss", faiss)
+        _SWIG = (c, getattr(c, "swig_ptr", faiss.swig_ptr))
+    return _SWIG
 
 
 def stackable(covered) -> bool:
@@ -47,6 +58,7 @@ def flat_rows(index) -> np.ndarray | None:
     scores), else None (HNSW, IVF, PQ, a GPU index, an optional field with missing rows)."""
     if index is None or getattr(index, "presence", None) is not None or index.on_gpu:
         return None
+    import faiss
     flat = faiss.downcast_index(index.index)
     if type(flat) not in (faiss.IndexFlat, faiss.IndexFlatIP, faiss.IndexFlatL2):
         return None
@@ -94,7 +106,7 @@ class Stack:
             return
         index = seg.indexes.get(self.field)
         x = flat_rows(index)
-        metric = None if x is None else faiss.downcast_index(index.index).metric_type
+        metric = None if x is None else index.index.metric_type
         if x is None or (self.metric is not None and metric != self.metric) or (
                 self._m is not None and x.shape[1] != self._m.shape[1]):
             self.broken, self._m, self._rel, self.graph = True, None, None, None
@@ -155,6 +167,7 @@ def build_graph(stack: Stack, matrix: np.ndarray, upto: int):
     """The indexer's step (off the write path, GIL released by faiss): add rows up to
     ``upto`` to its own graph and return a copy to publish (published graphs are never
     added to: a query may be searching one)."""
+    import faiss
     graph, done = stack.building or (None, 0)
     if graph is None:
         graph = faiss.IndexHNSWFlat(matrix.shape[1], GRAPH_M, stack.metric)
@@ -189,14 +202,16 @@ class Prepared:
         self.head = None if all_live or not self.m else _bitmap(head)
         self.tail = (None if all_live or self.m == self.n else
                      _bitmap(tail) if tail.any() else False)
+        import faiss
         self.l2 = view.metric == faiss.METRIC_L2
         self.ef = view.graph.hnsw.efSearch if self.m else 0
         self._params: dict[int, object] = {}
-        self._ptr_m = _ptr(view.matrix)
+        self._ptr_m = _swig()[1](view.matrix)
 
     def graph_params(self, ef: int):
         sp = self._params.get(ef)
         if sp is None:
+            import faiss
             if self.head is not None:  # hidden rows: the budget over the allowed share
                 sp = faiss.SearchParametersHNSW(
                     efSearch=max(ef, math.ceil(ef * self.m / self.n_head)), sel=self.head[1])
@@ -244,8 +259,9 @@ def search(prep: Prepared, x: np.ndarray, k: int,
 
 
 def _bitmap(mask: np.ndarray):
+    import faiss
     bits = np.packbits(mask, bitorder="little")  # faiss's: bit j of byte j >> 3, low first
-    return bits, faiss.IDSelectorBitmap(len(mask), _ptr(bits))
+    return bits, faiss.IDSelectorBitmap(len(mask), _swig()[1](bits))
 
 
 def _finish(d: np.ndarray, i: np.ndarray, negate: bool):
@@ -263,6 +279,7 @@ def _exact(prep: Prepared, x, k, lo: int, hi: int, allowed):
     d = np.empty((nq, k), np.float32)
     i = np.empty((nq, k), np.int64)
     sel = None if allowed is None else allowed[1]
+    _C, _ptr = _swig()
     base = _ptr(prep.view.matrix[lo:hi]) if lo else prep._ptr_m  # contiguous rows
     if prep.l2:
         _C.knn_L2sqr(_ptr(x), base, dim, nq, hi - lo, k, _ptr(d), _ptr(i), None, sel)
@@ -278,5 +295,6 @@ def _graph(prep: Prepared, x, k, ef: int):
     nq = len(x)
     d = np.empty((nq, k), np.float32)
     i = np.empty((nq, k), np.int64)
+    _ptr = _swig()[1]
     prep.view.graph.search_c(nq, _ptr(x), k, _ptr(d), _ptr(i), prep.graph_params(ef))
     return _finish(d, i, prep.l2)

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from polyindex.config import settings
 from polyindex.errors import Corrupt, InvalidArgument
-from polyindex.index import docids, postings, prf
+from polyindex.index import arrays, docids, postings, prf
 from polyindex.index.lexical import blockmax, bm25, vocabulary
 from polyindex.index.lexical.analyzer import Analyzer
 from polyindex.index.lexical.bm25 import Scorer
@@ -298,9 +298,9 @@ def _forward_arrays(folder: Path, table: pa.Table, doclen: np.ndarray, n_terms: 
         col = table.column(name)
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     lists = one("terms")
-    row_ptr = lists.offsets.to_numpy(zero_copy_only=False)
-    ids = lists.values.to_numpy(zero_copy_only=False)
-    title_len = one("title_len").to_numpy(zero_copy_only=False)
+    row_ptr = arrays.view(lists.offsets, zero_copy_only=False)
+    ids = arrays.view(lists.values, zero_copy_only=False)
+    title_len = arrays.view(one("title_len"), zero_copy_only=False)
     if len(row_ptr) != len(doclen) + 1 or len(title_len) != len(doclen) or (scan and (
             (np.diff(row_ptr) != doclen).any() or (title_len > doclen).any()
             or (len(ids) and (ids.min() < 0 or ids.max() >= n_terms)))):

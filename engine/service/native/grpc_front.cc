@@ -16,6 +16,7 @@
 
 #include "byte_buffer.h"  // engine/wire/native
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -51,6 +52,40 @@ class Gate {
   std::condition_variable cv_;
   int free_;
 };
+
+// A Python thread state per gRPC thread, made at the thread's first call and kept until it
+// exits: PyGILState_Ensure/Release on a thread that holds none make and free one on every
+// call (issue 38). Threads exit while the server shuts down (with the GIL released by
+// Server_shutdown, before the interpreter finalizes: NativeFront stops at exit); one that
+// exits after finalization began leaves its state (freeing it then would need the GIL).
+#if PY_VERSION_HEX >= 0x030D0000
+#define POLYINDEX_FINALIZING() Py_IsFinalizing()
+#else
+#define POLYINDEX_FINALIZING() _Py_IsFinalizing()
+#endif
+
+class PyThread {
+ public:
+  void Enter() {
+    if (saved_ == nullptr) {
+      held_ = PyGILState_Ensure();  // the GIL is held from here
+      return;
+    }
+    PyEval_RestoreThread(saved_);
+    saved_ = nullptr;
+  }
+  void Leave() { saved_ = PyEval_SaveThread(); }
+  ~PyThread() {
+    if (saved_ == nullptr || !Py_IsInitialized() || POLYINDEX_FINALIZING()) return;
+    PyEval_RestoreThread(saved_);
+    PyGILState_Release(held_);
+  }
+
+ private:
+  PyThreadState* saved_ = nullptr;  // between calls: this thread's state, GIL released
+  PyGILState_STATE held_ = PyGILState_UNLOCKED;
+};
+thread_local PyThread py_thread;
 
 // ---------------------------------------------------------------- the call, as Python sees it
 // Valid only while its handler runs; afterwards every method answers as for a finished call.
@@ -173,12 +208,9 @@ class Front {
   grpc::Status Handle(int index, ServerContext* ctx, const ByteBuffer* request,
                       ByteBuffer* response, Reader* reader, Stream* stream) {
     gate_.Enter();
-    grpc::Status status;
-    {
-      PyGILState_STATE st = PyGILState_Ensure();
-      status = CallPython(index, ctx, request, response, reader, stream);
-      PyGILState_Release(st);
-    }
+    py_thread.Enter();
+    grpc::Status status = CallPython(index, ctx, request, response, reader, stream);
+    py_thread.Leave();
     gate_.Leave();
     return status;
   }
@@ -414,6 +446,11 @@ PyObject* Start(PyObject*, PyObject* args) {
   // A busy port must fail, not be shared silently; several processes of one server share
   // theirs on purpose (the parent checked that no other program holds it).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuseport ? 1 : 0);
+  // The sync server ends a thread after its call when it has MAX_POLLERS (default 2) idle
+  // ones, and starts another for the next call: under 16 clients that was a thread (and a
+  // Python thread state) per few calls. Threads that finished a call stay for the next one.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              std::max(2 * workers, 32));
   builder.AddListeningPort(address, creds, &front->port);
   int private_port = 0;
   if (private_address[0] != '\0')
