@@ -26,37 +26,31 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 venv: $(STAMP)
 
-# gRPC C++ when it is missing and we may install it (root, or sudo without a password, and
-# apt-get; NO_APT=1 opts out); otherwise one line saying why, and the grpcio fallback.
-native-deps:
-	@pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null && exit 0; \
+# Debian packages installed where we may (root, or sudo without a password, and apt-get;
+# NO_APT=1 opts out); otherwise one line saying why. $(1): the check that they are there,
+# $(2): the packages, $(3): who asks, $(4): what happens without them.
+define APT_INSTALL
+	@$(1) && exit 0; \
 	if [ -n "$(NO_APT)" ]; then why="NO_APT is set"; \
 	elif ! command -v apt-get >/dev/null; then why="no apt-get on this machine"; \
 	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
 	else why="not root, and no sudo without a password"; fi; \
 	if [ -z "$$why" ]; then \
-	    echo "native: installing $(GRPC_PKGS) (apt-get)"; \
+	    echo "$(3): installing $(2) (apt-get)"; \
 	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	        $$sudo apt-get install -y -qq $(GRPC_PKGS) >/dev/null || why="apt-get install failed"; \
+	        $$sudo apt-get install -y -qq $(2) >/dev/null || why="apt-get install failed"; \
 	fi; \
-	[ -z "$$why" ] || echo "native: gRPC C++ not installed ($$why): polyindex uses grpcio (install $(GRPC_PKGS) for the native front end)"
+	[ -z "$$why" ] || echo "$(3): $(2) not installed ($$why): $(4)"
+endef
 
-# Headless Chromium for the web console's browser tests (tests/test_console_browser.py), the
-# same way: installed where apt-get may, else one line saying why and those tests skip.
+# gRPC C++ for the native front end and channel (else polyindex uses grpcio).
+native-deps:
+	$(call APT_INSTALL,pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null,$(GRPC_PKGS),native,polyindex uses grpcio)
+
+# Headless Chromium for the web console's browser tests (tests/test_console_browser.py).
 browser-deps:
-	@command -v chromium >/dev/null && exit 0; \
-	if [ -n "$(NO_APT)" ]; then why="NO_APT is set"; \
-	elif ! command -v apt-get >/dev/null; then why="no apt-get on this machine"; \
-	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else why="not root, and no sudo without a password"; fi; \
-	if [ -z "$$why" ]; then \
-	    echo "console tests: installing chromium (apt-get)"; \
-	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	        $$sudo apt-get install -y -qq chromium >/dev/null || why="apt-get install failed"; \
-	fi; \
-	[ -z "$$why" ] || echo "console tests: chromium not installed ($$why): the browser tests skip"
+	$(call APT_INSTALL,command -v chromium >/dev/null,chromium,console tests,the browser tests skip)
 
 native: native-deps $(STAMP)
 	@if pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null; then \
@@ -66,8 +60,8 @@ native: native-deps $(STAMP)
 define NATIVE_RULE
 $(1): $(subst /_grpc_,/native/grpc_,$(1:.so=.cc)) engine/wire/native/byte_buffer.h
 	g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -Wall -Werror -Iengine/wire/native \
-	    -I$$$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
-	    $$< -o $$@.tmp $$$$(pkg-config --cflags --libs grpc++)
+	    -I$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
+	    $$< -o $$@.tmp $$(pkg-config --cflags --libs grpc++)
 	mv $$@.tmp $$@  # a new file, not rewritten in place: running servers keep the old one mapped
 endef
 $(foreach so,$(NATIVE_SO),$(eval $(call NATIVE_RULE,$(so))))
