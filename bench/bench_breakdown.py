@@ -140,6 +140,23 @@ def end_to_end(fn, n: int, rounds: int) -> float:
     return best
 
 
+def segment_ratio(colls: dict, texts, k: int, rounds: int) -> dict:
+    """p50 latency (us) of ``coll.query(text, profile="lexical")`` per collection, rounds
+    interleaved (each collection's best round), and each one's ratio to the first."""
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, coll in colls.items():
+            lat = []
+            for t in texts:
+                t0 = time.perf_counter_ns()
+                coll.query(t, k=k, profile="lexical")
+                lat.append(time.perf_counter_ns() - t0)
+            p50 = float(np.median(lat)) / 1e3
+            best[name] = min(best.get(name, p50), p50)
+    first = next(iter(best.values()))
+    return {name: {"p50_us": v, "ratio": v / first} for name, v in best.items()}
+
+
 def segmented_copy(engine, name: str, folder: Path, n_segments: int):
     """The lexical collection ``name`` in ``n_segments`` segments (never compacted)."""
     cname = f"{name}_x{n_segments}"
@@ -186,10 +203,12 @@ def main() -> None:
     texts = [t for _, t in common.read_queries(folder)][:args.max_queries]
     payload: dict = {"collection": args.collection, "rounds": args.rounds, "results": {}}
     engine = Engine(args.work / "lexical")
+    colls = {}
     for n_seg in [int(x) for x in common.parse_list(args.segments)]:
         coll = _polyindex_lexical(engine, args.collection, folder) if n_seg == 1 else \
             segmented_copy(engine, args.collection, folder, n_seg)
         segs = len(coll.snapshot().segments)
+        colls[f"{segs} segment(s)"] = coll
         for k in [int(x) for x in common.parse_list(args.k)]:
             for t in texts:  # warm-up (JIT, df cache)
                 coll.query(t, k=k, profile="lexical")
@@ -201,6 +220,14 @@ def main() -> None:
             show(f"lexical, general pipeline, {segs} segment(s), k={k}", gen, e2e)
             payload["results"][f"lexical-lane@{segs}seg@{k}"] = {"stages": lane_st, "e2e": e2e}
             payload["results"][f"lexical-general@{segs}seg@{k}"] = {"stages": gen}
+    if len(colls) > 1:
+        for k in [int(x) for x in common.parse_list(args.k)]:
+            got = segment_ratio(colls, texts, k, args.rounds)
+            payload["results"][f"segments@{k}"] = got
+            console.print(table(f"lexical p50 by segmentation, {args.collection}, k={k} "
+                                f"(interleaved, best round)", ["collection", "p50 us", "ratio"],
+                                [(n, f"{v['p50_us']:.1f}", f"{v['ratio']:.2f}x")
+                                 for n, v in got.items()]))
     dense_root = args.work / "dense"
     if (dense_root / args.collection / "manifest.json").exists():
         from bench_peers import _model

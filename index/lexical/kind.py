@@ -505,7 +505,7 @@ class LexicalKind(IndexKind):
             if scorer.variant in bm25.WITH_DELTA:
                 return None
         try:
-            return lane.Plan(snapshot, self, segments, scorer, BLOCKMAX)
+            return lane.Plan(snapshot, self, segments, scorer, BLOCKMAX, GLOBAL)
         except TypeError:
             return None
 

@@ -83,7 +83,9 @@ def search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touc
            out_s, out_i):
     """One query's top-k over every segment (``out_s``/``out_i``: length k, best first,
     padded with -inf / -1; keys are segment base + row). Each segment's top k is the
-    general path's (the same kernels, chosen alike), merged by (score, smaller key)."""
+    general path's (the same kernels, chosen alike: ``use_blockmax`` 1), merged by (score,
+    smaller key). ``use_blockmax`` 0 scores term-at-a-time, 2 prunes every query (the
+    same answer; for measurements)."""
     k = len(out_s)
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
@@ -221,6 +223,22 @@ def ids_in_order(idbufs, bases, keys, scores):
     return True, out
 
 
+@numba.njit(cache=True, nogil=True)
+def search_ids(segs, idbufs, bases, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen,
+               touched, k):
+    """``search`` then ``ids_in_order`` in one call (one dispatch fewer a query): (scores,
+    keys, how many are hits, whether the ids were gathered, the gathered ids)."""
+    out_s = np.empty(k, np.float32)
+    out_i = np.empty(k, np.int64)
+    search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+           out_s, out_i)
+    n = 0
+    while n < k and out_i[n] >= 0:
+        n += 1
+    ok, buf = ids_in_order(idbufs, bases, out_i[:n], out_s[:n])
+    return out_s, out_i, n, ok, buf
+
+
 def _ties_in_id_order(ids: list[str], eq: np.ndarray) -> None:
     """Sort each run of equal scores' ids in place (``eq[i]``: place i ties place i + 1).
     Python orders strings by code point, as ``ties.order_ties`` (numpy's and Arrow's sorts)
@@ -235,12 +253,15 @@ class Plan:
 
     takes = "text"
     __slots__ = ("kind", "segs", "stats", "cache", "scorer", "blockmax", "n_max", "_free",
-                 "idbufs", "bases")
+                 "idbufs", "bases", "global_key")
 
-    def __init__(self, snapshot, kind, segments, scorer, use_blockmax: bool):
+    def __init__(self, snapshot, kind, segments, scorer, use_blockmax: bool, global_key: str):
+        """``global_key``: the snapshot cache's entry of a shard's collection-wide
+        statistics (``lexical.kind.GLOBAL``), whose df then count."""
+        self.global_key = global_key
         self.kind = kind
         self.scorer = scorer  # None: the kind's, read per query (``set_scorer`` swaps it)
-        self.blockmax = use_blockmax
+        self.blockmax = int(use_blockmax)  # 0 off, 1 where ``blockmax.pays``, 2 always
         self.cache = snapshot.cache[kind.name]
         live = list(snapshot.live)
         for mask in live:
@@ -260,11 +281,10 @@ class Plan:
 
     def _dfs(self, terms) -> dict[str, int]:
         """The snapshot's df cache (the general path's), filled for ``terms``."""
-        from polyindex.index.lexical.kind import GLOBAL
         dfs = self.cache.setdefault("lexical:df", {})
         missing = [t for t in terms if t not in dfs]
         if missing:
-            g = self.cache.get(GLOBAL)
+            g = self.cache.get(self.global_key)
             if g is not None:
                 got = g.doc_freqs(missing)
             else:
@@ -344,10 +364,27 @@ class Plan:
         weighed = self.weigh(text)
         if weighed is None:
             return None
-        scores, keys = self.top(*weighed, k)
-        if not len(keys):
+        scorer, qoff, qdata, qw = weighed
+        if not len(qw):
             return []
-        ids = self.ids(snapshot, scores, keys)
+        if self.idbufs is None:  # ids not one plain string chunk somewhere: two steps
+            scores, keys = self.top(*weighed, k)
+            ids = self.ids(snapshot, scores, keys)
+        else:
+            try:
+                bufs = self._free.pop()
+            except IndexError:
+                bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
+                        np.zeros(self.n_max, np.int32))
+            out_s, out_i, n, ok, buf = search_ids(
+                self.segs, self.idbufs, self.bases, qoff, qdata, qw, scorer.k1, scorer.b,
+                self.stats[1], self.blockmax, *bufs, k)
+            if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed
+                self._free.append(bufs)
+            scores = out_s[:n]
+            ids = buf.tobytes().decode("utf-8").split(SEP) if ok and n else []
+            if len(ids) != n:  # a key out of range, or an id holding SEP
+                ids = self.ids(snapshot, scores, out_i[:n])
         return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
 
     def search_batch(self, snapshot, texts, k: int) -> list[list[Hit]] | None:
