@@ -39,6 +39,7 @@ from polyindex.index.postings import _bm25_add, _select, readonly
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
+_TERM_CACHE = 100_000  # terms a plan keeps weighed (a snapshot's; cleared past this)
 SEP = "\x00"  # between the ids ``ids_in_order`` gathers: never inside a UTF-8 character
 _NO_LIVE = readonly(np.ones(0, np.bool_))
 
@@ -253,7 +254,7 @@ class Plan:
 
     takes = "text"
     __slots__ = ("kind", "segs", "stats", "cache", "scorer", "blockmax", "n_max", "_free",
-                 "idbufs", "bases", "global_key")
+                 "idbufs", "bases", "global_key", "_terms", "_terms_for")
 
     def __init__(self, snapshot, kind, segments, scorer, use_blockmax: bool, global_key: str):
         """``global_key``: the snapshot cache's entry of a shard's collection-wide
@@ -274,6 +275,8 @@ class Plan:
         self.segs = List(tuples)
         self.n_max = max(seg.n_rows for seg in segments)
         self._free: list = []
+        self._terms: dict = {}  # ``_weights``
+        self._terms_for = None
         # the segments' id columns (offsets, bytes), for ``ids_in_order``; None: ``ids_of``
         bufs = [getattr(s.docs, "id_buffers", lambda: None)() for s in snapshot.segments]
         self.idbufs = List(bufs) if bufs and all(b is not None for b in bufs) else None
@@ -311,21 +314,32 @@ class Plan:
         return (scorer, *self._weights(scorer, counts))
 
     def _weights(self, scorer, counts: dict[str, int]):
-        n_docs = self.stats[0]
-        dfs = self._dfs(counts)
-        idf, scale = scorer.idf, scorer.weight_scale
-        enc, ws = [], []
+        # per term of the snapshot, its UTF-8 bytes and idf under ``scorer`` (None: no live
+        # row has it, or it weighs nothing), so a term seen before costs a dict lookup
+        terms = self._terms
+        if self._terms_for is not scorer or len(terms) > _TERM_CACHE:
+            terms = self._terms = {}
+            self._terms_for = scorer
+        missing = [t for t in counts if t not in terms]
+        if missing:
+            n_docs, idf = self.stats[0], scorer.idf
+            dfs = self._dfs(missing)
+            for t in missing:
+                df = dfs[t]
+                i = idf(df, n_docs) if df else 0.0
+                terms[t] = (t.encode("utf-8", "surrogatepass"), i) if i > 0 else None
+        scale = scorer.weight_scale
+        enc, ws, offs, at = [], [], [0], 0
         for t, c in counts.items():
-            df = dfs[t]
-            if df:
-                w = c * idf(df, n_docs)
-                if w > 0:
-                    enc.append(t.encode("utf-8", "surrogatepass"))
-                    ws.append(w * scale if scale != 1.0 else w)
-        qoff = np.zeros(len(enc) + 1, np.int64)
-        if enc:
-            np.cumsum([len(b) for b in enc], out=qoff[1:])
-        return qoff, np.frombuffer(b"".join(enc), np.uint8), np.array(ws, np.float64)
+            got = terms[t]
+            if got is not None:
+                w = c * got[1]  # as ``LexicalKind._weigh``: idf x count, then the scale
+                ws.append(w * scale if scale != 1.0 else w)
+                enc.append(got[0])
+                at += len(got[0])
+                offs.append(at)
+        return (np.array(offs, np.int64), np.frombuffer(b"".join(enc), np.uint8),
+                np.array(ws, np.float64))
 
     def top(self, scorer, qoff, qdata, qw, k: int):
         """(scores, keys) of a weighed query's top k over every segment (one kernel call)."""
