@@ -6,20 +6,20 @@ This is the lexical kind's direct plan (``LexicalKind.direct_plan``, the protoco
 (``pipeline.run``) spends per query a ``Query``, the kind's ``prepare``, per segment a Python
 iteration (term lookup, a kernel call, its buffers), a concatenation and sort of the
 segments' lists, fusion of one list and the hits: ~50 us a segment, so 100 segments of an
-uncompacted collection answered 31-37x slower than one (issue 38). Here what depends only on
-the snapshot and the stage (the segments' arrays, as one typed list; the live masks; the
-collection statistics) is made once per snapshot (``Plan``), and a query is: analyze, the
-document frequencies of terms the snapshot has not seen (one kernel call over all segments,
-then cached on the snapshot), the weights, one kernel call that looks the terms up in each
-segment, scores it (block-max MaxScore where ``blockmax.pays``, else term-at-a-time) and
-merges its top k into the collection's inside the kernel, then ids and hits for the k rows
-returned only.
+uncompacted collection answered 31-37x slower than one (issue 38). Here what depends only
+on the snapshot and the stage (the segments' arrays, as one typed list; the live masks; the collection statistics; per term, once, its id in
+every segment and its idf) is made once per snapshot (``Plan``), and a query is: analyze,
+the weights (a new term: one kernel call looks it up in every segment, by each segment's
+vocabulary hash, and counts its df where the snapshot's df cache lacks it), one kernel call
+that scores each segment (block-max MaxScore where ``blockmax.pays``, else
+term-at-a-time), merges their top k inside the kernel and gathers the k ids (tie runs put in
+id order there), then the hits for the k rows returned only.
 
 The answer is the general path's, bit for bit: the same weights (``LexicalKind._weigh``), the
 same per-segment kernels (``postings._bm25_add``/``_select``, ``blockmax._query``) with the
 same choice between them, and the same merge order (score, then the smaller key: the
-general path's stable sort over segments in order), ties then put in id order by the same
-``order_ties``. Tests compare the two (``tests/test_lexical_lane.py``). Anything the plan does
+general path's stable sort over segments in order), ties then put in id order as
+``order_ties`` puts them. Tests compare the two (``tests/test_lexical_lane.py``). Anything the plan does
 not take (BM25L and BM25+, whose absent-term constant the general path adds; RM3; params it
 would refuse; segments whose arrays differ in type, e.g. files written before the compact
 postings) makes no plan or returns None: the general path answers and reports.
@@ -39,7 +39,7 @@ from polyindex.index.postings import _bm25_add, _select, readonly
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
-_TERM_CACHE = 100_000  # terms a plan keeps weighed (a snapshot's; cleared past this)
+_TERM_CACHE = 5_000_000  # term ids a plan keeps (terms x segments; cleared past this)
 SEP = "\x00"  # between the ids ``ids_in_order`` gathers: never inside a UTF-8 character
 _NO_LIVE = readonly(np.ones(0, np.bool_))
 
@@ -64,14 +64,16 @@ def _segment_tuple(seg, live, base: int):
 
 
 @numba.njit(cache=True, nogil=True)
-def doc_freqs(segs, qoff, qdata, total):
-    """``total[i]``: term i's document frequency over the live rows of every segment."""
+def lookup(segs, qoff, qdata, need_df, tids, total):
+    """``tids[i, s]``: term i's id in segment s (-1 where absent); ``total[i]`` (where
+    ``need_df[i]``): its document frequency over the live rows of every segment."""
     for si in range(len(segs)):
         (voff, vdata, table, offsets, P, _tfs, _dl, df, _l, _m, _n, _hb, has_live, live,
          _b) = segs[si]
         for i in range(len(qoff) - 1):
             t = hash_find(table, voff, vdata, qdata, qoff[i], qoff[i + 1])
-            if t < 0:
+            tids[i, si] = t
+            if t < 0 or not need_df[i]:
                 continue
             if has_live:
                 total[i] += count_live(P, offsets, t, live)
@@ -80,7 +82,7 @@ def doc_freqs(segs, qoff, qdata, total):
 
 
 @numba.njit(cache=True, nogil=True)
-def search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
            out_s, out_i):
     """One query's top-k over every segment (``out_s``/``out_i``: length k, best first,
     padded with -inf / -1; keys are segment base + row). Each segment's top k is the
@@ -91,7 +93,7 @@ def search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touc
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
     c2 = k1 * b / avgdl
-    nt = len(qoff) - 1
+    nt = len(qw)
     tids = np.empty(nt, np.int64)
     tws = np.empty(nt, np.float64)
     seg_s = np.empty(k, np.float32)
@@ -105,7 +107,7 @@ def search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touc
         m = 0
         nonneg = True
         for j in range(nt):
-            t = hash_find(table, voff, vdata, qdata, qoff[j], qoff[j + 1])
+            t = qtids[j, si]  # looked up once per snapshot (``Plan._weights``)
             if t >= 0:
                 tids[m] = t
                 tws[m] = qw[j]
@@ -225,13 +227,13 @@ def ids_in_order(idbufs, bases, keys, scores):
 
 
 @numba.njit(cache=True, nogil=True)
-def search_ids(segs, idbufs, bases, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen,
+def search_ids(segs, idbufs, bases, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen,
                touched, k):
     """``search`` then ``ids_in_order`` in one call (one dispatch fewer a query): (scores,
     keys, how many are hits, whether the ids were gathered, the gathered ids)."""
     out_s = np.empty(k, np.float32)
     out_i = np.empty(k, np.int64)
-    search(segs, qoff, qdata, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+    search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
            out_s, out_i)
     n = 0
     while n < k and out_i[n] >= 0:
@@ -254,7 +256,7 @@ class Plan:
 
     takes = "text"
     __slots__ = ("kind", "segs", "stats", "cache", "scorer", "blockmax", "n_max", "_free",
-                 "idbufs", "bases", "global_key", "_terms", "_terms_for")
+                 "idbufs", "bases", "global_key", "_terms", "_terms_for", "_term_cap")
 
     def __init__(self, snapshot, kind, segments, scorer, use_blockmax: bool, global_key: str):
         """``global_key``: the snapshot cache's entry of a shard's collection-wide
@@ -277,26 +279,11 @@ class Plan:
         self._free: list = []
         self._terms: dict = {}  # ``_weights``
         self._terms_for = None
+        self._term_cap = max(1000, _TERM_CACHE // len(tuples))  # ids: 4 bytes a segment
         # the segments' id columns (offsets, bytes), for ``ids_in_order``; None: ``ids_of``
         bufs = [getattr(s.docs, "id_buffers", lambda: None)() for s in snapshot.segments]
         self.idbufs = List(bufs) if bufs and all(b is not None for b in bufs) else None
         self.bases = readonly(np.asarray(snapshot.bases, np.int64))
-
-    def _dfs(self, terms) -> dict[str, int]:
-        """The snapshot's df cache (the general path's), filled for ``terms``."""
-        dfs = self.cache.setdefault("lexical:df", {})
-        missing = [t for t in terms if t not in dfs]
-        if missing:
-            g = self.cache.get(self.global_key)
-            if g is not None:
-                got = g.doc_freqs(missing)
-            else:
-                qoff, qdata = encode_terms(missing)
-                total = np.zeros(len(missing), np.int64)
-                doc_freqs(self.segs, qoff, qdata, total)
-                got = total.tolist()
-            dfs.update(zip(missing, got))
-        return dfs
 
     def weigh(self, text):
         """(scorer, terms as UTF-8 offsets and bytes, their weights) of a query: what
@@ -314,34 +301,50 @@ class Plan:
         return (scorer, *self._weights(scorer, counts))
 
     def _weights(self, scorer, counts: dict[str, int]):
-        # per term of the snapshot, its UTF-8 bytes and idf under ``scorer`` (None: no live
-        # row has it, or it weighs nothing), so a term seen before costs a dict lookup
+        # per term of the snapshot: its idf under ``scorer`` and its id in every segment
+        # (None: no live row has it, or it weighs nothing), worked out on its first query
+        # (one lookup kernel over every segment, which counts its df too where the
+        # snapshot's df cache, the general path's, lacks it); later ones cost a dict lookup
         terms = self._terms
-        if self._terms_for is not scorer or len(terms) > _TERM_CACHE:
+        if self._terms_for is not scorer or len(terms) > self._term_cap:
             terms = self._terms = {}
             self._terms_for = scorer
         missing = [t for t in counts if t not in terms]
         if missing:
-            n_docs, idf = self.stats[0], scorer.idf
-            dfs = self._dfs(missing)
-            for t in missing:
-                df = dfs[t]
-                i = idf(df, n_docs) if df else 0.0
-                terms[t] = (t.encode("utf-8", "surrogatepass"), i) if i > 0 else None
+            self._learn(scorer, missing)
         scale = scorer.weight_scale
-        enc, ws, offs, at = [], [], [0], 0
+        ws, rows = [], []
         for t, c in counts.items():
             got = terms[t]
             if got is not None:
-                w = c * got[1]  # as ``LexicalKind._weigh``: idf x count, then the scale
+                w = c * got[0]  # as ``LexicalKind._weigh``: idf x count, then the scale
                 ws.append(w * scale if scale != 1.0 else w)
-                enc.append(got[0])
-                at += len(got[0])
-                offs.append(at)
-        return (np.array(offs, np.int64), np.frombuffer(b"".join(enc), np.uint8),
-                np.array(ws, np.float64))
+                rows.append(got[1])
+        if not rows:
+            return np.zeros((0, len(self.segs)), np.int32), np.zeros(0, np.float64)
+        return np.array(rows, np.int32), np.array(ws, np.float64)
 
-    def top(self, scorer, qoff, qdata, qw, k: int):
+    def _learn(self, scorer, missing: list[str]) -> None:
+        dfs = self.cache.setdefault("lexical:df", {})
+        g = self.cache.get(self.global_key)
+        need = np.array([g is None and t not in dfs for t in missing], np.bool_)
+        qoff, qdata = encode_terms(missing)
+        tids = np.empty((len(missing), len(self.segs)), np.int32)
+        total = np.zeros(len(missing), np.int64)
+        lookup(self.segs, qoff, qdata, need, tids, total)
+        if need.any():
+            dfs.update((t, n) for t, n, x in zip(missing, total.tolist(), need) if x)
+        if g is not None:  # a shard: the whole collection's df
+            unknown = [t for t in missing if t not in dfs]
+            if unknown:
+                dfs.update(zip(unknown, g.doc_freqs(unknown)))
+        n_docs, idf = self.stats[0], scorer.idf
+        for t, row in zip(missing, tids):
+            df = dfs[t]
+            i = idf(df, n_docs) if df else 0.0
+            self._terms[t] = (i, row) if i > 0 else None
+
+    def top(self, scorer, qtids, qw, k: int):
         """(scores, keys) of a weighed query's top k over every segment (one kernel call)."""
         out_s = np.empty(k, np.float32)
         out_i = np.empty(k, np.int64)
@@ -352,7 +355,7 @@ class Plan:
         except IndexError:
             bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
                     np.zeros(self.n_max, np.int32))
-        search(self.segs, qoff, qdata, qw, scorer.k1, scorer.b, self.stats[1], self.blockmax,
+        search(self.segs, qtids, qw, scorer.k1, scorer.b, self.stats[1], self.blockmax,
                *bufs, out_s, out_i)
         if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed then
             self._free.append(bufs)
@@ -378,7 +381,7 @@ class Plan:
         weighed = self.weigh(text)
         if weighed is None:
             return None
-        scorer, qoff, qdata, qw = weighed
+        scorer, qtids, qw = weighed
         if not len(qw):
             return []
         if self.idbufs is None:  # ids not one plain string chunk somewhere: two steps
@@ -391,7 +394,7 @@ class Plan:
                 bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
                         np.zeros(self.n_max, np.int32))
             out_s, out_i, n, ok, buf = search_ids(
-                self.segs, self.idbufs, self.bases, qoff, qdata, qw, scorer.k1, scorer.b,
+                self.segs, self.idbufs, self.bases, qtids, qw, scorer.k1, scorer.b,
                 self.stats[1], self.blockmax, *bufs, k)
             if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed
                 self._free.append(bufs)
