@@ -378,6 +378,8 @@ class Plan:
         return ids
 
     def search(self, snapshot, text, k: int) -> list[Hit] | None:
+        if snapshot.cache.get(self.kind.name) is not self.cache:
+            return None  # a shard swapped in the collection-wide statistics since the plan
         weighed = self.weigh(text)
         if weighed is None:
             return None
