@@ -198,13 +198,15 @@ class Collection:
         ``with_metadata`` (default: as ``with_text``) fills each hit's stored metadata
         (``fields``: only these fields, and metadata even without ``with_metadata``)."""
         vectors = None if vector is None else [vector]
-        if fields is None and vector_lane.plain_call(text, vectors, using, tokens, k, profile,
-                                                     filter, explain, with_text, with_metadata):
-            # the plain nearest-neighbour call: the vector lane when the profile is one dense
-            # stage (the same hits as the general path, a fraction of its Python)
-            snap, plan = self._lane(profile, vector)
+        texts = None if text is None else [text]
+        takes = fields is None and vector_lane.plain_call(
+            texts, vectors, using, tokens, k, profile, filter, explain, with_text, with_metadata)
+        if takes:
+            # a plain call: the lane of a one-stage profile's kind (dense for a vector,
+            # lexical for a text): the general path's hits, a fraction of its Python
+            snap, plan = self._lane(profile, takes, texts, vectors)
             if plan is not None:
-                hits = plan.search(snap, vector, k)
+                hits = plan.search(snap, vector if takes == "vector" else text, k)
                 if hits is not None:
                     return hits
         return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
@@ -213,14 +215,15 @@ class Collection:
                                 with_text=with_text, with_metadata=with_metadata,
                                 fields=fields)[0]
 
-    def _lane(self, profile, vector):
-        """(the snapshot, its vector-lane plan for ``profile``, or None: the general path)."""
+    def _lane(self, profile, takes: str, texts, vectors):
+        """(the snapshot, its lane plan for ``profile`` taking ``takes``, or None: the
+        general path)."""
         def resolve():
-            name = profile if profile is not None else \
-                default_vector_profile(make_queries(None, [vector]), None, self.kinds)
+            name = profile if profile is not None else default_vector_profile(
+                make_queries(texts and texts[:1], vectors and vectors[:1]), None, self.kinds)
             return self._profile(name)
         snap = self.snapshot()
-        return snap, vector_lane.plan(snap, profile, resolve)
+        return snap, vector_lane.plan(snap, profile, resolve, takes)
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,
@@ -231,13 +234,14 @@ class Collection:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        if (fields := check_fields(fields)) is not None:
-            with_metadata = True
-        elif vector_lane.plain_call(texts, vectors, using, tokens, k, profile, filter, explain,
-                                    with_text, with_metadata):
-            snap, plan = self._lane(profile, vectors[0])  # the vector lane, as in ``query``
+        fields = check_fields(fields)
+        with_metadata = True if fields is not None else with_metadata
+        takes = fields is None and vector_lane.plain_call(
+            texts, vectors, using, tokens, k, profile, filter, explain, with_text, with_metadata)
+        if takes:
+            snap, plan = self._lane(profile, takes, texts, vectors)  # the lane, as in ``query``
             if plan is not None:
-                hits = plan.search_batch(snap, vectors, k)
+                hits = plan.search_batch(snap, vectors if takes == "vector" else texts, k)
                 if hits is not None:
                     return hits
         queries = make_queries(texts, vectors, using, tokens)

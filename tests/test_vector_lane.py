@@ -293,7 +293,7 @@ def test_one_guard_decides_for_query_and_query_batch(eng, monkeypatch):
     coll = eng.create_collection("v", ["dense:Flat", "lexical"], model=None)
     coll.add([{"id": f"d{i}", "vector": x[i], "text": f"w{i}"} for i in range(50)])
     assert implements(coll.kinds["dense"], PlansDirectly)
-    assert not implements(coll.kinds["lexical"], PlansDirectly)
+    assert implements(coll.kinds["lexical"], PlansDirectly)  # the text lane
     asked = []
     real = vector_lane.plain_call
 
@@ -306,7 +306,7 @@ def test_one_guard_decides_for_query_and_query_batch(eng, monkeypatch):
     assert all(same(a, b) for a, b in zip(got, general_batch(coll, [x[1], x[2]], 4, "dense")))
     coll.query(vector=x[3], k=5, profile="dense", explain=True)
     # the lane answered query and query_batch; explain asked twice (query, then query_batch)
-    assert asked == [True, True, False, False]
+    assert asked == ["vector", "vector", None, None]
     assert lane_used(coll, "dense")
     assert not real(None, [x[1]], None, None, 0, "dense", None, False, False, None)
     assert not real(None, [{"dense": x[1]}], None, None, 3, None, None, False, False, None)

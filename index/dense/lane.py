@@ -49,6 +49,7 @@ class Plan:
     stage's faiss params and typed search arguments, ``threads`` the kind's
     ``QUERY_THREADS`` (the kind hands them over: this module does not import it back)."""
 
+    takes = "vector"  # what a query is (``query/vector_lane``)
     __slots__ = ("dim", "cosine", "l2", "parts", "kwargs", "threads")
 
     def __init__(self, snapshot, kind, segments, params: dict[str, str],

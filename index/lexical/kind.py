@@ -168,6 +168,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
         self.live_stats = MaskCache()  # (live rows, their total length) per live mask
         self._keep = keep  # Arrow tables owning the memory maps
         self._pool = postings.BufferPool(self.n_rows)
+        self._term_table = None  # ``term_table``
 
     # -- TermStatistics ----------------------------------------------------------------------
     def terms(self) -> list[str]:
@@ -181,6 +182,16 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
     def term_id(self, term: str) -> int | None:
         tid = int(self.term_ids([term])[0])
         return None if tid < 0 else tid
+
+    def term_table(self) -> np.ndarray:
+        """The vocabulary's hash table (``vocabulary.build_hash``), made on first use and
+        kept for the segment's life: the text lane looks every query term up in every
+        segment, and a hash probe costs a fraction of a ~15-step binary search."""
+        table = self._term_table
+        if table is None:
+            table = self._term_table = postings.readonly(
+                vocabulary.build_hash(self._voff, self._vdata))
+        return table
 
     def term_ids(self, terms: Sequence[str]) -> np.ndarray:
         """Segment-local id of each term, -1 where the segment lacks it."""
@@ -474,6 +485,30 @@ class LexicalKind(IndexKind):
                               keep=keep, forward=forward, blocks=blocks)
 
     # -- queries -------------------------------------------------------------------------
+    def direct_plan(self, snapshot, segments, params: dict[str, str]):
+        """The text lane's plan (``PlansDirectly``, ``index/lexical/lane``) of a stage over
+        ``snapshot``'s ``segments``, or None where the general path must answer: RM3 or
+        params it would refuse (it reports them), BM25L and BM25+ (their absent-term
+        constant), no segment, segments whose arrays differ in layout."""
+        from polyindex.index.lexical import lane
+        if not segments:
+            return None
+        scorer = None  # the kind's own, read per query (``set_scorer`` swaps it)
+        if params:
+            try:
+                _check_params(params)
+                scorer = bm25.parse_scorer(params, self.scorer, "lexical search params")
+                if prf.parse_rm3(params, "lexical search params") is not None:
+                    return None
+            except InvalidArgument:
+                return None
+            if scorer.variant in bm25.WITH_DELTA:
+                return None
+        try:
+            return lane.Plan(snapshot, self, segments, scorer, BLOCKMAX, GLOBAL)
+        except TypeError:
+            return None
+
     def _collection_stats(self, segments: Sequence[LexicalSegment],
                           live: Sequence[np.ndarray | None], cache: dict) -> tuple[int, float]:
         stats = cache.get("lexical:stats")
