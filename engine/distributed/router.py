@@ -15,9 +15,10 @@ part:
    kinds' scores) and stored embeddings, fills the window's dense and fusion features here,
    and scores the window once; a kind's rerank (``{"index": ...}``) asks for raw scores.
 
-Keys here are ``shard << SHIFT | local key``: equal scores resolve to the lower shard, then
-the lower local key (one node resolves them by its own row order, so only exact ties may be
-ordered differently). ``backend`` gives the shards (``serving.RayShards``, or in-process
+Keys here are ``shard << SHIFT | local key``; equal scores are put in id order, here as on
+one node (``index/ties``). A query's rerank calls go to the replica whose snapshot its
+retrieve read (the keys are that snapshot's rows); a replica lost in between makes the query
+run again. ``backend`` gives the shards (``serving.RayShards``, or in-process
 ``LocalShards``); a shard none of whose replicas answers fails the query with UNAVAILABLE,
 unless the call allows partial results, which then name the shards left out.
 """
