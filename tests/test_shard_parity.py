@@ -189,3 +189,44 @@ def test_trained_kinds_equal_one_node(tmp_path, kind):
         assert [[h.id for h in x] for x in a] == [[h.id for h in y] for y in b]
     finally:
         sharded.close()
+
+
+@pytest.mark.slow
+def test_a_lost_snapshot_reruns_the_query_and_never_reads_other_rows(tmp_path, monkeypatch):
+    """The replica a query's retrieve read no longer holds its snapshot when the rerank asks
+    (evicted here; on Ray: the replica died): the router runs the query again, and past
+    ``LOST_RETRIES`` says UNAVAILABLE, rather than reading rows of another snapshot."""
+    from polyindex.distributed import router as router_mod
+    from polyindex.distributed.shard import Shard
+    from polyindex.wire.grpc_errors import Unavailable
+    docs, emb, queries, qvecs = _cacm(120)
+    for d in docs:
+        d.pop("vectors")
+    one = Engine(tmp_path / "one").create_collection("c", ["lexical", "dense:Flat"])
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", ["lexical", "dense:Flat"])
+    for target in (one, routed):
+        target.add(docs, embeddings=emb)
+    routed.catch_up()
+    ltr = PROFILES["ltr"]
+    want = [[h.id for h in x] for x in one.query_batch(queries[:3], vectors=qvecs[:3], k=10,
+                                                       profile=ltr)]
+    real, lost = Shard._snapshot_of, []
+
+    def lose_first(self, name, token):  # the query's first rerank call loses its snapshot
+        if token is not None and not lost:
+            lost.append(token)
+            self._pinned.pop(token, None)
+            return None
+        lost.append(None)
+        return real(self, name, token)
+
+    monkeypatch.setattr(Shard, "_snapshot_of", lose_first)
+    got = routed.query_batch(queries[:3], vectors=qvecs[:3], k=10, profile=ltr)
+    assert [[h.id for h in x] for x in got] == want
+    assert any(t is not None for t in lost)  # it was lost, and the rerun answered
+    monkeypatch.setattr(Shard, "_snapshot_of", lambda self, name, token: None)
+    with pytest.raises(Unavailable, match="lost between retrieve and rerank"):
+        routed.query_batch(queries[:3], vectors=qvecs[:3], k=10, profile=ltr)
+    assert router_mod.LOST_RETRIES >= 1
+    sharded.close()
