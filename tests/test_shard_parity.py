@@ -230,3 +230,39 @@ def test_a_lost_snapshot_reruns_the_query_and_never_reads_other_rows(tmp_path, m
         routed.query_batch(queries[:3], vectors=qvecs[:3], k=10, profile=ltr)
     assert router_mod.LOST_RETRIES >= 1
     sharded.close()
+
+
+def _qualities(snapshots) -> dict[str, float]:
+    out = {}
+    for snap in snapshots:
+        for seg in snap.segments:
+            for i, q in zip(seg.docs.ids_at(np.arange(seg.docs.n_rows)), seg.docs.quality()):
+                out[i] = float(q)
+    return out
+
+
+def test_document_quality_is_one_language_model_across_shards(tmp_path):
+    """The quality feature's language model is the collection's, not each shard's: the
+    router's first batch, whole, on every shard, as one node computes it from its first
+    segment (here: the same batch)."""
+    docs, emb, _, _ = _cacm(200)
+    for d in docs:
+        d.pop("vectors")
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", ["lexical", "dense:Flat"])
+    routed.add(docs[:150], embeddings=emb[:150])
+    routed.add(docs[150:], embeddings=emb[150:])  # a later batch: the stored model
+    routed.seal()
+    shards = sharded.backend.shards
+    got = _qualities([sh.engine.collection("c").snapshot() for sh in shards])
+    lm = [(sh.path / "c" / "artifacts" / "quality" / "lm.npz").read_bytes() for sh in shards]
+    sharded.close()
+    assert lm[0] == lm[1]
+    assert set(got) == {d["id"] for d in docs} and not np.isnan(list(got.values())).any()
+    # one node given the same batches: its first segment (the first batch) made its model
+    with Engine(tmp_path / "one150") as eng:
+        ref = eng.create_collection("c", ["lexical", "dense:Flat"])
+        ref.add(docs[:150], embeddings=emb[:150])
+        ref.add(docs[150:], embeddings=emb[150:])
+        want = _qualities([ref.snapshot()])
+    np.testing.assert_allclose([got[i] for i in want], [want[i] for i in want], rtol=1e-6)

@@ -37,7 +37,8 @@ from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.distributed import router_data
 from polyindex.distributed.backends import LOST
-from polyindex.types import MAX_K, Hit, HitLists, Page, check_fields, select_fields
+from polyindex.types import (MAX_K, Hit, HitLists, Page, check_fields, document_text,
+                             select_fields)
 from polyindex.wire.grpc_errors import Unavailable
 
 SHIFT = 40  # local keys (rows of a shard's snapshot) stay below 2**40
@@ -59,6 +60,7 @@ class ShardedCollection:
         self._described: dict | None = None
         self._encoder = None
         self._rankers: dict[str, object] = {}
+        self._quality_shared = False  # this router sent its first batch's language model
 
     # -- what the collection is ------------------------------------------------------------
     def describe(self) -> dict:
@@ -97,8 +99,12 @@ class ShardedCollection:
         if not batch:
             return 0
         if embeddings is None and self.describe()["encodes_text"]:
-            from polyindex.types import document_text
             embeddings = self.encoder.encode([document_text(d.title, d.text) for d in batch])
+        if not self._quality_shared:  # one language model for every shard (see ``shard``)
+            texts = [document_text(d.title, d.text) for d in batch]
+            self.backend.each({s: ("share_quality", self.name, texts)
+                               for s in range(self.n_shards)}, write=True)
+            self._quality_shared = True
         parts: dict[int, list[int]] = {}
         for i, d in enumerate(batch):
             parts.setdefault(shard_of(d.id, self.n_shards), []).append(i)

@@ -166,6 +166,19 @@ class Shard:
         return r.booster.model_to_string(), r.meta
 
     # -- reads and writes ------------------------------------------------------------------
+    def share_quality(self, name: str, texts: list[str]) -> bool:
+        """Commit the collection's document-quality language model of ``texts`` (the
+        router's first batch, sent to every shard) unless it has one; as one node, only
+        where quality is computed (a collection that runs its model on the text, or prunes)."""
+        from polyindex.ingest.quality import share
+        coll = self.engine.collection(name)
+        if not coll.encoding.encodes_text() and coll.config.prune_threshold is None:
+            return False
+        with coll.table.writer() as w:
+            shared = share(coll.table.folder, w, texts)
+        coll.table.refresh()
+        return shared
+
     def add(self, name: str, docs: list[Document], embeddings) -> int:
         return self.engine.collection(name).add(docs, embeddings=embeddings)
 
