@@ -194,7 +194,6 @@ def test_trained_kinds_equal_one_node(tmp_path, kind):
         sharded.close()
 
 
-@pytest.mark.slow
 def test_a_lost_snapshot_reruns_the_query_and_never_reads_other_rows(tmp_path, monkeypatch):
     """The replica a query's retrieve read no longer holds its snapshot when the rerank asks
     (evicted here; on Ray: the replica died): the router runs the query again, and past
