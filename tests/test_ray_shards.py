@@ -7,6 +7,7 @@ One local Ray for the module (loopback only, no dashboard, a small object store)
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,56 @@ def test_grpc_answers_equal_one_node(served, corpus):
     got = coll.get([d for d in ("1", "2", "3")])
     assert [g.id for g in got] == ["1", "2", "3"]
     assert shard_of("1", 2) in (0, 1)
+
+
+def test_answers_equal_one_node_while_a_writer_streams(served, corpus):
+    """Replicas under writes (issue 43): a writer streams batches into both deployments
+    while the router queries ``hybrid`` and ``ltr``; reads rotate over each shard's two
+    replicas, and a query's rerank calls go to the replica its retrieve read. An answer
+    given while no batch was in flight equals one node's."""
+    import threading
+    engine, client, ref = served
+    _, queries = corpus
+    routed = engine.collection("c")
+    extra = []
+    with open(DEMO / "corpus.jsonl") as f:
+        for n, line in enumerate(f):
+            if n >= 150:
+                d = json.loads(line)
+                extra.append({"id": str(d["_id"]), "title": d["title"], "text": d["text"]})
+            if len(extra) == 40:
+                break
+    acked, busy, failed = [0], threading.Event(), []
+
+    def stream():
+        try:
+            for lo in range(0, len(extra), 10):
+                busy.set()
+                client.collection("c").add(extra[lo:lo + 10])
+                ref.add(extra[lo:lo + 10])
+                acked[0] += 1
+                busy.clear()
+                time.sleep(0.2)
+        except BaseException as e:  # noqa: BLE001  re-raised below
+            failed.append(e)
+            busy.clear()
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    compared = 0
+    while writer.is_alive() or compared < 2:
+        before, was_busy = acked[0], busy.is_set()
+        routed.catch_up()
+        got = {p: routed.query_batch(queries, k=10, profile=p) for p in ("hybrid", "ltr")}
+        want = {p: ref.query_batch(queries, k=10, profile=p) for p in ("hybrid", "ltr")}
+        if not was_busy and not busy.is_set() and acked[0] == before:
+            for p in got:
+                for x, y in zip(want[p], got[p]):
+                    assert [h.id for h in y] == [h.id for h in x], (p, before)
+            compared += 1
+    writer.join()
+    assert not failed, failed
+    assert compared >= 2 and routed.count() == ref.count() == 190
 
 
 def test_a_dead_replica_is_replaced_and_a_dead_shard_is_unavailable(served, corpus):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polyindex.distributed.backends import LocalShards
+from polyindex.distributed.backends import LOST, LocalShards
 from polyindex.distributed.router import SHIFT, ShardedCollection, shard_of
 from polyindex.distributed.shard import Shard
 from polyindex.engine import Engine
@@ -224,5 +224,10 @@ def test_features_read_the_rows_retrieve_answered_from(tmp_path, corpus):
     after = sh.features("c", queries, keys, 1, False, got["snapshot"])["X"]
     np.testing.assert_allclose(np.nan_to_num(after, nan=-7), np.nan_to_num(before, nan=-7),
                                rtol=1e-5)  # statistics recomputed: float noise only
-    # evicted or another replica's token: the current snapshot, as before pinning
-    assert sh._snapshot_of("c", got["snapshot"]) is coll.snapshot()
+    # read once (unpinned), or another replica's token: not held, so the router is told
+    # the snapshot is lost (it asks again from the retrieve) rather than read other rows
+    assert sh.features("c", queries, keys, 1, False, got["snapshot"]) == LOST
+    other = Shard(tmp_path / "s", readonly=True, replica=1)
+    token = sh.retrieve("c", queries, "lexical", [20], None, 1)["snapshot"]
+    assert other.kind_scores("c", queries, keys, {"index": "lexical"}, token) == LOST
+    other.close()

@@ -6,6 +6,11 @@ shard's replicas in turn and fall over to the next replica when one is dead or r
 writes go to replica 0 (the shard's writer), retried while Ray restarts it (every write is
 an idempotent upsert or delete by id). A shard no replica answers raises ``Unavailable``,
 or, with ``allow_partial``, is answered with None.
+
+``at={shard: replica}`` pins calls to the replica that answered an earlier call (a query's
+rerank calls go to the replica its retrieve read: the candidates are rows of that replica's
+snapshot); a pinned replica that is gone answers ``LOST``, and the router asks again from
+the retrieve. ``each(..., replicas=True)`` also returns which replica answered each shard.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from polyindex.errors import PolyindexError
 from polyindex.wire.grpc_errors import Unavailable
 
 WRITE_RETRY_S = 30.0  # how long a write waits for Ray to restart a shard's writer
+LOST = "lost"  # a pinned replica's answer when it is gone (its snapshots with it)
 
 
 class _Refused(Exception):
@@ -23,24 +29,35 @@ class _Refused(Exception):
 
 
 class LocalShards:
-    """Shards as plain objects in this process (one replica each)."""
+    """Shards as plain objects in this process: ``shards[s]`` one ``Shard``, or a list of
+    its replicas (the writer first, then read-only followers of its WAL); reads rotate."""
 
     def __init__(self, shards: list):
-        self.shards = shards
-        self.n_shards, self.n_replicas = len(shards), 1
+        self.replicas = [list(s) if isinstance(s, (list, tuple)) else [s] for s in shards]
+        self.shards = [r[0] for r in self.replicas]  # the writers
+        self.n_shards, self.n_replicas = len(shards), len(self.replicas[0])
+        self._turn = itertools.count()
 
     def one(self, method: str, *args):
         return getattr(self.shards[0], method)(*args)
 
-    def each(self, calls: dict, write: bool = False, allow_partial: bool = False) -> dict:
-        return {s: getattr(self.shards[s], c[0])(*c[1:]) for s, c in calls.items()}
+    def each(self, calls: dict, write: bool = False, allow_partial: bool = False,
+             at: dict | None = None, replicas: bool = False):
+        start = next(self._turn)
+        used = {s: 0 if write else at[s] if at else (start + s) % self.n_replicas
+                for s in calls}
+        out = {s: getattr(self.replicas[s][used[s]], c[0])(*c[1:]) for s, c in calls.items()}
+        return (out, used) if replicas else out
 
     def broadcast(self, calls: dict) -> None:
-        self.each(calls)
+        for s, c in calls.items():
+            for shard in self.replicas[s]:
+                getattr(shard, c[0])(*c[1:])
 
     def close(self) -> None:
-        for shard in self.shards:
-            shard.close()
+        for group in ([r for rs in self.replicas for r in rs[1:]], self.shards):
+            for shard in group:
+                shard.close()
 
 
 class RayShards:
@@ -61,11 +78,15 @@ class RayShards:
     def one(self, method: str, *args):
         return self.each({0: (method, *args)})[0]
 
-    def each(self, calls: dict, write: bool = False, allow_partial: bool = False) -> dict:
+    def each(self, calls: dict, write: bool = False, allow_partial: bool = False,
+             at: dict | None = None, replicas: bool = False):
         start = next(self._turn)
-        # per shard: the replicas to try, in order (reads rotate; writes: the writer only)
-        order = {s: ([0] if write else [(start + i) % self.n_replicas
-                                        for i in range(self.n_replicas)]) for s in calls}
+        # per shard: the replicas to try, in order (reads rotate; writes: the writer only;
+        # pinned: that replica only)
+        order = {s: ([0] if write else [at[s]] if at else
+                     [(start + s + i) % self.n_replicas for i in range(self.n_replicas)])
+                 for s in calls}
+        used = {s: order[s][0] for s in calls}
         pending = {s: self._send(s, order[s].pop(0), calls[s]) for s in calls}
         out, deadline = {}, time.monotonic() + WRITE_RETRY_S
         dead = (*self._dead(), _Refused)
@@ -77,10 +98,15 @@ class RayShards:
                     out[s] = self.ray.get(ref)
                     del pending[s]
                 except dead as e:
-                    if order[s]:
+                    if at:  # the replica holding the query's snapshot is gone
+                        out[s] = LOST
+                        del pending[s]
+                    elif order[s]:
+                        used[s] = order[s][0]
                         pending[s] = self._send(s, order[s].pop(0), calls[s])
                     elif write and time.monotonic() < deadline:
                         time.sleep(0.2)  # Ray is restarting the writer
+                        used[s] = 0
                         pending[s] = self._send(s, 0, calls[s])
                     elif allow_partial:
                         out[s] = None
@@ -93,7 +119,7 @@ class RayShards:
                     if isinstance(cause, PolyindexError):
                         raise cause from None
                     raise
-        return out
+        return (out, used) if replicas else out
 
     def broadcast(self, calls: dict) -> None:
         """Every replica of each named shard; a dead replica is skipped (it asks again)."""

@@ -15,9 +15,10 @@ part:
    kinds' scores) and stored embeddings, fills the window's dense and fusion features here,
    and scores the window once; a kind's rerank (``{"index": ...}``) asks for raw scores.
 
-Keys here are ``shard << SHIFT | local key``: equal scores resolve to the lower shard, then
-the lower local key (one node resolves them by its own row order, so only exact ties may be
-ordered differently). ``backend`` gives the shards (``serving.RayShards``, or in-process
+Keys here are ``shard << SHIFT | local key``; equal scores are put in id order, here as on
+one node (``index/ties``). A query's rerank calls go to the replica whose snapshot its
+retrieve read (the keys are that snapshot's rows); a replica lost in between makes the query
+run again. ``backend`` gives the shards (``serving.RayShards``, or in-process
 ``LocalShards``); a shard none of whose replicas answers fails the query with UNAVAILABLE,
 unless the call allows partial results, which then name the shards left out.
 """
@@ -35,11 +36,14 @@ from polyindex.query.pipeline import explain_hits, fuse
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.distributed import router_data
-from polyindex.types import MAX_K, Hit, HitLists, Page, check_fields, select_fields
+from polyindex.distributed.backends import LOST
+from polyindex.types import (MAX_K, Hit, HitLists, Page, check_fields, document_text,
+                             select_fields)
 from polyindex.wire.grpc_errors import Unavailable
 
 SHIFT = 40  # local keys (rows of a shard's snapshot) stay below 2**40
 STALE_RETRIES = 1  # after a refresh, an answer still racing a write is taken as it is
+LOST_RETRIES = 2  # a query whose rerank lost its retrieve's replica runs again
 
 
 def shard_of(doc_id: str, n_shards: int) -> int:
@@ -56,6 +60,7 @@ class ShardedCollection:
         self._described: dict | None = None
         self._encoder = None
         self._rankers: dict[str, object] = {}
+        self._quality_shared = False  # this router sent its first batch's language model
 
     # -- what the collection is ------------------------------------------------------------
     def describe(self) -> dict:
@@ -94,8 +99,12 @@ class ShardedCollection:
         if not batch:
             return 0
         if embeddings is None and self.describe()["encodes_text"]:
-            from polyindex.types import document_text
             embeddings = self.encoder.encode([document_text(d.title, d.text) for d in batch])
+        if not self._quality_shared:  # one language model for every shard (see ``shard``)
+            texts = [document_text(d.title, d.text) for d in batch]
+            self.backend.each({s: ("share_quality", self.name, texts)
+                               for s in range(self.n_shards)}, write=True)
+            self._quality_shared = True
         parts: dict[int, list[int]] = {}
         for i, d in enumerate(batch):
             parts.setdefault(shard_of(d.id, self.n_shards), []).append(i)
@@ -171,7 +180,10 @@ class ShardedCollection:
         self.backend.each({s: ("seal", self.name) for s in range(self.n_shards)}, write=True)
 
     def catch_up(self) -> None:
-        """Shards' replicas follow their writer themselves."""
+        """Every replica takes in its writer's acknowledged writes now (they follow by
+        themselves too, on their next read): a read after this sees every write acknowledged
+        before it, whichever replica answers."""
+        self.backend.broadcast({s: ("catch_up", self.name) for s in range(self.n_shards)})
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -221,16 +233,25 @@ class ShardedCollection:
                     queries[i].vector = v
         single = len(prof.retrieve) == 1 and prof.rerank is None
         ks = [k if single else st.k for st in prof.retrieve]
-        answers, down = self._retrieve(queries, profile, ks, filter, allow_partial)
-        stage_lists, ids = self._merge(answers, ks, len(queries))
-        keep = max(k, prof.rerank["window"]) if prof.rerank else k
-        per_query = [[(s[qi], kk[qi]) for s, kk in stage_lists] for qi in range(len(queries))]
-        fused = [(*fuse(prof, lists, keep), None) for lists in per_query]
-        if prof.rerank is not None:
+        for attempt in range(LOST_RETRIES + 1):
+            answers, down, used = self._retrieve(queries, profile, ks, filter, allow_partial)
+            stage_lists, ids = self._merge(answers, ks, len(queries))
+            keep = max(k, prof.rerank["window"]) if prof.rerank else k
+            per_query = [[(s[qi], kk[qi]) for s, kk in stage_lists]
+                         for qi in range(len(queries))]
+            fused = [(*fuse(prof, lists, keep), None) for lists in per_query]
+            if prof.rerank is None:
+                break
             window = prof.rerank["window"]
             cands = [(kk[:window], sc[:window]) for kk, sc, _ in fused]
-            fused = self._rerank(queries, prof, cands, stage_lists,
-                                 {s: a.get("snapshot") for s, a in answers.items()}, explain)
+            # the replica and snapshot each shard's retrieve read: the keys are its rows
+            pins = {s: (used[s], a.get("snapshot")) for s, a in answers.items()}
+            fused = self._rerank(queries, prof, cands, stage_lists, pins, explain)
+            if fused is not None:
+                break
+        else:
+            raise Unavailable(f"collection {self.name!r}: a shard's replica was lost between "
+                              f"retrieve and rerank {LOST_RETRIES + 1} times")
         out = HitLists(self._hits(kk[:k], sc[:k], ids) for kk, sc, _ in fused)
         if explain:  # the merged lists explained as one node's (no kind's own account)
             for hits, lists, (kk, _, details) in zip(out, per_query, fused):
@@ -254,13 +275,13 @@ class ShardedCollection:
             version = self._version
             calls = {s: ("retrieve", self.name, queries, spec, ks, filter_expr, version)
                      for s in range(self.n_shards)}
-            got = self.backend.each(calls, allow_partial=allow_partial)
+            got, used = self.backend.each(calls, allow_partial=allow_partial, replicas=True)
             down = sorted(s for s in range(self.n_shards) if got.get(s) is None)
             answers = {s: a for s, a in got.items() if a is not None}
             complete = all("stages" in a for a in answers.values())
             stale = any(a["stale"] for a in answers.values())
             if complete and (not stale or attempt >= STALE_RETRIES):
-                return answers, down
+                return answers, down, used
             self.refresh_statistics(version, allow_partial)
         raise Unavailable(f"collection {self.name!r}: a shard has no collection-wide "
                           "statistics after refreshing them twice")
@@ -304,15 +325,20 @@ class ShardedCollection:
             out.append((scores, keys))
         return out, ids
 
-    def _rerank(self, queries, prof, cands, stage_lists, tokens: dict, explain: bool = False):
-        """Per query (keys, scores, details or None); ``tokens``: per shard, the snapshot its
-        retrieve answered from (the candidates' keys are its rows)."""
+    def _rerank(self, queries, prof, cands, stage_lists, pins: dict, explain: bool = False):
+        """Per query (keys, scores, details or None), or None when a shard lost the snapshot;
+        ``pins``: per shard, (the replica its retrieve read, the snapshot's token): the
+        candidates' keys are rows of that snapshot, so the rerank calls go there."""
         spec = prof.rerank
         by_shard = _split(cands, self.n_shards)
+        at = {s: pins[s][0] for s in by_shard}
         if "index" in spec:  # one kind's own score: exact per candidate, merged here
             from polyindex.rerank.kind_scores import order_by
             got = self.backend.each({s: ("kind_scores", self.name, queries, loc, spec,
-                                         tokens.get(s)) for s, (loc, _) in by_shard.items()})
+                                         pins[s][1]) for s, (loc, _) in by_shard.items()},
+                                    at=at)
+            if any(isinstance(g, str) and g == LOST for g in got.values()):
+                return None
             scores = _gather(cands, by_shard, {s: g for s, g in got.items()}, np.float32)
             return order_by(cands, scores, spec, explain)
         from polyindex.rerank import features, schema, stage
@@ -324,7 +350,9 @@ class ShardedCollection:
         ranker.check_names(names)
         dense = "dense" in self.kinds
         got = self.backend.each({s: ("features", self.name, queries, loc, self._version, dense,
-                                     tokens.get(s)) for s, (loc, _) in by_shard.items()})
+                                     pins[s][1]) for s, (loc, _) in by_shard.items()}, at=at)
+        if any(isinstance(g, str) and g == LOST for g in got.values()):
+            return None
         X = _gather(cands, by_shard, {s: g["X"] for s, g in got.items()}, np.float32)
         qptr = np.concatenate([[0], np.cumsum([len(kk) for kk, _ in cands])]).astype(np.int64)
         if len(X):

@@ -85,17 +85,24 @@ class ShardedEngine:
         self._collections: dict[str, ShardedCollection] = {}
 
     @classmethod
-    def in_process(cls, path: str | Path, *, shards: int | None = None) -> "ShardedEngine":
-        """The same router over shards in this process (one replica each, no Ray): for
-        tests and one-machine tools; the answers are the Ray deployment's."""
+    def in_process(cls, path: str | Path, *, shards: int | None = None,
+                   replicas: int = 1) -> "ShardedEngine":
+        """The same router over shards in this process (no Ray; replica 0 of a shard its
+        writer, the others read-only followers of its WAL, as the actors): for tests and
+        one-machine tools; the answers are the Ray deployment's."""
         from polyindex.distributed.shard import Shard
+        if replicas < 1:
+            raise InvalidArgument(f"replicas must be at least 1, got {replicas}")
         self = cls.__new__(cls)
         self.path = Path(path).resolve()
         self.readonly = False
         self.n_shards = shard_count(self.path, shards)
         self.handles, self._started_ray = [], False
-        self.backend = LocalShards([Shard(self.path / f"shard-{s:03d}", shard=s)
-                                    for s in range(self.n_shards)])
+        folders = [self.path / f"shard-{s:03d}" for s in range(self.n_shards)]
+        writers = [Shard(f, shard=s) for s, f in enumerate(folders)]  # before the followers
+        self.backend = LocalShards([[w, *(Shard(f, readonly=True, shard=s, replica=r)
+                                          for r in range(1, replicas))]
+                                    for s, (f, w) in enumerate(zip(folders, writers))])
         self._collections = {}
         return self
 

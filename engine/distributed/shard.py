@@ -16,11 +16,13 @@ router's table was taken from, and the router refreshes the table and asks again
 from __future__ import annotations
 
 import itertools
+import os
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
+from polyindex.distributed.backends import LOST
 from polyindex.index.lexical.kind import GLOBAL
 from polyindex.types import Document
 
@@ -40,15 +42,24 @@ class Shard:
         # and ``kind_scores`` read the rows its keys name even when a seal or merge
         # publishes a new snapshot in between (the keys are rows of that snapshot). Bounded:
         # a pinned snapshot keeps its files from garbage collection.
-        self._pinned: OrderedDict[int, object] = OrderedDict()
-        self._tokens = itertools.count(1)
+        # Tokens name this replica too (a random prefix), so one another replica issued is
+        # never taken for one of ours.
+        self._pinned: OrderedDict[str, object] = OrderedDict()
+        self._tokens = (f"{os.urandom(6).hex()}-{n}" for n in itertools.count(1))
 
     # -- content and statistics ----------------------------------------------------------
     def _current(self, name: str):
-        """(collection, snapshot, WAL sequence number the snapshot includes)."""
+        """(collection, snapshot, WAL sequence number the snapshot includes), read as one:
+        a write appends to the WAL and publishes its view under the view's lock, so a
+        sequence number read apart from its snapshot could name a write the snapshot lacks
+        (and label a term table with content it was not taken from)."""
         coll = self.engine.collection(name)
-        snap = coll.snapshot()
-        return coll, snap, _wal_seq(coll)
+        snap = coll.snapshot()  # catches up (a follower) or re-bases first, outside the lock
+        live = coll.live.writes or coll.live.follower
+        if live is None:
+            return coll, snap, _wal_seq(coll)
+        with live.lock:
+            return coll, live.view, _wal_seq(coll)
 
     def table(self, name: str) -> tuple[int, object]:
         """(WAL seq, this shard's own term statistics) for the router's collection-wide sum."""
@@ -102,32 +113,39 @@ class Shard:
             self._pinned.popitem(last=False)
         return {"stale": stale, "stages": stages, "ids": ids, "snapshot": token}
 
-    def _snapshot_of(self, name: str, token: int | None):
+    def _snapshot_of(self, name: str, token: str | None):
         """The snapshot ``retrieve`` answered ``token`` from (unpinned: one rerank call per
-        query reads it), else the current one (another replica answered it, or it was
-        evicted)."""
-        snap = self._pinned.pop(token, None) if token is not None else None
-        return snap if snap is not None else self._current(name)[1]
+        query reads it); None when it is not held (evicted, or another replica's token): the
+        keys would name other rows, so the router asks again from the retrieve. No token:
+        the current snapshot."""
+        if token is None:
+            return self._current(name)[1]
+        return self._pinned.pop(token, None)
 
     def features(self, name: str, queries, keys: list[np.ndarray], version: int,
-                 dense: bool, token: int | None = None) -> dict:
+                 dense: bool, token: str | None = None):
         """Segment-local rerank features of candidates (per query, this shard's local keys,
         rows of the snapshot ``retrieve`` gave ``token``), and their stored embeddings when
-        ``dense``, for the router's window."""
+        ``dense``, for the router's window; ``LOST`` when that snapshot is not held."""
         from polyindex.rerank import features
         _, _, stale = self._with_global(name, version)
         snap = self._snapshot_of(name, token)  # ``retrieve`` gave it the global statistics
+        if snap is None:
+            return LOST
         X, _ = features.compute_local(snap, queries, keys)
         flat = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         vecs = features.stored_vectors(snap, flat) if dense and len(flat) else None
         return {"stale": stale, "X": X, "vectors": vecs}
 
     def kind_scores(self, name: str, queries, keys: list[np.ndarray], spec: dict,
-                    token: int | None = None) -> np.ndarray:
+                    token: str | None = None):
         """A kind's own score of candidates (per query, local keys of ``token``'s snapshot;
-        a profile's ``rerank: {"index": ...}``), NaN where it has none."""
+        a profile's ``rerank: {"index": ...}``), NaN where it has none; ``LOST`` as
+        ``features``."""
         from polyindex.rerank.kind_scores import raw_scores
         snap = self._snapshot_of(name, token)
+        if snap is None:
+            return LOST
         return raw_scores(snap, queries, keys, spec)
 
     def describe(self, name: str) -> dict:
@@ -148,6 +166,19 @@ class Shard:
         return r.booster.model_to_string(), r.meta
 
     # -- reads and writes ------------------------------------------------------------------
+    def share_quality(self, name: str, texts: list[str]) -> bool:
+        """Commit the collection's document-quality language model of ``texts`` (the
+        router's first batch, sent to every shard) unless it has one; as one node, only
+        where quality is computed (a collection that runs its model on the text, or prunes)."""
+        from polyindex.ingest.quality import share
+        coll = self.engine.collection(name)
+        if not coll.encoding.encodes_text() and coll.config.prune_threshold is None:
+            return False
+        with coll.table.writer() as w:
+            shared = share(coll.table.folder, w, texts)
+        coll.table.refresh()
+        return shared
+
     def add(self, name: str, docs: list[Document], embeddings) -> int:
         return self.engine.collection(name).add(docs, embeddings=embeddings)
 
@@ -187,6 +218,10 @@ class Shard:
 
     def seal(self, name: str) -> None:
         self.engine.collection(name).seal()
+
+    def catch_up(self, name: str) -> None:
+        """A follower replica: take in its writer's acknowledged writes now."""
+        self.engine.collection(name).catch_up()
 
     def ping(self) -> tuple[int, int, int]:
         import os

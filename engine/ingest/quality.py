@@ -72,6 +72,18 @@ def plan(folder: Path, name: str, w, source, fields, spec, *, prune, model) -> N
             np.concatenate(q) if q else np.zeros(0, np.float32), prune)
 
 
+def share(folder: Path, w, texts: list[str]) -> bool:
+    """A shard's language model, the same on every shard of a sharded collection: the
+    router's first batch, whole (each shard's first segment holds only its part), committed
+    before the shard writes; False when the collection has one already."""
+    if w.manifest.artifacts.get(ARTIFACT):
+        return False
+    gate = _new_gate(folder, w, [texts])
+    w.commit_metadata(artifacts={ARTIFACT: w.quality_files})
+    w.quality_files, w.quality_gate = None, gate
+    return True
+
+
 def _gate(folder: Path, w, m) -> Gate | None:
     """The writer's quality estimator: planned by this bulk run (not committed yet), or
     the collection's committed one; None when the collection has none yet."""

@@ -1,0 +1,270 @@
+"""Every profile of a sharded deployment (2 shards x 2 replicas, in this process) answers as
+one node holding every document, quiet and while a writer streams (issue 43 part 1).
+
+The collection: the first 500 documents of cacm (../shared/data) with seeded random unit
+embeddings (given, so no model runs) and three dense indexes: exact (``dense:Flat``), HNSW
+and IVF. The approximate ones equal one node at a documented search depth: efSearch past
+the collection's size, nprobe = nlist (every list; Flat storage, so exact distances). Each
+replica of a shard is a read-only follower of its writer, reads rotate over them, and a
+query's rerank calls go to the replica (and snapshot) its retrieve read.
+
+Under writes: a writer thread streams more cacm documents into both deployments, batch by
+batch, while this thread queries both; small segments make both seal and merge in the
+background all along. An answer is compared when no batch was in flight from before the
+first query to after the second (both then hold the same acknowledged writes); every other
+answer must still come back whole (no row of a moved snapshot read by a rerank).
+
+Sparse and multivector are not yet equal: each shard trains its own collection-level
+artifact (the UHD projector, the codebooks) on its part of the first segment; the tree's
+per-segment trees follow how rows fell into segments (docs/notes/sharded-serving.md, issue
+43); the sparse and tree tests are strict xfails that say so. The document-quality language
+model is one for every shard (the router's first batch): checked below.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polyindex.distributed.serving import ShardedEngine
+from polyindex.engine import Engine
+from polyindex.query.profiles import LTR
+
+from test_shards import _same, trees_models
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+CACM = SHARED / "cacm"
+N_BASE, N_STREAM, BATCH = 500, 160, 20
+HNSW = "dense@hnsw:dim=384,metric=ip,HNSW8,Flat"
+IVF = "dense@ivf:dim=384,metric=ip,IVF4,Flat"
+KINDS = ["lexical", "dense:Flat", HNSW, IVF]
+DEEP = {  # the documented per-shard search depth: exact on this collection
+    "dense-hnsw": {"retrieve": [{"index": "dense@hnsw", "k": 10, "params": "efSearch=2000"}]},
+    "dense-ivf": {"retrieve": [{"index": "dense@ivf", "k": 10, "params": "nprobe=4"}]},
+}
+PROFILES = {"lexical": "lexical", "dense": "dense", **DEEP, "hybrid": "hybrid",
+            "ltr": {**LTR, "rerank": {"model": "trees", "window": 100}}}
+
+pytestmark = pytest.mark.skipif(not CACM.is_dir(),
+                                reason="../shared/data has no cacm (the shared IR collections)")
+
+
+def _unit(rng, n: int) -> np.ndarray:
+    x = rng.normal(size=(n, 384)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _cacm(n: int):
+    docs = []
+    with open(CACM / "corpus.jsonl") as f:
+        for line in f:
+            d = json.loads(line)
+            docs.append({"id": str(d["_id"]), "title": d.get("title") or "", "text": d["text"]})
+            if len(docs) == n:
+                break
+    with open(CACM / "queries.jsonl") as f:
+        queries = [json.loads(line)["text"] for line in f][:12]
+    rng = np.random.default_rng(43)
+    emb = _unit(rng, len(docs))
+    for d, v in zip(docs, emb):  # the named fields carry the same vectors as the default one
+        d["vectors"] = {"hnsw": v.tolist(), "ivf": v.tolist()}
+    return docs, emb, queries, list(_unit(rng, len(queries)))
+
+
+@pytest.fixture(autouse=True)
+def full_weight_ranker(tmp_path_factory, monkeypatch):
+    from polyindex.rerank import registry
+    monkeypatch.setattr(registry, "SHIPPED",
+                        trees_models(tmp_path_factory.getbasetemp() / "models"))
+    registry.clear_cache()
+    yield
+    registry.clear_cache()
+
+
+@pytest.fixture
+def deployments(tmp_path):
+    docs, emb, queries, qvecs = _cacm(N_BASE + N_STREAM)
+    one_engine = Engine(tmp_path / "one", online=True)
+    one = one_engine.create_collection("c", KINDS, segment_size=100)
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", KINDS, segment_size=100)
+    for lo in range(0, N_BASE, 250):
+        for target in (one, routed):
+            target.add(docs[lo:lo + 250], embeddings=emb[lo:lo + 250])
+    gone = [docs[i]["id"] for i in range(3, N_BASE, 29)]
+    one.delete(gone)
+    routed.delete(gone)
+    routed.catch_up()
+    yield one, routed, sharded, (docs, emb, queries, qvecs)
+    sharded.close()
+    one_engine.close()
+
+
+USING = {"dense-hnsw": "hnsw", "dense-ivf": "ivf"}
+
+
+def _query(target, profile, queries, qvecs):
+    if profile in USING:  # a named vector field's profile takes its query vectors
+        return target.query_batch(vectors=qvecs, using=USING[profile], k=10,
+                                  profile=PROFILES[profile])
+    return target.query_batch(queries, vectors=qvecs, k=10, profile=PROFILES[profile])
+
+
+def _compare(one, routed, profile, queries, qvecs, where):
+    a, b = _query(one, profile, queries, qvecs), _query(routed, profile, queries, qvecs)
+    assert sum(len(x) for x in a) >= 8 * len(queries), (profile, where)
+    for qi, (x, y) in enumerate(zip(a, b)):
+        _same(x, y, f"{profile}, {where}, query {qi}")
+
+
+@pytest.mark.slow  # 10-20 s each: two deployments built, a stream written into both
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_profile_equals_one_node_quiet_and_under_a_streaming_writer(deployments, profile):
+    one, routed, sharded, (docs, emb, queries, qvecs) = deployments
+    assert sharded.backend.n_replicas == 2
+    _compare(one, routed, profile, queries, qvecs, "quiet")
+
+    acked = [0]  # batches both deployments acknowledged
+    busy = threading.Event()  # a batch is in flight
+    failed: list = []
+
+    def stream():
+        try:
+            for lo in range(N_BASE, N_BASE + N_STREAM, BATCH):
+                busy.set()
+                part = slice(lo, lo + BATCH)
+                one.add(docs[part], embeddings=emb[part])
+                routed.add(docs[part], embeddings=emb[part])
+                acked[0] += 1
+                busy.clear()
+                time.sleep(0.05)  # room for quiet comparisons between batches
+        except BaseException as e:  # noqa: BLE001  re-raised by the test below
+            failed.append(e)
+            busy.clear()
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    compared = answered = 0
+    while writer.is_alive() or compared < 2:
+        before, was_busy = acked[0], busy.is_set()
+        routed.catch_up()  # whichever replica answers holds every acknowledged write
+        b = _query(routed, profile, queries, qvecs)
+        a = _query(one, profile, queries, qvecs)
+        answered += 1
+        assert all(len(x) == 10 for x in b), (profile, "a sharded answer came back short")
+        if not was_busy and not busy.is_set() and acked[0] == before:
+            for qi, (x, y) in enumerate(zip(a, b)):
+                _same(x, y, f"{profile}, streaming after batch {before}, query {qi}")
+            compared += 1
+        if not writer.is_alive() and compared >= 2:
+            break
+    writer.join()
+    assert not failed, failed
+    assert compared >= 2 and answered >= compared
+    routed.catch_up()
+    assert routed.count() == one.count()
+    _compare(one, routed, profile, queries, qvecs, "after the stream")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="sparse: each shard trains its own UHD projector on its "
+                   "part of the first segment; tree: per-segment trees follow the segmentation "
+                   "(issue 43, open)")
+@pytest.mark.parametrize("kind", ["sparse:UHD4096,k=16,epochs=1", "tree:branch=4,leaf=8"])
+def test_trained_kinds_equal_one_node(tmp_path, kind):
+    docs, emb, queries, qvecs = _cacm(400)
+    for d in docs:
+        d.pop("vectors")
+    one = Engine(tmp_path / "one").create_collection("c", ["lexical", "dense:Flat", kind])
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", ["lexical", "dense:Flat", kind])
+    for target in (one, routed):
+        target.add(docs, embeddings=emb)
+    routed.catch_up()
+    name = kind.split(":")[0]
+    try:
+        a = one.query_batch(queries, vectors=qvecs, k=10, profile=name)
+        b = routed.query_batch(queries, vectors=qvecs, k=10, profile=name)
+        assert [[h.id for h in x] for x in a] == [[h.id for h in y] for y in b]
+    finally:
+        sharded.close()
+
+
+def test_a_lost_snapshot_reruns_the_query_and_never_reads_other_rows(tmp_path, monkeypatch):
+    """The replica a query's retrieve read no longer holds its snapshot when the rerank asks
+    (evicted here; on Ray: the replica died): the router runs the query again, and past
+    ``LOST_RETRIES`` says UNAVAILABLE, rather than reading rows of another snapshot."""
+    from polyindex.distributed import router as router_mod
+    from polyindex.distributed.shard import Shard
+    from polyindex.wire.grpc_errors import Unavailable
+    docs, emb, queries, qvecs = _cacm(120)
+    for d in docs:
+        d.pop("vectors")
+    one = Engine(tmp_path / "one").create_collection("c", ["lexical", "dense:Flat"])
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", ["lexical", "dense:Flat"])
+    for target in (one, routed):
+        target.add(docs, embeddings=emb)
+    routed.catch_up()
+    ltr = PROFILES["ltr"]
+    want = [[h.id for h in x] for x in one.query_batch(queries[:3], vectors=qvecs[:3], k=10,
+                                                       profile=ltr)]
+    real, lost = Shard._snapshot_of, []
+
+    def lose_first(self, name, token):  # the query's first rerank call loses its snapshot
+        if token is not None and not lost:
+            lost.append(token)
+            self._pinned.pop(token, None)
+            return None
+        lost.append(None)
+        return real(self, name, token)
+
+    monkeypatch.setattr(Shard, "_snapshot_of", lose_first)
+    got = routed.query_batch(queries[:3], vectors=qvecs[:3], k=10, profile=ltr)
+    assert [[h.id for h in x] for x in got] == want
+    assert any(t is not None for t in lost)  # it was lost, and the rerun answered
+    monkeypatch.setattr(Shard, "_snapshot_of", lambda self, name, token: None)
+    with pytest.raises(Unavailable, match="lost between retrieve and rerank"):
+        routed.query_batch(queries[:3], vectors=qvecs[:3], k=10, profile=ltr)
+    assert router_mod.LOST_RETRIES >= 1
+    sharded.close()
+
+
+def _qualities(snapshots) -> dict[str, float]:
+    out = {}
+    for snap in snapshots:
+        for seg in snap.segments:
+            for i, q in zip(seg.docs.ids_at(np.arange(seg.docs.n_rows)), seg.docs.quality()):
+                out[i] = float(q)
+    return out
+
+
+def test_document_quality_is_one_language_model_across_shards(tmp_path):
+    """The quality feature's language model is the collection's, not each shard's: the
+    router's first batch, whole, on every shard, as one node computes it from its first
+    segment (here: the same batch)."""
+    docs, emb, _, _ = _cacm(200)
+    for d in docs:
+        d.pop("vectors")
+    sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
+    routed = sharded.create_collection("c", ["lexical", "dense:Flat"])
+    routed.add(docs[:150], embeddings=emb[:150])
+    routed.add(docs[150:], embeddings=emb[150:])  # a later batch: the stored model
+    routed.seal()
+    shards = sharded.backend.shards
+    got = _qualities([sh.engine.collection("c").snapshot() for sh in shards])
+    lm = [(sh.path / "c" / "artifacts" / "quality" / "lm.npz").read_bytes() for sh in shards]
+    sharded.close()
+    assert lm[0] == lm[1]
+    assert set(got) == {d["id"] for d in docs} and not np.isnan(list(got.values())).any()
+    # one node given the same batches: its first segment (the first batch) made its model
+    with Engine(tmp_path / "one150") as eng:
+        ref = eng.create_collection("c", ["lexical", "dense:Flat"])
+        ref.add(docs[:150], embeddings=emb[:150])
+        ref.add(docs[150:], embeddings=emb[150:])
+        want = _qualities([ref.snapshot()])
+    np.testing.assert_allclose([got[i] for i in want], [want[i] for i in want], rtol=1e-6)
