@@ -65,6 +65,7 @@ from polyindex.index.multivector.factory import DEFAULTS, check_memory
 from polyindex.index.multivector.factory import parse as _parse
 from polyindex.index.multivector.kernels import backend
 from polyindex.index.multivector.kernels import top as _top
+from polyindex.index.multivector.tables import QUERY_CHUNK, Tables
 from polyindex.index.protocol import (
     BuildBatch,
     DocTokens,
@@ -102,36 +103,6 @@ class MVPrepared:
     stats: dict = field(default_factory=lambda: {"candidates": 0, "final": 0})
 
 
-QUERY_CHUNK = 64  # queries per batched kernel call: their tables (64 x 4096 x 32 floats) stay small
-
-
-class _Tables:
-    """A chunk of queries' tables stacked for the batched kernels: ``luts`` (nq, K, T),
-    ``pqs()`` (nq, M, 256, T), T the longest query's token count (query q uses its first
-    ``nqt[q]`` columns). One query: views of its own tables, nothing copied."""
-
-    def __init__(self, queries: list[MVQuery]):
-        self.queries = queries
-        self.nqt = np.array([q.lut_t.shape[1] for q in queries], np.int64)
-        self.luts = self._stack([q.lut_t for q in queries])
-        self._pqs = None
-
-    @staticmethod
-    def _stack(tabs: list[np.ndarray]) -> np.ndarray:
-        if len(tabs) == 1:
-            return np.ascontiguousarray(tabs[0], np.float32)[None]
-        t = max(x.shape[-1] for x in tabs)
-        out = np.zeros((len(tabs),) + tabs[0].shape[:-1] + (t,), np.float32)
-        for i, x in enumerate(tabs):
-            out[i, ..., :x.shape[-1]] = x
-        return out
-
-    def pqs(self) -> np.ndarray:
-        if self._pqs is None:
-            self._pqs = self._stack([q.pq_t for q in self.queries])
-        return self._pqs
-
-
 class MultivectorSegment(SegmentIndex):
     def __init__(self, n_rows, offsets, codes, res, scale, ivf_offsets, ivf_docs, kind,
                  keep=()):
@@ -158,7 +129,7 @@ class MultivectorSegment(SegmentIndex):
             kern.first_pass_lut(q.lut_t, self.offsets, self.codes, cand, out)
         return out
 
-    def _batch_pass(self, tables: "_Tables", which: list[int], cands: list[np.ndarray],
+    def _batch_pass(self, tables: Tables, which: list[int], cands: list[np.ndarray],
                     final: bool) -> list[np.ndarray]:
         """Scores of ``cands[i]`` for query ``which[i]`` of ``tables``, one kernel call for
         all of them (a binary first pass: one call per query)."""
@@ -546,7 +517,7 @@ class MultivectorKind(IndexKind):
         for c in range(0, len(active) if live else 0, QUERY_CHUNK):
             chunk = active[c:c + QUERY_CHUNK]
             qs = [prepared.queries[qi] for qi in chunk]
-            tables = _Tables(qs)
+            tables = Tables(qs)
             # cands[j][a]: segment j's candidate rows for the chunk's a-th query
             cands = [[seg._candidates(q, prepared, m) for q in qs] for seg, m, _ in live]
             totals = [sum(len(cs[a]) for cs in cands) for a in range(len(qs))]
