@@ -9,7 +9,7 @@ MaxSim. A document without tokens scores 0.
 
 Two entry points:
 - ``Kernels(device)``: the ``backend()`` seam of ``index/multivector_kernels`` (same function
-  names and numpy arguments, one query at a time), used by ``MultivectorSegment`` on a cuda
+  names and numpy arguments: one query, or a batch of queries' candidates, per call), used by ``MultivectorSegment`` on a cuda
   placement (or ``POLYINDEX_KERNELS=torch``); segment arrays are copied to the device once
   (``Resident``);
 - ``search_batch``: a whole batch of queries on one segment on the device (candidates, first
@@ -176,6 +176,24 @@ class Kernels:
         pq = None if pq_t is None else torch.from_numpy(
             np.ascontiguousarray(pq_t, np.float32)).to(self.device)
         out[:] = maxsim_pass(lut, pq, seg, c).cpu().numpy()
+
+    def _run_batch(self, luts, pqs, seg, qid, cand, out):
+        """Many queries' candidates in one pass: tables (nq, K, T) / (nq, M, 256, T) padded
+        with zero columns past a query's tokens (a zero column adds max(0) = 0: MaxSim of a
+        non-empty document unchanged)."""
+        c = torch.from_numpy(np.asarray(cand, np.int64)).to(self.device)
+        q = torch.from_numpy(np.asarray(qid, np.int64)).to(self.device)
+        lut = torch.from_numpy(np.ascontiguousarray(luts, np.float32)).to(self.device)
+        pq = None if pqs is None else torch.from_numpy(
+            np.ascontiguousarray(pqs, np.float32)).to(self.device)
+        out[:] = maxsim_pass(lut, pq, seg, c, q).cpu().numpy()
+
+    def first_pass_lut_batch(self, luts, nqt, qid, offsets, codes, cand, out):
+        self._run_batch(luts, None, self._seg(offsets, codes), qid, cand, out)
+
+    def final_pass_pq_batch(self, luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand,
+                            out):
+        self._run_batch(luts, pqs, self._seg(offsets, codes, res, scale), qid, cand, out)
 
     def first_pass_lut(self, lut_t, offsets, codes, cand, out):
         self._run(lut_t, None, self._seg(offsets, codes), cand, out)

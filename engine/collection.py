@@ -17,7 +17,7 @@ from polyindex.online.live import Live
 from polyindex.query.filters import compile_filter
 from polyindex.query import scan, vector_lane
 from polyindex.query.pipeline import run
-from polyindex.query.profiles import builtin_profiles, resolve_profile
+from polyindex.query.profiles import builtin_profiles, model_inputs, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.storage import compaction, gc
 from polyindex.storage.table import Table
@@ -248,12 +248,7 @@ class Collection:
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)
-        needs_vec = any(self.kinds[st.index].needs_embeddings for st in prof.retrieve)
-        if needs_vec and any(q.vector is None for q in queries):
-            missing = [i for i, q in enumerate(queries) if q.vector is None]
-            vecs = self.encoder.encode([queries[i].text for i in missing], chunk=len(missing) or 1)
-            for i, v in zip(missing, vecs):
-                queries[i].vector = v
+        self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds))
         return run(self.snapshot(), queries, prof, k, self._filter(filter), explain, with_text,
                    with_metadata, fields)
 

@@ -21,8 +21,10 @@ def test_device_check_cpu_smoke(tmp_path):
     assert len(kernels) == 6 and all(r["ok"] for r in kernels.values()), kernels
     assert all(r["max_rel_err"] <= 1e-4 and r["same_topk"] for r in kernels.values())
     what = [r["what"] for r in report["ratios"]]
-    assert [w.split()[0] for w in what] == ["encode", "multivector", "dense", "sparse"]
+    assert [w.split()[0] for w in what] == ["encode", "multivector", "mv", "dense", "sparse"]
     assert all(r["cpu"] > 0 and r["device"] > 0 for r in report["ratios"])
     assert report["multivector"][0]["recall_at_100_vs_cpu"] == 1.0
+    # the batched CPU path (search_snapshot's kernels) finds what one query at a time finds
+    assert report["multivector"][0]["cpu_batch_same_top_vs_one"] == 1.0
     assert report["sparse"]["same_top100"] and report["dense"]["same_top100_fraction"] == 1.0
     assert "throughput" in (tmp_path / "device_check.txt").read_text()

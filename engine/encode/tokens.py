@@ -138,8 +138,18 @@ class SentenceTokenEncoder:
         return emb, toks
 
     def encode_queries(self, texts: Sequence[str]) -> list[DocTokens]:
+        return self.encode_queries_both(texts)[1]
+
+    def encode_queries_both(self, texts: Sequence[str]) -> tuple[np.ndarray, list[DocTokens]]:
+        """(sentence embeddings (n, d) float32 L2-normalized, per-query tokens float32) from
+        one forward pass: a profile that needs both (``hybrid-mv``) encodes a query once."""
+        import torch
         items = self._forward(texts, 64, False)
-        return [self._tokens(it, np.float32) for it in items]
+        if not items:
+            return np.zeros((0, self.dim), np.float32), []
+        sent = torch.stack([it["sentence_embedding"] for it in items])
+        emb = torch.nn.functional.normalize(sent, p=2, dim=1).float().cpu().numpy()
+        return emb, [self._tokens(it, np.float32) for it in items]
 
 
 _TOKEN_ENCODERS: dict[int, SentenceTokenEncoder] = {}

@@ -58,6 +58,27 @@ class Encoding:
             return self._encode_docs_tokens
         return self._encode_docs
 
+    def fill_queries(self, queries, vectors: bool, tokens: bool) -> None:
+        """Encode the texts of the queries that lack what the profile reads, with one forward
+        pass per query: the dense vector (``q.vector``) and, when ``tokens``, the model's
+        query tokens (``q.extra["tokens"]``, which the multivector kind takes as given)."""
+        need = [i for i, q in enumerate(queries) if q.text and (
+            (vectors and q.vector is None) or (tokens and "tokens" not in q.extra))]
+        if not need:
+            return
+        texts = [queries[i].text for i in need]
+        if tokens:
+            from polyindex.encode.tokens import token_encoder_for
+            vecs, toks = token_encoder_for(self.encoder).encode_queries_both(texts)
+            for i, t in zip(need, toks):
+                queries[i].extra.setdefault("tokens", t)
+        else:
+            vecs = self.encoder.encode(texts, chunk=len(texts))
+        if vectors:
+            for i, v in zip(need, vecs):
+                if queries[i].vector is None:
+                    queries[i].vector = v
+
     def vector_spec(self):
         """The vector fields the user fills (a fresh ``VectorSpec`` per write: dimensions not
         yet known are fixed by the write's first vector)."""

@@ -167,3 +167,20 @@ def resolve_profile(name_or_data, kinds: list[str], user: dict[str, dict]) -> Pr
                               f"{did_you_mean(name_or_data, profiles)}; this collection has: "
                               f"{', '.join(sorted(profiles))}")
     return Profile.from_json(name_or_data, profiles[name_or_data], set(kinds))
+
+
+def model_inputs(profile: Profile, kinds: dict) -> tuple[bool, bool]:
+    """(whether the profile reads the query's dense vector, whether it reads the model's query
+    tokens): from its retrieve stages, its rerank index, and a ranker's kind-score features
+    (``rerank.schema.KIND_SCORES``: the multivector MaxSim of every candidate). The caller
+    encodes a query once for both (``ingest.encoding.Encoding.fill_queries``)."""
+    from polyindex.rerank.schema import KIND_SCORES
+    used = [st.index for st in profile.retrieve]
+    rerank = profile.rerank or {}
+    if "index" in rerank:
+        used.append(rerank["index"])
+    elif "model" in rerank:
+        used += [k for k in KIND_SCORES if k in kinds]
+    used = [kinds[k] for k in used if k in kinds]
+    return (any(k.needs_embeddings for k in used),
+            any(getattr(k, "needs_tokens", False) for k in used))

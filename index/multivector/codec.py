@@ -85,10 +85,7 @@ class Codebook:
         """Nearest centroid (L2) of each row, int64: argmax of x.c - |c|^2 / 2, one numpy
         matmul per chunk (measured here 3.5x faster than faiss.IndexFlatL2's search, whose
         bundled BLAS is slower than numpy's; assignment is most of a segment's build time)."""
-        if self._index is None:
-            self._index = (np.ascontiguousarray(self.centroids.T),
-                           0.5 * (self.centroids.astype(np.float64) ** 2).sum(1).astype(np.float32))
-        ct, half_norm = self._index
+        ct, half_norm = self._centroids_t()
         out = np.empty(len(x), np.int64)
         for s in range(0, len(x), ASSIGN_CHUNK // 8):
             part = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK // 8], dtype=np.float32)
@@ -96,6 +93,14 @@ class Codebook:
             scores -= half_norm
             out[s:s + len(part)] = scores.argmax(1)
         return out
+
+    def _centroids_t(self):
+        """(centroids^T contiguous, |c|^2 / 2), made once: a query's table multiplies by the
+        contiguous transpose (q @ C.T over the strided view measured 2x slower here)."""
+        if self._index is None:
+            self._index = (np.ascontiguousarray(self.centroids.T),
+                           0.5 * (self.centroids.astype(np.float64) ** 2).sum(1).astype(np.float32))
+        return self._index
 
     def _product_quantizer(self):
         if self._pq is None:
@@ -158,7 +163,7 @@ class Codebook:
     # -- query tables --------------------------------------------------------------------------
     def lut(self, q: np.ndarray) -> np.ndarray:
         """(K, nq_tokens) float32: q_t . centroid, transposed so one code's row is contiguous."""
-        return np.ascontiguousarray((q @ self.centroids.T).T)
+        return np.ascontiguousarray((np.asarray(q, np.float32) @ self._centroids_t()[0]).T)
 
     def pq_tables(self, q: np.ndarray) -> np.ndarray:
         """(M, 256, nq_tokens) float32: q_t's sub-vector . each PQ sub-centroid."""

@@ -125,6 +125,71 @@ def final_pass_pq(lut_t, pq_t, offsets, codes, res, scale, half, cand, out):
             out[i] = tot
 
 
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def first_pass_lut_batch(luts, nqt, qid, offsets, codes, cand, out):
+    """``first_pass_lut`` of many queries in one call: ``luts`` (nq, K, T) (query q's first
+    ``nqt[q]`` columns are its table), candidate i belongs to query ``qid[i]``; blocks of
+    every query's candidates run in parallel. Per candidate the same sums as one query."""
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(luts.shape[2], np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r, q = cand[i], qid[i]
+            n = nqt[q]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            lut = luts[q]
+            for t in range(n):
+                best[t] = -np.inf
+            for p in range(s, e):
+                row = lut[codes[p]]
+                for t in range(n):
+                    best[t] = max(best[t], row[t])
+            acc = np.float32(0.0)
+            for t in range(n):
+                acc += best[t]
+            out[i] = acc
+
+
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def final_pass_pq_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
+    """``final_pass_pq`` of many queries in one call (``pqs`` (nq, M, 256, T); see
+    ``first_pass_lut_batch``)."""
+    scaled = len(scale) > 0
+    m_sub = pqs.shape[1]
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(luts.shape[2], np.float32)
+        acc = np.empty(luts.shape[2], np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r, q = cand[i], qid[i]
+            n = nqt[q]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            lut, pq = luts[q], pqs[q]
+            for t in range(n):
+                best[t] = -np.inf
+            for p in range(s, e):
+                row = lut[codes[p]]
+                for t in range(n):
+                    acc[t] = row[t]
+                for m in range(m_sub):
+                    tab = pq[m, res[p, m]]
+                    for t in range(n):
+                        acc[t] += tab[t]
+                f = half[scale[p]] if scaled else np.float32(1.0)
+                for t in range(n):
+                    best[t] = max(best[t], acc[t] * f)
+            tot = np.float32(0.0)
+            for t in range(n):
+                tot += best[t]
+            out[i] = tot
+
+
 @numba.njit(cache=True, nogil=True)
 def gather_candidates(ivf_offsets, ivf_docs, probes, allow, use_allow, mark, out):
     """Documents listed under any probed centroid (each once, allowed only); returns how many
@@ -162,6 +227,8 @@ class CpuKernels:
     first_pass_lut = staticmethod(first_pass_lut)
     first_pass_hamming = staticmethod(first_pass_hamming)
     final_pass_pq = staticmethod(final_pass_pq)
+    first_pass_lut_batch = staticmethod(first_pass_lut_batch)
+    final_pass_pq_batch = staticmethod(final_pass_pq_batch)
     gather_candidates = staticmethod(gather_candidates)
 
 

@@ -65,6 +65,7 @@ from polyindex.index.multivector.factory import DEFAULTS, check_memory
 from polyindex.index.multivector.factory import parse as _parse
 from polyindex.index.multivector.kernels import backend
 from polyindex.index.multivector.kernels import top as _top
+from polyindex.index.multivector.tables import QUERY_CHUNK, Tables
 from polyindex.index.protocol import (
     BuildBatch,
     DocTokens,
@@ -127,6 +128,28 @@ class MultivectorSegment(SegmentIndex):
         else:
             kern.first_pass_lut(q.lut_t, self.offsets, self.codes, cand, out)
         return out
+
+    def _batch_pass(self, tables: Tables, which: list[int], cands: list[np.ndarray],
+                    final: bool) -> list[np.ndarray]:
+        """Scores of ``cands[i]`` for query ``which[i]`` of ``tables``, one kernel call for
+        all of them (a binary first pass: one call per query)."""
+        if not final and tables.queries[0].qsig is not None:
+            return [self._pass(tables.queries[a], c, final=False) if len(c)
+                    else np.zeros(0, np.float32) for a, c in zip(which, cands)]
+        sizes = [len(c) for c in cands]
+        cand = np.concatenate(cands) if cands else np.zeros(0, np.int64)
+        out = np.empty(len(cand), np.float32)
+        if len(cand):
+            qid = np.repeat(np.asarray(which, np.int64), sizes)
+            kern = self.kind.kernels
+            if final and self.res is not None:
+                kern.final_pass_pq_batch(tables.luts, tables.pqs(), tables.nqt, qid,
+                                         self.offsets, self.codes, self.res, self.scale,
+                                         _HALF, cand, out)
+            else:
+                kern.first_pass_lut_batch(tables.luts, tables.nqt, qid, self.offsets,
+                                          self.codes, cand, out)
+        return np.split(out, np.cumsum(sizes)[:-1])
 
     def _candidates(self, q: MVQuery, prepared: MVPrepared, allow) -> np.ndarray:
         if prepared.exhaustive:
@@ -478,7 +501,9 @@ class MultivectorKind(IndexKind):
         """Every segment at once, so ``ndocs`` is collection-wide: the candidates of all
         segments (their probed inverted lists) get the first pass, the snapshot's best
         max(k, ndocs) of them (ties: lower global key) the final pass. The same rows, scores
-        and order as one segment holding the same documents."""
+        and order as one segment holding the same documents. Queries go through the kernels
+        together, ``QUERY_CHUNK`` at a time: one first-pass and one final-pass call per
+        segment for the whole chunk (``kernels.*_batch``), scores identical to one query's."""
         nq = len(prepared.queries)
         if k < 0:
             raise InvalidArgument(f"k must be >= 0, got {k}")
@@ -487,26 +512,36 @@ class MultivectorKind(IndexKind):
             return scores, keys
         live = [(seg, seg._check_allow(m), int(b)) for seg, m, b in zip(segments, allow, bases)
                 if seg.n_rows]
-        for qi, q in enumerate(prepared.queries):
-            if len(q.tokens) == 0:
-                continue
-            parts = [(seg, seg._candidates(q, prepared, m), b) for seg, m, b in live]
-            parts = [(seg, c, b) for seg, c, b in parts if len(c)]
-            total = sum(len(c) for _, c, _ in parts)
-            prepared.stats["candidates"] += total
-            if total == 0:
-                continue
-            keep = max(k, prepared.ndocs)
-            if total > keep and any(seg.two_pass(q) for seg, _, _ in parts):
-                first = np.concatenate([seg._pass(q, c, final=False) for seg, c, _ in parts])
-                _, best = _top(first, np.concatenate([c + b for _, c, b in parts]), keep)
-                parts = [(seg, best[(best >= b) & (best < b + seg.n_rows)] - b, b)
-                         for seg, _, b in parts]
-                parts = [(seg, c, b) for seg, c, b in parts if len(c)]
-            prepared.stats["final"] += sum(len(c) for _, c, _ in parts)
-            final = np.concatenate([seg._pass(q, c, final=True) for seg, c, _ in parts])
-            s, r = _top(final, np.concatenate([c + b for _, c, b in parts]), k)
-            scores[qi, :len(s)], keys[qi, :len(r)] = s, r
+        active = [qi for qi, q in enumerate(prepared.queries) if len(q.tokens)]
+        keep = max(k, prepared.ndocs)
+        for c in range(0, len(active) if live else 0, QUERY_CHUNK):
+            chunk = active[c:c + QUERY_CHUNK]
+            qs = [prepared.queries[qi] for qi in chunk]
+            tables = Tables(qs)
+            # cands[j][a]: segment j's candidate rows for the chunk's a-th query
+            cands = [[seg._candidates(q, prepared, m) for q in qs] for seg, m, _ in live]
+            totals = [sum(len(cs[a]) for cs in cands) for a in range(len(qs))]
+            prepared.stats["candidates"] += sum(totals)
+            first = [a for a in range(len(qs)) if totals[a] > keep
+                     and any(seg.two_pass(qs[a]) for seg, _, _ in live)]
+            if first:  # the first pass picks each query's final input
+                fs = [seg._batch_pass(tables, first, [cs[a] for a in first], final=False)
+                      for (seg, _, _), cs in zip(live, cands)]
+                for i, a in enumerate(first):
+                    glob = np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)])
+                    _, best = _top(np.concatenate([f[i] for f in fs]), glob, keep)
+                    for j, (seg, _, b) in enumerate(live):
+                        cands[j][a] = best[(best >= b) & (best < b + seg.n_rows)] - b
+            prepared.stats["final"] += sum(len(x) for cs in cands for x in cs)
+            every = list(range(len(qs)))
+            fin = [seg._batch_pass(tables, every, cs, final=True)
+                   for (seg, _, _), cs in zip(live, cands)]
+            for a, qi in enumerate(chunk):
+                if not sum(len(cs[a]) for cs in cands):
+                    continue
+                s, r = _top(np.concatenate([f[a] for f in fin]),
+                            np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)]), k)
+                scores[qi, :len(s)], keys[qi, :len(r)] = s, r
         return scores, keys
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> MVPrepared:

@@ -1,0 +1,97 @@
+"""Multivector at the cost of dense (issue 39 parts 1-2), on an indexed collection.
+
+- **queries**: the collection's judged queries one at a time through ``Collection.query``
+  (encoding included), profiles ``dense``, ``multivector`` and ``hybrid-mv`` interleaved
+  (ABBA passes, median): q/s of each, and the ratio multivector / dense (target >= 0.8) in the
+  same run; nDCG@10 of each profile (ir-measures, top 100).
+- **encode**: bulk encoding of ``--encode-docs`` corpus texts, the dense pass alone
+  (``Encoder.encode``) against the one pass giving dense + tokens
+  (``SentenceTokenEncoder.encode_documents``), interleaved (target <= 1.15x).
+
+Usage: ``python bench/bench_mv_cost.py --data DATA --collection NAME --source BEIR_FOLDER
+[--passes 3] [--queries 30] [--encode-docs 64]``; the collection must have lexical, dense and
+multivector (e.g. ``polyindex index BEIR --index lexical --index dense --index multivector
+--dtype float32``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import console, median, table, verdict  # noqa: E402
+
+PROFILES = ("dense", "multivector", "hybrid-mv")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--collection", required=True)
+    ap.add_argument("--source", type=Path, required=True, help="the BEIR folder (queries, qrels)")
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--queries", type=int, default=30, help="queries per timed pass")
+    ap.add_argument("--encode-docs", type=int, default=64)
+    args = ap.parse_args(argv)
+    import polyindex
+    from polyindex.encode.tokens import token_encoder_for
+    coll = polyindex.open(args.data, readonly=True).collection(args.collection)
+    qrels = common.read_qrels(args.source)
+    queries = common.judged(common.read_queries(args.source), qrels)
+    timed = queries[:args.queries]
+    for p in PROFILES:  # warm-up: model, numba, snapshot
+        coll.query(timed[0][1], k=10, profile=p)
+
+    def rate(profile):
+        def run():
+            t = time.perf_counter()
+            for _, text in timed:
+                coll.query(text, k=10, profile=profile)
+            return len(timed) / (time.perf_counter() - t)
+        return run
+    qps = common.interleaved({p: rate(p) for p in PROFILES}, args.passes)
+    qps = {p: median(v) for p, v in qps.items()}
+    quality = {}
+    for p in PROFILES:
+        run = {qid: [(h.id, h.score) for h in coll.query(text, k=100, profile=p)]
+               for qid, text in queries}
+        path = common.WORK / "mv_cost" / f"{args.collection}.{p}.trec"
+        common.write_trec(path, run, p)
+        quality[p] = common.evaluate_trec(path, qrels).get("nDCG@10")
+    ids, titles, texts = common.read_corpus(args.source)
+    docs = [common.doc_text(a, b) for a, b in zip(titles, texts)][:args.encode_docs]
+    enc = coll.encoder
+    te = token_encoder_for(enc)
+
+    def enc_rate(fn):
+        def run():
+            t = time.perf_counter()
+            fn(docs)
+            return len(docs) / (time.perf_counter() - t)
+        return run
+    er = common.interleaved({"dense": enc_rate(enc.encode),
+                             "dense+tokens": enc_rate(te.encode_documents)}, args.passes)
+    er = {k: median(v) for k, v in er.items()}
+    ratio = qps["multivector"] / qps["dense"]
+    cost = er["dense"] / er["dense+tokens"]
+    console.print(table(f"{args.collection}: one query at a time ({len(timed)} queries x "
+                        f"{args.passes} passes, interleaved)", ["profile", "q/s", "x dense",
+                                                                "nDCG@10"],
+                        [(p, f"{qps[p]:.1f}", f"{qps[p] / qps['dense']:.2f}",
+                          f"{quality[p]:.4f}") for p in PROFILES]))
+    console.print(f"multivector q/s / dense q/s = {ratio:.2f} (target >= 0.8) "
+                  f"{verdict(ratio >= 0.8)}")
+    console.print(f"encode {len(docs)} docs: dense {er['dense']:.1f} docs/s, dense+tokens "
+                  f"{er['dense+tokens']:.1f} docs/s: {cost:.2f}x (target <= 1.15) "
+                  f"{verdict(cost <= 1.15)}")
+    common.save_results("bench_mv_cost", {"collection": args.collection, "qps": qps,
+                                          "ndcg10": quality, "mv_over_dense": ratio,
+                                          "encode_docs_per_s": er, "encode_cost": cost})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

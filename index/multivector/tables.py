@@ -1,0 +1,34 @@
+"""A chunk of a batch's query tables stacked for the batched multivector kernels
+(``kernels.first_pass_lut_batch``, ``kernels.final_pass_pq_batch``)."""
+from __future__ import annotations
+
+import numpy as np
+
+QUERY_CHUNK = 64  # queries per batched kernel call: their tables (64 x 4096 x 32 floats) stay small
+
+
+class Tables:
+    """A chunk of queries' tables stacked for the batched kernels: ``luts`` (nq, K, T),
+    ``pqs()`` (nq, M, 256, T), T the longest query's token count (query q uses its first
+    ``nqt[q]`` columns). One query: views of its own tables, nothing copied."""
+
+    def __init__(self, queries: list):  # MVQuery (kind.py)
+        self.queries = queries
+        self.nqt = np.array([q.lut_t.shape[1] for q in queries], np.int64)
+        self.luts = self._stack([q.lut_t for q in queries])
+        self._pqs = None
+
+    @staticmethod
+    def _stack(tabs: list[np.ndarray]) -> np.ndarray:
+        if len(tabs) == 1:
+            return np.ascontiguousarray(tabs[0], np.float32)[None]
+        t = max(x.shape[-1] for x in tabs)
+        out = np.zeros((len(tabs),) + tabs[0].shape[:-1] + (t,), np.float32)
+        for i, x in enumerate(tabs):
+            out[i, ..., :x.shape[-1]] = x
+        return out
+
+    def pqs(self) -> np.ndarray:
+        if self._pqs is None:
+            self._pqs = self._stack([q.pq_t for q in self.queries])
+        return self._pqs
