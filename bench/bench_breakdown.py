@@ -56,7 +56,7 @@ class Clock:
 
 def lexical_lane(coll, texts, k: int, rounds: int) -> dict[str, float]:
     from polyindex.types import Hit
-    snap = coll.snapshot()
+    snap = coll.view()
     plan = coll._lane("lexical", "text", [texts[0]], None)[1]
     if plan is None:
         raise SystemExit("no text lane plan for this collection")
@@ -87,7 +87,7 @@ def general(coll, texts, k: int, rounds: int, profile: str, vectors=None) -> dic
     from polyindex.index.ties import order_ties
     from polyindex.query import pipeline
     from polyindex.query.requests import make_queries
-    snap = coll.snapshot()
+    snap = coll.view()
     prof = coll._profile(profile)
     single = len(prof.retrieve) == 1 and prof.rerank is None
     clock = Clock()
@@ -207,7 +207,7 @@ def main() -> None:
     for n_seg in [int(x) for x in common.parse_list(args.segments)]:
         coll = _polyindex_lexical(engine, args.collection, folder) if n_seg == 1 else \
             segmented_copy(engine, args.collection, folder, n_seg)
-        segs = len(coll.snapshot().segments)
+        segs = len(coll.view().segments)
         colls[f"{segs} segment(s)"] = coll
         for k in [int(x) for x in common.parse_list(args.k)]:
             for t in texts:  # warm-up (JIT, df cache)

@@ -164,7 +164,7 @@ def main() -> None:
         n_batches += 1
         if n_batches % args.probe_every == 0:
             first = n_batches // args.probe_every % 2  # alternate which goes first
-            snap = coll.snapshot()
+            snap = coll.view()
             moment = {"batch": n_batches, "rows": int(snap.bases[-1]),
                       "sealed_rows": int(coll.table.sealed_snapshot().bases[-1]),
                       "segments": len(snap.segments)}
@@ -300,8 +300,8 @@ def compare(args, state: str, final: list[int], queries, during) -> dict:
                 lat[(w, p)].extend(time_queries(c, queries, p))
     out = {"profiles": {}, "bytes_living": folder_bytes(args.work / "living" / "c"),
            "bytes_fresh": folder_bytes(args.work / "fresh" / "c"),
-           "living_segments": len(living.snapshot().segments),
-           "fresh_segments": len(fresh.snapshot().segments),
+           "living_segments": len(living.view().segments),
+           "fresh_segments": len(fresh.view().segments),
            "living_deleted_rows": living.info()["deleted_rows"]}
     out["bytes_ratio"] = out["bytes_living"] / out["bytes_fresh"]
     living_eng.close()

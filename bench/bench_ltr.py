@@ -111,7 +111,7 @@ def open_collection(eng, name: str):
                 shutil.copytree(theirs, tmp, ignore=shutil.ignore_patterns("LOCK", "buffer"))
                 if _complete(tmp):
                     tmp.rename(target)
-                    eng.collection(name).snapshot()  # opens every segment: Corrupt if torn
+                    eng.collection(name).view()  # opens every segment: Corrupt if torn
             except (OSError, polyindex.PolyindexError) as e:  # rebuilt under us: index instead
                 console.print(f"[yellow]copying {theirs} failed ({e}); indexing instead[/yellow]")
                 shutil.rmtree(target if target.exists() else tmp, ignore_errors=True)
@@ -414,7 +414,7 @@ def part_d(eng, passes: int) -> dict:
     profiles = {"hybrid": "hybrid", f"ltr-npl, trained ({ranker.forest.n_trees} trees)": "ltr-npl",
                 f"ltr-300 ({heavy.forest.n_trees} trees)": "ltr-300"}
     if "general" in registry.shipped_names():  # the built-in ltr profile, as a user gets it
-        general = registry.resolve(coll.snapshot(), "general")
+        general = registry.resolve(coll.view(), "general")
         profiles[f"ltr (shipped general, {general.forest.n_trees} trees)"] = "ltr"
     qs = [t for _, t in common.judged(common.read_queries(common.DATA / "npl"),
                                       common.read_qrels(common.DATA / "npl"))]

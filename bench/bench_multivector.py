@@ -314,7 +314,7 @@ def quality(name: str, te, args) -> dict | None:
     coll_dir = MV / "engine" / name
     coll, build_s = engine_collection(data, coll_dir)
     kind = coll.kinds["multivector"]
-    snap = coll.snapshot()
+    snap = coll.view()
     entry = snap.manifest.segments[0]
     seg = snap.segments[0].indexes["multivector"]
     out["engine"] = {"build_s": build_s, "codebook": kind.codebook.meta,
@@ -432,7 +432,7 @@ def speed(te, args) -> dict:
     try:  # the quality part's engine collection, when it is there
         import polyindex
         coll = polyindex.open(coll_dir.parent).collection("npl")
-        snap = coll.snapshot()
+        snap = coll.view()
         sysm = KindSystem(coll.kinds["multivector"], snap.segments[0].indexes["multivector"],
                           snap.manifest.segments[0].indexes["multivector"], DEFAULT)
     except Exception:  # noqa: BLE001 - build it at the kind level instead

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     qs = common.judged(common.read_queries(args.source), common.read_qrels(args.source))
     queries = make_queries([t for _, t in qs], None)
     coll.encoding.fill_queries(queries, False, True)
-    snap = coll.snapshot()
+    snap = coll.view()
     kind = coll.kinds["multivector"]
     segs = [s.indexes["multivector"] for s in snap.segments]
     allow = [None] * len(segs)

@@ -154,7 +154,7 @@ def part_lexical(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
             row = {"docs": len(ids), "queries": len(queries), "terms_per_query": n_terms,
                    "wall_qps": wall, "wall_vs_bm25s": wall["polyindex"] / wall["bm25s"],
                    "wall_vs_tantivy": wall["polyindex"] / wall["tantivy"],
-                   "segments": len(coll.snapshot().segments),
+                   "segments": len(coll.view().segments),
                    "tantivy_segments": tv_segments, "qps": qps,
                    "vs_bm25s": qps["polyindex"] / qps["bm25s"],
                    "vs_tantivy": qps["polyindex"] / qps["tantivy"]}
@@ -234,7 +234,7 @@ def _model():
 def stored_vectors(coll):
     """The collection's stored embeddings in global row order (one segment, compacted)."""
     import numpy as np
-    snap = coll.snapshot()
+    snap = coll.view()
     parts = []
     for seg in snap.segments:
         idx = seg.indexes["dense"]

@@ -109,7 +109,7 @@ def worker(folder: Path, queries: int, dim: int) -> dict:
     t0 = time.perf_counter()
     eng = polyindex.open(folder, readonly=True)
     coll = eng.collection("qc")
-    snap = coll.snapshot()
+    snap = coll.view()
     open_s = time.perf_counter() - t0
     opened = _rss()
     rng = np.random.default_rng(99)
@@ -185,7 +185,7 @@ def _vocab_ab(coll, texts) -> dict | None:
         return None
     seg_cls, kind_cls = lexical.LexicalSegment, lexical.LexicalKind
     new = (seg_cls._query_terms, kind_cls._doc_freqs)
-    for seg in coll.snapshot().segments:
+    for seg in coll.view().segments:
         lex = seg.indexes["lexical"]
         lex.term_index = dict(zip(lex.terms(), range(lex.n_terms)))
 
@@ -225,7 +225,7 @@ def _vocab_ab(coll, texts) -> dict | None:
             for name in names:
                 seg_cls._query_terms, kind_cls._doc_freqs = variants[name]
                 for i in range(block * 30, block * 30 + 30):
-                    coll.snapshot().cache["lexical"].pop("lexical:df", None)
+                    coll.view().cache["lexical"].pop("lexical:df", None)
                     t = time.perf_counter()
                     coll.query(texts[i % len(texts)], k=10, profile="lexical")
                     times[name].append(time.perf_counter() - t)

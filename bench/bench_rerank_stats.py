@@ -50,7 +50,7 @@ def measure(folder: Path, candidates: int, rounds: int) -> dict:
         coll = eng.collection("c")
         n = coll.count()
         for r in range(rounds + 1):
-            snap = coll.snapshot()
+            snap = coll.view()
             keys = np.flatnonzero(np.concatenate([m if m is not None else
                                                   np.ones(s.docs.n_rows, bool)
                                                   for s, m in zip(snap.segments, snap.live)]))

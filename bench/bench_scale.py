@@ -93,7 +93,7 @@ print(json.dumps({"rss_start_mb": base, "rss_open_mb": opened, "rss_peak_mb": pe
                   "lexical_pruning_ms": {side: {"p50": statistics.median(v),
                                                 "p99": float(np.percentile(v, 99))}
                                          for side, v in prune.items()},
-                  "segments": len(coll.snapshot().segments), "docs": coll.count()}))
+                  "segments": len(coll.view().segments), "docs": coll.count()}))
 '''
 
 

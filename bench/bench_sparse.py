@@ -278,7 +278,7 @@ def engine_check(name, ids, x, qids, q, qrels, args, art) -> dict:
     for f in files:
         shutil.copy(art / f, dst / f)
     coll.table.commit_metadata(artifacts={"sparse": files})
-    coll.snapshot()  # loads the artifact into the kind
+    coll.view()  # loads the artifact into the kind
     docs = [Document(i, "", "", {}) for i in ids]
     with coll.table.writer() as w:
         w.commit_segment(docs, {}, embeddings=x)

@@ -57,14 +57,18 @@ class Collection:
         """The vector fields the user fills (the servicer asks any implementation)."""
         return self.encoding.vector_spec()
 
-    def snapshot(self, path=None, *, link: bool = False, progress=None):
-        """No ``path``: what queries see (a ``Snapshot``: the newest committed one, plus, in
-        online mode, the acknowledged writes not yet sealed). With ``path``: a backup of the
-        collection written there and its summary (``Live.backup``); ``link``: hard links."""
+    def view(self):
+        """What queries see: a ``Snapshot`` (the newest committed one, plus, in online mode,
+        the acknowledged writes not yet sealed)."""
         if self.closed:
             raise NotFound(f"collection {self.name!r} was dropped or closed")
-        return self.live.snapshot() if path is None else \
-            self.live.backup(Path(path), link=link, progress=progress)
+        return self.live.snapshot()
+
+    def snapshot(self, path, *, link: bool = False, progress=None) -> dict:
+        """A backup of the collection written to ``path`` (``Live.backup``: every write
+        acknowledged before the call is in it) and its summary; ``link``: hard links."""
+        self.view()  # a closed collection says so
+        return self.live.backup(Path(path), link=link, progress=progress)
 
     def catch_up(self) -> None:
         """A reader: take in the writer's acknowledged writes now (not at the next check)."""
@@ -132,12 +136,12 @@ class Collection:
 
     # -- reads -----------------------------------------------------------------------------
     def count(self, filter: dict | None = None) -> int:
-        return scan.count(self.snapshot(), self._filter(filter))
+        return scan.count(self.view(), self._filter(filter))
 
     def scroll(self, *, filter: dict | None = None, limit: int = 100, cursor: str | None = None,
                fields: Sequence[str] | None = None, with_vectors: bool = False) -> Page:
         """A page in a stable order and the next page's cursor (``query.scan``)."""
-        return scan.scroll(self.snapshot(), self._filter(filter), cursor,
+        return scan.scroll(self.view(), self._filter(filter), cursor,
                            scan.check_limit(limit, MAX_SCROLL),
                            check_fields(fields), with_vectors)
 
@@ -150,7 +154,7 @@ class Collection:
         """Documents by id (None where absent); ``with_vectors``: with their stored vectors
         (by field: "dense" and the named ones); ``fields``: only these metadata fields."""
         ids, fields = documents.check_ids(ids), check_fields(fields)
-        snap, out = self.snapshot(), []
+        snap, out = self.view(), []
         for loc in snap.find(ids):
             doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
             if doc is not None:
@@ -222,7 +226,7 @@ class Collection:
             name = profile if profile is not None else default_vector_profile(
                 make_queries(texts and texts[:1], vectors and vectors[:1]), None, self.kinds)
             return self._profile(name)
-        snap = self.snapshot()
+        snap = self.view()
         return snap, vector_lane.plan(snap, profile, resolve, takes)
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
@@ -249,11 +253,11 @@ class Collection:
             profile = default_vector_profile(queries, using, self.kinds)
         prof = self._profile(profile)
         self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds))
-        return run(self.snapshot(), queries, prof, k, self._filter(filter), explain, with_text,
+        return run(self.view(), queries, prof, k, self._filter(filter), explain, with_text,
                    with_metadata, fields)
 
     def info(self) -> dict:
-        snap = self.snapshot()
+        snap = self.view()
         m = snap.manifest
         return {"name": self.name, "version": m.version, "documents": snap.count(),
                 "segments": len(m.segments), "deleted_rows": sum(s.n_deleted for s in m.segments),

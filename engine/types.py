@@ -146,9 +146,8 @@ class CollectionAPI(Protocol):
 
     # A snapshot holding every write acknowledged before the call (issue 41): embedded, a
     # folder path; remote, a name under the server's ``--snapshot-root``; sharded: refused
-    # (FailedPrecondition). The embedded one also answers ``snapshot()`` (no path: the read
-    # view), hence the ``...`` default.
-    def snapshot(self, path: str = ...) -> dict: ...
+    # (FailedPrecondition).
+    def snapshot(self, path: str) -> dict: ...
 
 
 class EngineAPI(Protocol):

@@ -62,7 +62,7 @@ def test_a_merge_equals_a_fresh_index_of_the_same_live_rows(tmp_path):
         assert coll.info()["segments"] == 10
         report = coll.compact(max_segments=1)
         assert report["after"]["segments"] == 1 and report["after"]["deleted_rows"] == 0
-        snap = coll.snapshot()
+        snap = coll.view()
         order = snap.segments[0].docs.ids.tolist()
         docs = {d.id: d for d in coll.get(order, with_vectors=True)}
         queries = ["river ocean", "wing flutter shock", "v77 city", "glacier"]
@@ -93,9 +93,9 @@ def test_trained_kinds_keep_their_codes_through_a_merge(tmp_path):
         coll.delete(["d3", "d40", "d77"])
         before = {p: _top(coll, queries, p) for p in ("sparse", "multivector")}
         tokens_before = sum(s.indexes["multivector"]["tokens_stored"]
-                            for s in coll.snapshot().manifest.segments)
+                            for s in coll.view().manifest.segments)
         coll.compact(max_segments=1)
-        (entry,) = coll.snapshot().manifest.segments
+        (entry,) = coll.view().manifest.segments
         assert entry.indexes["multivector"]["salience"] == "merged"
         assert entry.indexes["multivector"]["tokens_stored"] < tokens_before  # 3 docs fewer
         for p in ("sparse", "multivector"):
@@ -128,7 +128,7 @@ def test_old_tombstone_versions_are_collected_after_deletes(tmp_path):
         for i in range(5):
             coll.delete([f"d{i}"])
         files = sorted(p.name for p in (tmp_path / "c" / "tombstones").iterdir())
-        assert files == [coll.snapshot().manifest.segments[0].tombstones.split("/")[1]]
+        assert files == [coll.view().manifest.segments[0].tombstones.split("/")[1]]
         assert coll.count() == 45
 
 
@@ -137,11 +137,11 @@ def test_gc_never_deletes_what_a_live_snapshot_reads(tmp_path):
     folder = tmp_path / "m"
     with polyindex.open(tmp_path) as eng:
         coll = eng.collection("m")
-        old = coll.snapshot()
+        old = coll.view()
         old_folders = [s.docs.folder for s in old.segments]
         old_tombs = [folder / e.tombstones for e in old.manifest.segments if e.tombstones]
         coll.compact(max_segments=1)
-        assert len(coll.snapshot().segments) == 1
+        assert len(coll.view().segments) == 1
         # the old snapshot still answers from its own files, all still there
         assert all(f.is_dir() for f in old_folders) and all(t.is_file() for t in old_tombs)
         assert old.count() == len(live)
@@ -162,7 +162,7 @@ def test_rows_deleted_or_replaced_during_a_merge_stay_deleted(tmp_path):
     live = mw.setup(tmp_path)
     with polyindex.open(tmp_path) as eng:
         coll = eng.collection("m")
-        ids = [s.id for s in coll.snapshot().manifest.segments]
+        ids = [s.id for s in coll.view().manifest.segments]
         done = []
 
         def meanwhile():  # called by the merge between its kinds' builds: writes go on
@@ -173,7 +173,7 @@ def test_rows_deleted_or_replaced_during_a_merge_stay_deleted(tmp_path):
             return False
         report = coll.merge(ids, stop=meanwhile)
         assert report is not None and done
-        segs = coll.snapshot().manifest.segments
+        segs = coll.view().manifest.segments
         assert segs[0].n_deleted == 3  # d1, d50 and the old d2, tombstoned in the new segment
     for i in ("d1", "d50"):
         live.pop(i, None)
@@ -201,7 +201,7 @@ def test_an_error_at_a_merge_step_loses_nothing(tmp_path, point):
     injected = 0
     with polyindex.open(tmp_path) as eng:
         coll = eng.collection("m")
-        ids = [s.id for s in coll.snapshot().manifest.segments]
+        ids = [s.id for s in coll.view().manifest.segments]
 
         def meanwhile():  # a delete during the merge, so it has tombstones to write
             if "d5" in live:
@@ -307,7 +307,7 @@ def test_a_reader_in_another_handle_follows_merges(tmp_path):
     import time
     time.sleep(0.1)  # past the reader's manifest re-check interval
     assert reader.count() == len(live)
-    assert len(reader.snapshot().segments) == 2
+    assert len(reader.view().segments) == 2
     assert sorted(h.id for h in reader.query("common", k=500, profile="lexical")) == sorted(live)
 
 
@@ -373,14 +373,14 @@ def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypat
         with monkeypatch.context() as m:
             m.setattr(lexical.Analyzer, "analyze_many", no_analysis)
             coll.compact(max_segments=1)
-        (seg,) = coll.snapshot().segments
+        (seg,) = coll.view().segments
         order = seg.docs.ids.tolist()
         docs = coll.get(order)
         merged = seg.docs.folder
     with polyindex.open(tmp_path / "b") as eng:
         fresh = eng.create_collection("c", ["lexical"], model=None)
         fresh.add([{"id": d.id, "title": d.title, "text": d.text} for d in docs])
-        built = fresh.snapshot().segments[0].docs.folder
+        built = fresh.view().segments[0].docs.folder
         for name in ("lexical.vocab.arrow", "lexical.postings.arrow", "lexical.doclen.arrow",
                      "lexical.forward.arrow", "lexical.blocks.arrow", "lexical.wide.arrow"):
             a = pa.ipc.open_file(pa.memory_map(str(merged / name))).read_all()

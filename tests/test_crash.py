@@ -144,7 +144,7 @@ def check_segments_intact(folder: Path, manifest, dense: bool = False) -> None:
 
 def live_ids(coll) -> list[str]:
     """Every live row's id, over all segments of the current snapshot (duplicates kept)."""
-    snap = coll.snapshot()
+    snap = coll.view()
     out: list[str] = []
     for seg, live in zip(snap.segments, snap.live):
         ids = seg.docs.ids
@@ -198,7 +198,7 @@ def check_after_kill(data: Path, records: list[dict], dense: bool = False) -> tu
     committed = records[:position]
     expected = {r["_id"]: r for r in committed}
     check_content(coll, expected, {r["_id"] for r in records[position:]} - set(expected))
-    coll.snapshot()  # opens every segment's indexes
+    coll.view()  # opens every segment's indexes
     if expected:
         check_queries(coll, committed, expected)
     else:
@@ -272,8 +272,8 @@ def test_kill9_dense_bulk_index_then_resume(seed, tmp_path, corpus, cli):
         hits = coll.query(document_text(rec["title"], rec["text"]), k=1, profile="dense")
         assert hits[0].id == rec["_id"] and hits[0].score > 0.98, (rec, hits)
     # each vector stored once: in the Flat index (no docs.arrow copy), 384-d
-    assert "embedding" not in coll.snapshot().segments[0].docs.table.column_names
-    assert coll.snapshot().segments[0].indexes["dense"].matrix().shape[1] == 384
+    assert "embedding" not in coll.view().segments[0].docs.table.column_names
+    assert coll.view().segments[0].indexes["dense"].matrix().shape[1] == 384
 
 
 def test_uncommitted_segment_leftovers_are_removed_and_never_visible(tmp_path):

@@ -13,7 +13,7 @@ from test_vector_lane import general, same
 
 
 def lane_parts(coll, profile="dense"):
-    return coll.snapshot().cache[vector_lane.LANE_CACHE][profile].parts
+    return coll.view().cache[vector_lane.LANE_CACHE][profile].parts
 
 
 @pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
@@ -78,5 +78,5 @@ def test_general_path_runs_and_filters(eng):
         a = many.query(vector=q, k=20, profile="dense", filter={"n": 3})
         b = one.query(vector=q, k=20, profile="dense", filter={"n": 3})
         assert [(h.id, h.score) for h in a] == [(h.id, h.score) for h in b]
-    runs = many.snapshot().cache["dense"][pipeline._RUNS][1]
+    runs = many.view().cache["dense"][pipeline._RUNS][1]
     assert list(runs) == [0] and runs[0][0] == 10  # the ten segments: one run

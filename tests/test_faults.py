@@ -168,7 +168,7 @@ def _compact(path: Path, gone: set) -> None:
                 coll.delete(["d1"])
                 gone.add("d1")
             return False
-        coll.merge([s.id for s in coll.snapshot().manifest.segments][:4], stop=meanwhile)
+        coll.merge([s.id for s in coll.view().manifest.segments][:4], stop=meanwhile)
         coll.compact()
 
 

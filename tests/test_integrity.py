@@ -103,7 +103,7 @@ def probe(data: Path) -> dict:
     from polyindex.query.profiles import resolve_profile
     out: dict = {}
     coll = polyindex.open(data).collection("c")
-    snap = coll.snapshot()
+    snap = coll.view()
     for name in PROFILES:
         prof = resolve_profile(name, list(coll.kinds), {})
         hits = run(snap, queries(), prof, 10, with_text=True)

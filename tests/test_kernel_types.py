@@ -67,7 +67,7 @@ def _workload(folder: Path) -> None:
     trees = {**LTR, "rerank": {"model": "trees", "window": 100}}  # every rerank feature
 
     def query_all():
-        snap = coll.snapshot()
+        snap = coll.view()
         filters = [f if f is None else compile_filter(f, coll.config.fields) for f in FILTERS]
         for name in [*PROFILES, "hybrid", "ltr", trees]:
             prof = resolve_profile(name, list(coll.kinds), {})

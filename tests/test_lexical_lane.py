@@ -20,7 +20,7 @@ DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 def general(coll, text, k, profile="lexical"):
     """The general pipeline's hits for one text query (what the lane must equal)."""
-    return run(coll.snapshot(), make_queries([text], None), coll._profile(profile), k)[0]
+    return run(coll.view(), make_queries([text], None), coll._profile(profile), k)[0]
 
 
 def pairs(hits):
@@ -28,7 +28,7 @@ def pairs(hits):
 
 
 def lane_used(coll, profile="lexical") -> bool:
-    plans = coll.snapshot().cache.get(vector_lane.LANE_CACHE, {})
+    plans = coll.view().cache.get(vector_lane.LANE_CACHE, {})
     got = plans.get(("text", profile))
     return got is not None and got is not vector_lane._NONE
 
@@ -66,7 +66,7 @@ def test_lane_equals_general_and_one_segment_on_a_shared_collection(eng):
     one = eng.create_collection("one", ["lexical"], model=None)
     one.add([d for d in docs if d["id"] not in set(gone)])
     one.compact()
-    assert len(many.snapshot().segments) >= 50 and len(one.snapshot().segments) == 1
+    assert len(many.view().segments) >= 50 and len(one.view().segments) == 1
     for k in (10, 100):
         for text in queries:
             got = many.query(text, k=k, profile="lexical")
@@ -176,7 +176,7 @@ def test_ids_gathered_at_once(eng):
     from polyindex.storage import strings
     coll = eng.create_collection("c", ["lexical"], model=None)
     coll.add([{"id": f"é{i}✓", "text": "same words"} for i in range(30)])
-    docs = coll.snapshot().segments[0].docs
+    docs = coll.view().segments[0].docs
     rows = np.array([5, 0, 29, 3, 3, 17, 8])
     assert docs.ids_at(rows) == [docs.ids_at(np.array([r]))[0] for r in rows]
     arr = pa.array(["a", "b\x00c", "d"])

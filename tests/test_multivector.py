@@ -362,7 +362,7 @@ def test_collection_with_multivector_survives_reopen(tmp_path):
     fused = coll.query(text, k=10, profile="hybrid-mv")
     assert len(before) == 10 and len(fused) == 10
     # the dense embedding came from the same forward pass and equals the plain encoder's
-    snap = coll.snapshot()
+    snap = coll.view()
     stored = snap.segments[0].indexes["dense"].matrix()  # stored once: the Flat index's
     plain = coll.encoder.encode([f"{d['title']} {d['text']}" for d in docs])
     np.testing.assert_allclose(stored, plain, atol=1e-6)
@@ -371,7 +371,7 @@ def test_collection_with_multivector_survives_reopen(tmp_path):
     assert [(h.id, h.score) for h in after] == [(h.id, h.score) for h in before]
     # score() of the hits (rerank mode) gives the search scores back
     kind = reopened.kinds["multivector"]
-    snap = reopened.snapshot()
+    snap = reopened.view()
     seg = snap.segments[0].indexes["multivector"]
     prep = kind.prepare([Query(text=text)], [seg], [None], {}, {})
     rows = snap.segments[0].docs.rows_of([h.id for h in after])

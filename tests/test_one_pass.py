@@ -67,7 +67,7 @@ def test_hybrid_mv_hits_unchanged_by_the_shared_pass(coll):
     text = "turbulent vortex behind a blade"
     shared = coll.query(text, k=10, profile="multivector")
     from polyindex.index.protocol import Query
-    snap = coll.snapshot()
+    snap = coll.view()
     kind = coll.kinds["multivector"]
     segs = [s.indexes["multivector"] for s in snap.segments]
     prep = kind.prepare([Query(text=text)], segs, snap.live, {}, {})  # the kind encodes

@@ -131,7 +131,7 @@ def test_dense_buffer_merges_and_seals_with_stored_vectors(tmp_path):
     coll = eng.create_collection("d", ["lexical", "dense"])
     for i in range(12):  # more buffer segments than are kept before merging
         coll.add([{"id": f"d{i}", "text": f"note {i} about {['cats', 'rockets', 'soup'][i % 3]}"}])
-    assert len(coll.snapshot().segments) <= 9
+    assert len(coll.view().segments) <= 9
     before = [(h.id, round(h.score, 5)) for h in coll.query("space launch", profile="dense", k=4)]
     assert before[0][0] in {"d1", "d4", "d7", "d10"}
     coll.seal()
@@ -154,7 +154,7 @@ def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
         coll.add([{"id": f"d{i}", "text": f"alpha w{i % 7}", "vector": x[i]} for i in range(300)])
         coll.seal()
         coll.add([{"id": "d5", "text": "beta", "vector": x[5]}])  # hides sealed row 5
-        snap = coll.snapshot()
+        snap = coll.view()
         live = snap.live[0]
         assert live is not None and not live[5] and live.sum() == 299
         lexical, dense = snap.segments[0].indexes["lexical"], snap.segments[0].indexes["dense"]
@@ -169,7 +169,7 @@ def test_a_write_prepares_the_live_masks_it_makes(tmp_path):
         from polyindex.index.lexical.kind import _live_stats
         coll.add([{"id": "d7", "text": "gamma", "vector": x[7]}])
         coll.delete(["d5", "d9"])
-        live = coll.snapshot().live[0]
+        live = coll.view().live[0]
         assert live.sum() == 297 and not live[[5, 7, 9]].any()
         got = lexical.live_stats.get(live, lambda: pytest.fail("not prepared"))
         assert got == _live_stats(lexical, live)

@@ -109,7 +109,7 @@ def test_batch_equals_single_and_vectors(coll):
 
 
 def test_dense_equals_raw_faiss(coll):
-    snap = coll.snapshot()
+    snap = coll.view()
     emb = np.concatenate([s.indexes["dense"].matrix() for s in snap.segments])
     doc_ids = np.concatenate([s.docs.ids for s in snap.segments])
     raw = faiss.IndexFlatIP(emb.shape[1])

@@ -142,7 +142,7 @@ def test_column_range_skips_segments(coll):
 
 
 def test_skipped_segment_is_not_searched(coll, monkeypatch):
-    snap = coll.snapshot()
+    snap = coll.view()
     searched = []
     cls = type(snap.segments[0].indexes["lexical"])
     orig = cls.search
@@ -264,7 +264,7 @@ def test_identity_cache_evicting_a_value_that_keys_another_entry():
 
 
 def test_dense_bitmap_cached_only_for_frozen_masks(coll):
-    seg = coll.snapshot().segments[0].indexes["dense@h"]
+    seg = coll.view().segments[0].indexes["dense@h"]
     n = seg.n_rows
     frozen = masks.freeze(np.arange(n) % 2 == 0)
     assert dense_filtered.allowed(seg, frozen) is dense_filtered.allowed(seg, frozen)
@@ -314,7 +314,7 @@ def test_lexical_vocabulary_lookup(tmp_path):
 
 
 def test_faiss_index_is_memory_mapped(coll):
-    seg = coll.snapshot().segments[0].indexes["dense@h"]
+    seg = coll.view().segments[0].indexes["dense@h"]
     path = str(seg.folder / "dense.h.faiss")
     with open("/proc/self/maps") as f:
         assert any(path in line for line in f)

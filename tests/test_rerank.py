@@ -77,7 +77,7 @@ def test_features_equal_hand_computed_values(small):
     assert math.isnan(d4["all.idf_mean"]) and math.isnan(d4["lexical_rank"])
     assert d4["q_terms"] == 2 and d4["q_distinct"] == 2
     # dense PRF: cosine with the normalized mean embedding of the (here: all 4) candidates
-    snap = small.snapshot()
+    snap = small.view()
     emb = {i: e for seg in snap.segments
            for i, e in zip(seg.docs.ids, seg.indexes["dense"].matrix())}
     centroid = sum(emb[d] for d in f) / 4
@@ -148,7 +148,7 @@ def test_counts_under_a_new_mask_are_the_last_counts_less_the_rows_it_hid(tmp_pa
     coll.add([{"id": f"d{i}", "title": " ".join(rng.choice(words, 2)),
                "text": " ".join(rng.choice(words, int(rng.integers(1, 12))))}
               for i in range(300)])
-    opened = coll.snapshot().segments[0]
+    opened = coll.view().segments[0]
     row_ptr, title_len, ids = forward_index(opened)
     count = kernels.field_counts
 
@@ -194,7 +194,7 @@ def test_lexical_only_profile_leaves_dense_ranks_missing(small):
 
 
 def test_forward_index_matches_a_rebuild_from_the_documents(small):
-    snap = small.snapshot()
+    snap = small.view()
     for seg in snap.segments:
         stored = forward_index(seg)
         rebuilt = _build_forward(seg.docs, seg.indexes["lexical"])
@@ -308,7 +308,7 @@ def test_unknown_feature_schema_version_is_refused(trained):
 
 def test_models_are_cached_and_unknown_names_refused(trained):
     coll, _, _ = trained
-    snap = coll.snapshot()
+    snap = coll.view()
     assert registry.resolve(snap, "mine") is registry.resolve(snap, "mine")
     with pytest.raises(InvalidArgument, match="no trained ranker of that name"):
         coll.query("gamma", profile={**HYBRID, "rerank": {"model": "nope", "window": 10}})

@@ -239,7 +239,7 @@ def test_collection_profiles_do_not_depend_on_segments(tmp_path):
                   for i, d in zip(range(20, 35), docs[20:35])])
         colls.append(coll)
     one, many = colls
-    assert (len(one.snapshot().segments), len(many.snapshot().segments)) == (2, 4)
+    assert (len(one.view().segments), len(many.view().segments)) == (2, 4)
     assert one.count() == many.count() == 150 - len(range(0, 150, 7)) + len(
         [i for i in range(20, 35) if i % 7 == 0])
     sparse = {"retrieve": [{"index": "sparse", "k": K, "params": "rescore=15"}]}

@@ -256,7 +256,7 @@ def test_document_quality_is_one_language_model_across_shards(tmp_path):
     routed.add(docs[150:], embeddings=emb[150:])  # a later batch: the stored model
     routed.seal()
     shards = sharded.backend.shards
-    got = _qualities([sh.engine.collection("c").snapshot() for sh in shards])
+    got = _qualities([sh.engine.collection("c").view() for sh in shards])
     lm = [(sh.path / "c" / "artifacts" / "quality" / "lm.npz").read_bytes() for sh in shards]
     sharded.close()
     assert lm[0] == lm[1]
@@ -266,5 +266,5 @@ def test_document_quality_is_one_language_model_across_shards(tmp_path):
         ref = eng.create_collection("c", ["lexical", "dense:Flat"])
         ref.add(docs[:150], embeddings=emb[:150])
         ref.add(docs[150:], embeddings=emb[150:])
-        want = _qualities([ref.snapshot()])
+        want = _qualities([ref.view()])
     np.testing.assert_allclose([got[i] for i in want], [want[i] for i in want], rtol=1e-6)

@@ -220,7 +220,7 @@ def test_features_read_the_rows_retrieve_answered_from(tmp_path, corpus):
     before = sh.features("c", queries, keys, 1, False)["X"]  # no token: today's snapshot
     got = sh.retrieve("c", queries, "lexical", [20], None, 1)
     coll.compact(max_segments=1)
-    assert len(coll.snapshot().segments) == 1
+    assert len(coll.view().segments) == 1
     after = sh.features("c", queries, keys, 1, False, got["snapshot"])["X"]
     np.testing.assert_allclose(np.nan_to_num(after, nan=-7), np.nan_to_num(before, nan=-7),
                                rtol=1e-5)  # statistics recomputed: float noise only

@@ -137,7 +137,7 @@ def test_dense_segment_embedding_column_and_typed_fields(eng):
     table = pa.ipc.open_file(pa.memory_map(str(seg / "docs.arrow"))).read_all()
     # Each vector stored once: the Flat index keeps them, so docs.arrow has no copy ...
     assert "embedding" not in table.column_names
-    vectors = c.snapshot().segments[0].indexes["dense"].matrix()
+    vectors = c.view().segments[0].indexes["dense"].matrix()
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     # ... unless another kind reads embeddings from the documents (the tree does)
     t = eng.create_collection("t", ["dense", "tree"])
@@ -182,7 +182,7 @@ def test_delete_tombstones_rows_everywhere(coll):
 
 
 def test_old_snapshot_keeps_seeing_old_data(coll):
-    snap = coll.snapshot()
+    snap = coll.view()
     prof = resolve_profile("lexical", list(coll.kinds), {})
     assert coll.delete(["a", "b"]) == 2
     coll.add([{"_id": "k", "text": "kiwi replaced"}, {"_id": "n", "text": "new apple"}])
@@ -194,7 +194,7 @@ def test_old_snapshot_keeps_seeing_old_data(coll):
     hit = run(snap, [Query(text="kiwi")], prof, 10, with_text=True)[0]
     assert [(h.id, h.text) for h in hit] == [("k", "kiwi farm")]
     # The collection itself moved on.
-    new = coll.snapshot()
+    new = coll.view()
     assert new is not snap and new.version > snap.version
     assert coll.count() == 2
     assert lexical_ids(coll, "apple") == ["n"]

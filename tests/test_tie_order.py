@@ -38,6 +38,6 @@ def test_many_ties_in_one_or_three_segments_give_one_order(tmp_path):
             coll = eng.create_collection("c", ["lexical"], model=None)
             for chunk in chunks:
                 coll.add(chunk)
-            assert len(coll.snapshot().segments) == len(chunks)
+            assert len(coll.view().segments) == len(chunks)
             out.append([h.id for h in coll.query("same words", k=300, profile="lexical")])
     assert out[0] == out[1] == sorted(d["id"] for d in docs)

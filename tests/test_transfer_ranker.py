@@ -100,7 +100,7 @@ def test_normalized_transform_layout(small):
 
 def test_ltr_window_is_hybrids_and_the_guard_falls_back_to_it(small, monkeypatch):
     assert LTR["retrieve"] == HYBRID["retrieve"] and LTR["fuse"] == HYBRID["fuse"]
-    shipped = registry.resolve(small.snapshot(), "general")
+    shipped = registry.resolve(small.view(), "general")
     assert shipped.transform == "normalized" and shipped.meta["prior"]["feature"] == "fused_score"
     assert 0 <= shipped.tree_weight <= 1
     guarded = Ranker(shipped.booster, {**shipped.meta, "tree_weight": 0.0}, "guarded")
@@ -133,13 +133,13 @@ def test_the_general_ranker_never_splits_on_the_stored_quality(small):
                  prior_feature="fused_score")
     split = dict(zip(ranker.names, ranker.booster.feature_importance("split")))
     assert split["doc_quality"] == 0 and sum(split.values()) > 0
-    shipped = registry.resolve(small.snapshot(), "general")
+    shipped = registry.resolve(small.view(), "general")
     assert dict(zip(shipped.names, shipped.booster.feature_importance("split")))["doc_quality"] == 0
 
 
 def test_the_shipped_general_ranker_uses_maxsim_where_a_collection_has_it(small):
     """The shipped model trained on every window with its MaxSim feature and with it missing
     (bench_ltr ``--multivector``), so it splits on MaxSim's normalized inputs."""
-    shipped = registry.resolve(small.snapshot(), "general")
+    shipped = registry.resolve(small.view(), "general")
     split = dict(zip(shipped.names, shipped.booster.feature_importance("split")))
     assert sum(v for n, v in split.items() if n.startswith("multivector_maxsim@")) > 0

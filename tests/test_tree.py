@@ -289,7 +289,7 @@ def _cosine_top(coll, text, k=5):
     """Reference: the k live documents of highest cosine with the query, from the stored
     embeddings (the tree's `sim=cos`; dense's inner product differs by the bfloat16 norms)."""
     q = np.asarray(coll.encoder.encode([text])[0], np.float64)
-    snap = coll.snapshot()
+    snap = coll.view()
     scored = []
     for seg, live in zip(snap.segments, snap.live):
         x = seg.docs.embeddings().astype(np.float64)
@@ -313,7 +313,7 @@ def test_online_buffer_segments_grow_their_own_trees(tmp_path):
     coll.add(docs[12:])
     exact = {"retrieve": [{"index": "tree", "k": 5, "params": "budget=0"}]}
     before = [h.id for h in coll.query("subject 3", profile=exact, k=5)]
-    assert len(coll.snapshot().segments) == 2  # two buffer segments, each with its own tree
+    assert len(coll.view().segments) == 2  # two buffer segments, each with its own tree
     assert before == _cosine_top(coll, "subject 3")
     coll.seal()
     after = [h.id for h in coll.query("subject 3", profile=exact, k=5)]

@@ -21,7 +21,7 @@ def general_batch(coll, vs, k=10, profile=None):
     queries = make_queries(None, list(vs))
     prof = coll._profile(profile if profile is not None
                          else default_vector_profile(queries, None, coll.kinds))
-    return run(coll.snapshot(), queries, prof, k)
+    return run(coll.view(), queries, prof, k)
 
 
 def general(coll, v, k=10, profile=None):
@@ -34,7 +34,7 @@ def same(a, b):
 
 
 def lane_used(coll, profile=None) -> bool:
-    plans = coll.snapshot().cache.get(vector_lane.LANE_CACHE, {})
+    plans = coll.view().cache.get(vector_lane.LANE_CACHE, {})
     return plans.get(profile) not in (None, vector_lane._NONE)
 
 
@@ -125,11 +125,11 @@ def test_tombstoned_segments_searched_directly_equal_the_general_path(eng, monke
     # the nearest rows of every query deleted: a small budget finds few allowed ones
     near = np.argsort(-(q @ x.T), axis=1)[:, :20]
     coll.delete([f"d{i}" for i in np.unique(near)])
-    seg = coll.snapshot().segments[0].indexes["dense"]
-    plan = vector_lane.plan(coll.snapshot(), "ef4",
+    seg = coll.view().segments[0].indexes["dense"]
+    plan = vector_lane.plan(coll.view(), "ef4",
                             lambda: coll._profile("ef4"))
     masked = [p[4] for p in plan.parts if p[4] is not None]
-    assert len(masked) == 1 and masked[0].n == int(coll.snapshot().live[0].sum())
+    assert len(masked) == 1 and masked[0].n == int(coll.view().live[0].sum())
     assert 0.5 * seg.n_rows < masked[0].n < seg.n_rows
     for k in (1, 3, masked[0].max_k, masked[0].max_k + 1, 50):
         for v in q:
@@ -188,7 +188,7 @@ def test_an_online_buffer_is_one_exact_scan_equal_to_its_segments(tmp_path, metr
         coll.seal()  # a sealed segment under the buffer
 
         def check(buffered):
-            snap = coll.snapshot()
+            snap = coll.view()
             plan = vector_lane.plan(snap, "dense", lambda: coll._profile("dense"))
             n_sealed = len(snap.segments) - sum(v.segments for v in snap.stacks.values())
             assert snap.stacks and len(snap.segments) > n_sealed + buffered
@@ -260,14 +260,14 @@ def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            view = next(iter(coll.snapshot().stacks.values()), None)
+            view = next(iter(coll.view().stacks.values()), None)
             if view is not None and view.graph is not None and view.indexed >= 1000:
                 break
             time.sleep(0.05)
         assert view is not None and view.graph is not None and view.indexed >= 1000
         # one snapshot for both paths: the indexer may publish a further-grown graph between
         # the lane's query and the general one, and an HNSW search may then differ
-        snap = coll.snapshot()
+        snap = coll.view()
         monkeypatch.setattr(coll, "snapshot", lambda: snap)
         found = 0
         for v in q:

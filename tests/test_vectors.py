@@ -407,7 +407,7 @@ def test_hnsw_explores_at_least_k_with_or_without_tombstones(tmp_path):
     assert recall >= 0.95, recall
     gone = set(range(0, len(x), 40))  # 2.5% of the rows
     coll.delete([f"d{i}" for i in sorted(gone)])
-    assert coll.snapshot().live[0] is not None
+    assert coll.view().live[0] is not None
     masked, recall = run(gone)
     assert recall >= 0.95, recall
     assert intact <= masked <= 1.3 * intact, (masked, intact)

@@ -54,7 +54,7 @@ class Shard:
         sequence number read apart from its snapshot could name a write the snapshot lacks
         (and label a term table with content it was not taken from)."""
         coll = self.engine.collection(name)
-        snap = coll.snapshot()  # catches up (a follower) or re-bases first, outside the lock
+        snap = coll.view()  # catches up (a follower) or re-bases first, outside the lock
         live = coll.live.writes or coll.live.follower
         if live is None:
             return coll, snap, _wal_seq(coll)
@@ -156,13 +156,13 @@ class Shard:
         return {"model": coll.config.model, "dtype": coll.config.dtype,
                 "fields": dict(coll.config.fields),
                 "config_profiles": dict(coll.config.profiles), "kinds": dict(kinds),
-                "feature_names": list(features.names(coll.snapshot())),
+                "feature_names": list(features.names(coll.view())),
                 "encodes_text": coll.encoding.encodes_text()}
 
     def ranker(self, name: str, model: str) -> tuple[str, dict]:
         """The ranker a profile names, as (LightGBM model text, metadata)."""
         from polyindex.rerank import registry
-        r = registry.resolve(self.engine.collection(name).snapshot(), model)
+        r = registry.resolve(self.engine.collection(name).view(), model)
         return r.booster.model_to_string(), r.meta
 
     # -- reads and writes ------------------------------------------------------------------

@@ -35,7 +35,7 @@ def collect(coll, queries: Sequence[tuple[str, str]], qrels: dict | None, *,
     if prof.rerank is not None:
         raise InvalidArgument(f"profile {profile!r} already reranks; candidates come from a "
                               f"profile without a rerank stage (e.g. hybrid)")
-    snap = coll.snapshot()
+    snap = coll.view()
     allow = allow_masks(snap, None)
     needs_vec = any(coll.kinds[st.index].needs_embeddings for st in prof.retrieve)
     names = [st.index for st in prof.retrieve]
