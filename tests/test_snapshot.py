@@ -254,7 +254,7 @@ def test_the_cli_creates_verifies_lists_restores_and_deletes(tmp_path, cli):
     got = cli("snapshot", "list", "--root", root, "--json")
     assert [s["name"] for s in json.loads(got.stdout)] == ["s1"]
     got = cli("snapshot", "restore", root / "s1", "--data", tmp_path / "data")
-    assert got.returncode == 1 and "--force" in got.stderr
+    assert got.returncode == 2 and "--force" in got.stderr  # a user error (README, exit codes)
     got = cli("snapshot", "restore", root / "s1", "--data", tmp_path / "new", "-c", "d")
     assert got.returncode == 0 and "restored 'd'" in got.stdout, got.stderr
     got = cli("verify", "--data", tmp_path / "new")
