@@ -268,7 +268,7 @@ def test_a_large_buffer_is_searched_through_a_graph_grown_off_the_write_path(tmp
         # one snapshot for both paths: the indexer may publish a further-grown graph between
         # the lane's query and the general one, and an HNSW search may then differ
         snap = coll.view()
-        monkeypatch.setattr(coll, "snapshot", lambda: snap)
+        monkeypatch.setattr(coll, "view", lambda: snap)
         found = 0
         for v in q:
             for k in (1, 10, 50):
