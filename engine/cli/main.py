@@ -17,6 +17,8 @@ from rich.table import Table
 
 from polyindex.cli import snapshot as snapshot_cli
 from polyindex.cli.disk_full import reported
+from polyindex.cli.options import (PROFILES_HELP, CollOpt, DataOpt, DeviceOpt, JsonOpt,
+                                   open_engine as _engine)
 from polyindex.config import check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
@@ -27,26 +29,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 out = Console()
 err = Console(stderr=True)
 app.add_typer(snapshot_cli.app, name="snapshot")
-
-DataOpt = typer.Option(..., "--data", help="Data directory holding the collections.")
-CollOpt = typer.Option(..., "--collection", "-c", help="Collection name.")
-JsonOpt = typer.Option(False, "--json", help="Print JSON (for programs) instead of a table.")
-PROFILES_HELP = ("Rank profile: a kind the collection has (lexical, dense, multivector, sparse, "
-                 "tree), hybrid or ltr (lexical + dense), hybrid-mv, hybrid-sparse, "
-                 "hybrid-tree, or one the collection stores (see `polyindex info`). "
-                 "Default: hybrid when the collection has lexical and dense, else its first kind.")
-
-
-DeviceOpt = typer.Option("cpu", "--device", help="cpu or cuda: where encoding and scoring run (cuda: an NVIDIA GPU, torch kernels of polyindex.cuda, faiss-gpu when installed).")
-
-
-def _engine(data: Path, readonly: bool = False, create: bool = True, device: str = "cpu"):
-    """A writing engine (holds the data directory's lock) or, for commands that only read,
-    a read-only one: those work beside a running server and never create the directory
-    (a missing one is NotFound)."""
-    from polyindex.engine import Engine
-    return Engine(data, readonly=readonly, create=create, device=device)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -271,83 +253,6 @@ def _parse_filter(text: Optional[str]):
         raise InvalidArgument(f"--filter is not valid JSON: {e}") from None
 
 
-@app.command("eval")
-def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR qrels TSV or TREC qrels."),
-             data: Optional[Path] = typer.Option(None, "--data", help="Data directory (to run queries; not with --run)."),
-             collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection to query (not with --run)."),
-             queries: Optional[Path] = typer.Option(None, "--queries", help="Queries: BEIR queries.jsonl, TSV (id<TAB>text) or TREC topics."),
-             profile: List[str] = typer.Option(["hybrid"], "--profile", "-p", metavar="PROFILE", help="Repeatable; 'all' = every built-in profile of the collection. " + PROFILES_HELP),
-             run: Optional[List[Path]] = typer.Option(None, "--run", metavar="FILE", help="Score this existing TREC run file instead of querying (repeatable)."),
-             measure: Optional[List[str]] = typer.Option(None, "--measure", "-m", metavar="MEASURE", help="An ir-measures measure, repeatable (e.g. nDCG@10, P@5, R@1000, RR, Judged@10). Default: nDCG@10, R@100, MRR@10, MAP."),
-             k: int = typer.Option(1000, "--k", help="Hits per query in the run."),
-             run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Keep the TREC runs here."),
-             plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Also draw the console's evaluation charts (each measure per profile with 95% confidence intervals, per-query wins and losses against the first profile): FILE.html (self-contained) or FILE.png (needs polyindex[plot], matplotlib)."),
-             as_json: bool = JsonOpt):
-    """Score profiles, or existing run files, with ir-measures.
-
-    Either run the judged queries through each --profile of a collection, or score the
-    TREC run files given with --run."""
-    import tempfile
-
-    import time
-
-    from polyindex.cli.compare import paired_tests, render
-    from polyindex.cli.evaluate import (means, parse_measures, per_query, run_queries, summarize,
-                                         write_trec)
-    from polyindex.cli.profile_names import expand
-    from polyindex.ingest.sources import read_qrels, read_queries
-    measures = parse_measures(measure)
-    if plot is not None:
-        from polyindex.console.plot import check_target
-        check_target(plot)  # before any query runs
-    qrel = read_qrels(qrels)
-    values, latency = {}, {}
-    if run:
-        if data is not None or collection is not None or queries is not None:
-            raise InvalidArgument("--run scores existing run files; --data, --collection and "
-                                  "--queries are for running queries: give one or the other")
-        for path in run:
-            values[str(path)] = per_query(path, qrel, measures)
-        title = f"{qrels}: {len(qrel)} judged queries"
-    else:
-        missing = [o for o, v in (("--data", data), ("--collection", collection),
-                                  ("--queries", queries)) if v is None]
-        if missing:
-            raise InvalidArgument(f"give {', '.join(missing)} (to run queries) or --run FILE "
-                                  "(to score a run)")
-        coll = _engine(data, readonly=True).collection(collection)
-        profile = expand(profile, coll)
-        qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
-        if not qs:
-            raise InvalidArgument(f"no query in {queries} has judgements in {qrels}")
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = run_dir or Path(tmp)
-            folder.mkdir(parents=True, exist_ok=True)
-            for p in profile:
-                start = time.perf_counter()
-                result = run_queries(coll, qs, profile=p, k=k, progress=not as_json)
-                latency[p] = (time.perf_counter() - start) * 1000 / len(qs)
-                path = folder / f"{collection}.{p}.trec"
-                write_trec(path, result, p)
-                values[p] = per_query(path, qrel, measures)
-        title = f"{collection}: {len(qs)} judged queries"
-    results = {entry: means(v) for entry, v in values.items()}
-    tests = paired_tests(values)  # two or more: each against the first
-    if plot is not None:
-        from polyindex.console.plot import write_plot
-        write_plot(plot, summarize(values), title)
-    if as_json:
-        payload = ({"runs": len(run), "queries": len(qrel)} if run else
-                   {"collection": collection, "queries": len(qs), "latency_ms": latency})
-        print(json.dumps({**payload, "results": results,
-                          **({"baseline": next(iter(results)), "paired_t_test": tests}
-                             if tests else {}), **({"plot": str(plot)} if plot else {})}))
-        return
-    render(out, title, "run" if run else "profile", results, latency, tests)
-    if plot is not None:
-        out.print(f"wrote the charts to {plot}")
-
-
 @app.command("train-ranker")
 def train_ranker(data: Path = DataOpt,
                  collection: List[str] = typer.Option(..., "--collection", "-c", metavar="NAME", help="Collection to train on (repeatable: one model over several, stored in each)."),
@@ -524,100 +429,17 @@ def demo(data: Path = typer.Option(Path(".demo"), "--data", help="Where the demo
     run_demo(data, k, out)
 
 
-@app.command()
-def serve(data: Path = DataOpt,
-          host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
-          port: int = typer.Option(50051, "--port", help="Port; 0 picks a free one (the bound address is printed)."),
-          token_file: Optional[Path] = typer.Option(None, "--token-file", help="File holding the bearer token every call must send."),
-          tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate (with --tls-key)."),
-          tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key."),
-          workers: int = typer.Option(8, "--workers", help="Threads serving calls concurrently."),
-          metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
-          cpus: Optional[str] = typer.Option(None, "--cpus", help="Pin the server to these CPUs (e.g. 1 or 0-3): fewer cross-core wake-ups per call, lower latency, less parallelism."),
-          frontend: str = typer.Option("auto", "--frontend", help="native (gRPC C++, built at install when gRPC C++ is found), python (grpcio) or auto (native when built; says so when it falls back)."),
-          readonly: bool = typer.Option(False, "--readonly", help="Serve queries only, beside the directory's writer: no lock, writes refused (FAILED_PRECONDITION), new commits and acknowledged writes followed."),
-          processes: int = typer.Option(1, "--processes", min=1, help="Server processes behind the one port (SO_REUSEPORT): one writer, the others read-only followers forwarding writes to it. Past the GIL: one process per core."),
-          shards: Optional[int] = typer.Option(None, "--shards", min=1, help="Serve DATA as a sharded directory on Ray (ids hashed to S shards, each its own data directory served by Ray actors); S is fixed when the directory is created. Needs the ray extra."),
-          replicas: int = typer.Option(1, "--replicas", min=1, help="With --shards: Ray actors per shard (one writer, the others read-only followers of its WAL)."),
-          ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --shards: join the Ray cluster at ADDR (default: start a local Ray bound to 127.0.0.1)."),
-          insecure: bool = typer.Option(False, "--insecure", help="Serve a --host beyond loopback in plaintext with no token (refused without this flag): anyone who reaches it can read, write and drop every collection."),
-          model_root: Optional[Path] = typer.Option(None, "--model-root", metavar="DIR", help="Clients creating a collection may name a model folder under DIR (besides the shipped model and those of the served collections)."),
-          console_port: Optional[int] = typer.Option(None, "--console-port", metavar="PORT", help="Serve the web console (collections, search with explain, compare, evaluation charts; read-only) on PORT; 0 picks a free one. It needs the same token as the gRPC port."),
-          console_host: str = typer.Option("127.0.0.1", "--console-host", help="Address the console binds (loopback by default; beyond it, the same rule as --host: a token, or --insecure)."),
-          console_root: Optional[Path] = typer.Option(None, "--console-root", metavar="DIR", help="The console's evaluation reads queries and qrels files under DIR only (default: --data)."),
-          snapshot_root: Optional[Path] = typer.Option(None, "--snapshot-root", metavar="DIR", help="Clients may write, list and delete snapshots under DIR (`polyindex snapshot create --server`)."),
-          device: str = DeviceOpt):
-    """Serve the collections over gRPC.
+# commands in their own modules, registered here
+from polyindex.cli import data_ops as _data_ops, eval_cmd as _eval, export as _export  # noqa: E402
+from polyindex.cli import serve_cmd as _serve  # noqa: E402
 
-    Runs until SIGTERM/SIGINT, then drains calls and flushes buffered writes."""
-    from polyindex.service.exposure import check_exposure
-    # before anything binds a port or starts Ray
-    warning = check_exposure(host, token=token_file is not None, tls=tls_cert is not None,
-                             insecure=insecure)
-    console = None
-    if console_port is not None:
-        console = _console(data, console_host, console_port, console_root, tls_cert,
-                           token_file is not None, insecure, warned=warning is not None)
-    if model_root is not None and not model_root.is_dir():
-        raise InvalidArgument(f"--model-root {model_root} is not a directory")
-    if snapshot_root is not None and not snapshot_root.is_dir():
-        raise InvalidArgument(f"--snapshot-root {snapshot_root} is not a directory")
-    from polyindex.cuda.device import check_device
-    check_device(device)
-    kw = dict(host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
-              workers=workers, metrics_port=metrics_port, cpus=cpus, frontend=frontend,
-              readonly=readonly, insecure=insecure, model_root=model_root, console=console,
-              snapshot_root=snapshot_root)
-    if shards is not None or (data / "shards.json").is_file():
-        if device != "cpu":  # the shard actors open their engines on the CPU
-            raise InvalidArgument("--device cuda does not go with --shards")
-        if processes > 1 or readonly:
-            raise InvalidArgument("--shards serves through Ray actors: --processes and "
-                                  "--readonly do not apply (use --replicas)")
-        from polyindex.distributed.serving import ShardedEngine
-        from polyindex.service.server import run
-        run(data, engine=ShardedEngine(data, shards=shards, replicas=replicas,
-                                       address=ray_address), **kw)
-        return
-    if processes > 1:
-        if device != "cpu":  # every process would hold its own copy of the indexes on the GPU
-            raise InvalidArgument("--device cuda serves from one process: drop --processes")
-        from polyindex.service.supervisor import run_group
-        run_group(data, processes, **kw)
-        return
-    from polyindex.service.server import run
-    run(data, device=device, **kw)
-
-
-# commands in their own modules (cli/data_ops.py, cli/export.py), registered here
-from polyindex.cli import data_ops as _data_ops, export as _export  # noqa: E402
+app.command("eval")(_eval.eval_cmd)
+app.command()(_serve.serve)
 
 app.command("count")(_data_ops.count)
 app.command("delete")(_data_ops.delete)
 app.command("scroll")(_data_ops.scroll)
 app.command("export")(_export.export)
-def _console(data: Path, host: str, port: int, root: Optional[Path], tls_cert, token: bool,
-             insecure: bool, warned: bool):
-    """Check the console's address as the gRPC one is (before anything binds) and return
-    what starts it beside the server (``console.serve``)."""
-    from polyindex.service.exposure import check_exposure, is_loopback
-    from polyindex.service.ports import check_free
-    warning = check_exposure(host, token=token, tls=False, insecure=insecure)
-    if warning and not warned:
-        print(f"{warning} (the console, --console-host)", file=sys.stderr, flush=True)
-    if not 0 <= port <= 65535:
-        raise InvalidArgument(f"--console-port must be in 0..65535, got {port}")
-    check_free(host, port)
-    root = root if root is not None else data
-    if not Path(root).is_dir():
-        raise InvalidArgument(f"--console-root {root} is not a directory")
-    loopback = is_loopback(host)
-
-    def start(address: str, token_value, latency):
-        from polyindex.console.serve import start_console
-        return start_console(address, token_value, host=host, port=port, root=root,
-                             loopback=loopback, tls_cert=tls_cert, latency=latency).stop
-    return start
 
 
 def main() -> None:
