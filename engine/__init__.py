@@ -15,11 +15,13 @@ from polyindex.errors import (
     NotFound,
     PolyindexError,
     ResourceExhausted,
+    StorageFailed,
     Unauthenticated,
 )
 
 __all__ = ["AlreadyExists", "Corrupt", "FailedPrecondition", "InputError", "Internal",
-           "InvalidArgument", "NotFound", "PolyindexError", "ResourceExhausted", "Unauthenticated",
+           "InvalidArgument", "NotFound", "PolyindexError", "ResourceExhausted", "StorageFailed",
+           "Unauthenticated",
            "open", "Engine", "Client", "__version__"]
 
 _LAZY = {"open": ("polyindex.engine", "Engine"), "Engine": ("polyindex.engine", "Engine"),

@@ -105,6 +105,16 @@ class Internal(PolyindexError):
     status = "INTERNAL"
 
 
+class StorageFailed(PolyindexError, OSError):
+    """An I/O error (EIO, EROFS, ...) while a write was made durable: nothing of the write was
+    kept and it may be retried. Still an ``OSError`` (errno, filename) for code that reads it."""
+
+    status = "UNAVAILABLE"
+
+    def __str__(self) -> str:  # the message, without OSError's "[Errno N]" prefix
+        return self.strerror or super().__str__()
+
+
 class InputError(InvalidArgument):
     """A bad input record, located by source file and line (or row)."""
 
@@ -126,7 +136,7 @@ class InputError(InvalidArgument):
 
 STATUS_NAMES = {cls: cls.status for cls in (
     InvalidArgument, NotFound, AlreadyExists, Unauthenticated, ResourceExhausted,
-    FailedPrecondition, Cancelled, Corrupt, Internal)}
+    FailedPrecondition, Cancelled, Corrupt, Internal, StorageFailed)}
 
 
 # -- a full disk -----------------------------------------------------------------------------

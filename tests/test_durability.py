@@ -12,7 +12,8 @@ import time
 import pytest
 
 import polyindex
-from polyindex import Corrupt, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from polyindex import (Corrupt, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+                       StorageFailed)
 from polyindex.online.wal import HEADER, MAGIC, WriteAheadLog
 from polyindex.storage import failpoints
 from polyindex.storage.manifest import load_manifest
@@ -102,6 +103,23 @@ def test_an_upsert_that_fails_leaves_nothing_behind(tmp_path):
     eng.close()
     with polyindex.open(tmp_path, online=True) as again:
         assert ids_of(again.collection("c")) == {"a0", "a1", "a2", "b0"}
+
+
+def test_an_append_that_fails_with_an_io_error_is_a_polyindex_error_and_keeps_nothing(tmp_path):
+    """EIO (not a full disk) at the WAL append: UNAVAILABLE with the log's path, still an
+    OSError for code that reads errno, and nothing of the write is kept."""
+    eng, coll = online(tmp_path)
+    coll.add(docs("a", 2))
+    for point in ("wal.append.write", "wal.append.fsync"):
+        with failpoints.armed(point, "error"):
+            with pytest.raises(StorageFailed, match="write-ahead log append failed") as err:
+                coll.add(docs("x", 2))
+        assert err.value.status == "UNAVAILABLE" and isinstance(err.value, OSError)
+        assert "wal-" in str(err.value) and not ids_of(coll) & {"x0", "x1"}
+    coll.add(docs("b", 1))
+    eng.close()
+    with polyindex.open(tmp_path, online=True) as again:
+        assert ids_of(again.collection("c")) == {"a0", "a1", "b0"}
 
 
 def test_replay_skips_what_the_manifest_covers(tmp_path):

@@ -33,7 +33,8 @@ from typing import Iterator
 
 import xxhash
 
-from polyindex.errors import Corrupt, ResourceExhausted, disk_full, is_disk_full
+from polyindex.errors import (Corrupt, ResourceExhausted, StorageFailed, disk_full,
+                              is_disk_full)
 from polyindex.storage import fsutil
 from polyindex.storage.failpoints import hit
 
@@ -55,10 +56,15 @@ def _checksum(seq: int, payload: bytes) -> int:
 
 
 def disk_error(e: OSError, what: str) -> Exception:
-    """ENOSPC/EDQUOT as RESOURCE_EXHAUSTED with a message; other I/O errors as they are."""
+    """ENOSPC/EDQUOT as RESOURCE_EXHAUSTED, other I/O errors as UNAVAILABLE, with a message."""
     if is_disk_full(e):
         return disk_full(e, what, "nothing of this write was kept", path=False)
-    return e
+    reason = os.strerror(e.errno) if e.errno else str(e)
+    where = f" ({e.filename})" if e.filename else ""
+    out = StorageFailed(e.errno, f"{what} failed: {reason}{where}; nothing of this write was "
+                        "kept, it may be retried")
+    out.filename = e.filename
+    return out
 
 
 def file_numbers(folder: Path) -> list[int]:
