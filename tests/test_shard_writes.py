@@ -20,7 +20,7 @@ import pytest
 
 from polyindex.distributed.router import shard_of
 from polyindex.distributed.serving import ShardedEngine
-from polyindex.errors import PolyindexError, StorageFailed
+from polyindex.errors import StorageFailed
 from polyindex.storage import failpoints
 
 KINDS = ["lexical"]
