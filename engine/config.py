@@ -206,8 +206,12 @@ class Settings:
                             "'torch': the cuda/ kernels on a CPU placement too")
     keep_ray: bool = _setting("POLYINDEX_KEEP_RAY", False, _bool,
                               "leave a Ray this process started running after a sharded close")
+    forward_wait: float = _setting("POLYINDEX_FORWARD_WAIT_S", 30.0, _number(float, 0.1),
+                                   "serve --processes: how long a follower waits for the "
+                                   "writer to answer a forwarded write")
     failpoints: str = _setting("POLYINDEX_FAILPOINTS", "", _text,
-                               "tests: failpoints to arm, e.g. 'wal.append.fsync=enospc@2'")
+                               "tests: failpoints to arm, e.g. 'wal.append.fsync=enospc@2' "
+                               "(actions: error, enospc, edquot, crash, hang, pause)")
     failpoint_log: str = _setting("POLYINDEX_FAILPOINT_LOG", "", _text,
                                   "tests: a file every failpoint hit is appended to")
     index_memory_mb: int = _setting("POLYINDEX_INDEX_MEMORY_MB", 0, _number(int, 0),

@@ -368,6 +368,39 @@ def test_a_process_group_takes_snapshots_through_its_writer(tmp_path):
         assert eng.collection("c").count() == 6 * BATCH
 
 
+@pytest.mark.slow
+def test_a_snapshot_longer_than_the_forward_wait_answers_through_a_follower(tmp_path):
+    """The forward's wait bounds reaching the writer, not the snapshot: with the wait at 2.5 s
+    and every snapshot's rename paused 5 s (a slow disk), snapshots asked of either process
+    succeed (before, a follower answered UNAVAILABLE after the wait)."""
+    from polyindex.client.remote import Client
+    root = tmp_path / "snaps"
+    root.mkdir()
+    from polyindex.wire.grpc_errors import Unavailable
+    env = {"POLYINDEX_FORWARD_WAIT_S": "2.5", "POLYINDEX_FAILPOINTS": "backup.rename=pause@1"}
+    proc, addr = start_server(tmp_path / "data", "--processes", "2", "--snapshot-root", root,
+                              env=env)
+    try:
+        with Client(addr) as client:
+            client.create_collection("c", ["lexical"], model=None)
+            for _ in range(5):  # setup: a forwarded first upsert (kernels loading on a loaded
+                try:            # machine) may itself outlast the short wait; it is idempotent
+                    client.collection("c").add(_batch(0))
+                    break
+                except Unavailable:
+                    continue
+        workers = set()
+        for i in range(3):  # new connections land on either process (SO_REUSEPORT)
+            with Client(addr) as client:
+                assert client.collection("c").snapshot(f"s{i}")["documents"] == BATCH
+                workers.add(client.stats()["process"]["worker"])
+    finally:
+        code, err = stop_server(proc)
+    assert code == 0, err[-2000:]
+    if len(workers) < 2:
+        pytest.skip("every connection landed on one process; the forward was not exercised")
+
+
 def test_every_file_and_folder_is_fsynced_before_the_rename_and_an_error_leaves_nothing(tmp_path):
     from polyindex.storage import failpoints
     with Engine(tmp_path / "data") as eng:

@@ -22,12 +22,16 @@ import grpc
 
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
+from polyindex.config import settings
 from polyindex.wire.convert import MAX_MESSAGE_BYTES
 from polyindex.wire.grpc_errors import Unavailable, from_rpc_error
 
-FORWARD_WAIT_S = 30.0  # a write waits this long at most for the writer (e.g. while it restarts)
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # pauses between a forwarded write's tries
 _RETRIED = frozenset({"Upsert", "Delete", "DeleteWhere"})  # idempotent: see Member.forward
+# Calls that run for minutes on the writer (a snapshot copies the whole collection): the
+# forward waits POLYINDEX_FORWARD_WAIT_S at most for the writer to be reachable, then as long
+# as the client's own deadline allows (none: until the writer answers)
+_LONG = frozenset({"CreateSnapshot"})
 PEER_TIMEOUT_S = 2.0   # a sibling that does not answer Stats within this is reported, not waited for
 _PASSED = ("authorization",)  # metadata a forwarded call carries on (the writer checks it too)
 INTERNAL_KEY = "polyindex-internal"  # on calls between the processes of a group: the sender's pid
@@ -104,9 +108,9 @@ class Member:
 
     def forward(self, method: str, request, context):
         """Call ``method`` on the writer with the client's credentials and what is left of
-        its deadline (at most ``FORWARD_WAIT_S``); its failure is raised as the exception it
-        stands for. ``request``: a message, or a list of them (a stream: sent again whole on
-        a retry).
+        its deadline (at most ``POLYINDEX_FORWARD_WAIT_S``); its failure is raised as the
+        exception it stands for. ``request``: a message, or a list of them (a stream: sent
+        again whole on a retry).
 
         ``wait_for_ready`` waits while the writer cannot be reached (restarting), but a call
         sent on a connection that has just broken (the writer killed a moment ago) fails at
@@ -117,8 +121,11 @@ class Member:
         call's own effect): they are sent once. grpc's own retry policy does not fit: it
         gives up on a stream past its per-call buffer (256 KB), and an Upsert may be 1 GiB."""
         left = context.time_remaining()
-        bound = FORWARD_WAIT_S if left is None else max(0.0, min(left, FORWARD_WAIT_S))
-        ours = left is None or left > FORWARD_WAIT_S  # the wait runs out before the client's
+        if method in _LONG:
+            return self._forward_long(method, request, context, left)
+        wait_s = settings().forward_wait
+        bound = wait_s if left is None else max(0.0, min(left, wait_s))
+        ours = left is None or left > wait_s  # the wait runs out before the client's
         deadline = time.monotonic() + bound
         metadata = _internal_metadata(context)
         pause = RETRY_FIRST_S
@@ -138,9 +145,27 @@ class Member:
                 if ours and (code == grpc.StatusCode.DEADLINE_EXCEEDED or
                              (code == grpc.StatusCode.UNAVAILABLE and retried)):
                     raise Unavailable(f"{method}: the group's writer did not answer within "
-                                      f"{FORWARD_WAIT_S:.0f} s (restarting?): "
+                                      f"{wait_s:.0f} s (restarting?): "
                                       f"{e.details()}") from None
                 raise from_rpc_error(e) from None
+
+    def _forward_long(self, method: str, request, context, left: float | None):
+        """A long call: wait for the writer (at most POLYINDEX_FORWARD_WAIT_S), then send it
+        once, bound only by the client's deadline (not retried: it is not idempotent)."""
+        stub = self.stub(0)
+        wait = settings().forward_wait
+        wait = wait if left is None else max(0.0, min(left, wait))
+        try:
+            grpc.channel_ready_future(self._channels[0]).result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            raise Unavailable(f"{method}: the group's writer could not be reached within "
+                              f"{wait:.0f} s (restarting?)") from None
+        try:
+            left = context.time_remaining()
+            return getattr(stub, method)(request, timeout=left,
+                                         metadata=_internal_metadata(context))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
 
     def peers(self, context) -> list[tuple[int, pb.StatsResponse | str]]:
         """(worker, its Stats or why it did not answer) for every other worker, asked at once."""

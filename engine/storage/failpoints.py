@@ -9,7 +9,9 @@ process from the environment: ``POLYINDEX_FAILPOINTS="wal.append.fsync=enospc@2;
 (``@N``: fire on the N-th hit of the point, default the first; a trailing ``*`` matches a
 prefix). Actions: ``error`` (OSError EIO), ``enospc``, ``edquot`` (the disk-full errors),
 ``crash`` (SIGKILL of this process at once: a kill -9 at exactly that step, nothing flushed)
-and ``hang`` (the step never returns: a seal stuck in work that cannot be interrupted).
+and ``hang`` (the step never returns: a seal stuck in work that cannot be interrupted), and
+``pause`` (the step takes ``PAUSE_S`` seconds, then goes on: a slow disk; from the N-th hit
+on, every hit).
 
 ``record()`` (or ``POLYINDEX_FAILPOINT_LOG=FILE``) keeps every hit in order as ``(point, path)``,
 which is how a test checks that files and their folders are fsynced before a manifest names
@@ -21,12 +23,14 @@ import errno
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from polyindex.config import settings
 
-ACTIONS = ("error", "enospc", "edquot", "crash", "hang")
+ACTIONS = ("error", "enospc", "edquot", "crash", "hang", "pause")
+PAUSE_S = 5.0  # "pause": the step takes this long, then goes on (a slow disk)
 _ERRNO = {"error": errno.EIO, "enospc": errno.ENOSPC, "edquot": errno.EDQUOT}
 
 
@@ -76,7 +80,7 @@ def hit(name: str, path: object = "") -> None:
         if point is None:
             return
         point.seen += 1
-        if point.seen != point.nth:
+        if point.seen != point.nth and not (point.action == "pause" and point.seen > point.nth):
             return
         point.fired += 1
         action = point.action
@@ -84,6 +88,9 @@ def hit(name: str, path: object = "") -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "hang":
         threading.Event().wait()
+    if action == "pause":
+        time.sleep(PAUSE_S)
+        return
     code = _ERRNO[action]
     raise OSError(code, f"{os.strerror(code)} (failpoint {name})", str(path))
 
