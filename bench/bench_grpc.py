@@ -31,9 +31,13 @@ target: zero errors and the server's RSS at the end within 20% of its RSS after 
 anywhere, no load run (it mixes in dense and hybrid queries).
 
 ``--processes 1,2`` measures instead `polyindex serve --processes N` for each N: 16 client
-processes, `lexical` and `dense`, q/s, p50/p99 and errors, the settings interleaved over
-``--rounds`` rounds of ``--seconds`` each (``grpc_processes.py``; goal: >= 1.6x the q/s of
-the first setting for lexical), written to bench/results/bench_grpc_processes.json.
+processes (``--load-client cxx``, the default: the C++ load client, bench/native/grpc_load.cc,
+built by `make native` or on first use; ``python``: Python processes over the SDK's channel),
+`lexical` and `dense`, q/s, p50/p99, errors, the server's and the clients' CPU per call, the
+settings interleaved over ``--rounds`` rounds of ``--seconds`` each (``grpc_processes.py``;
+goal: >= 1.6x the q/s of the first setting for lexical), written to
+bench/results/bench_grpc_processes.json. ``--port P``: the settings' servers on P, P+1, ...
+(default: any free port).
 """
 from __future__ import annotations
 
@@ -173,6 +177,10 @@ def main() -> None:
                          "processes, lexical and dense)")
     ap.add_argument("--lexical-only", action="store_true",
                     help="npl as a lexical-only collection, the lexical profile only, no model")
+    ap.add_argument("--load-client", choices=("cxx", "python"), default="cxx",
+                    help="with --processes: the 16 clients are C++ (light) or Python processes")
+    ap.add_argument("--port", type=int, default=0,
+                    help="with --processes: the first server's port (the next ones follow)")
     ap.add_argument("--server-workers", type=int, default=None,
                     help="with --processes: each server process's --workers (default: serve's, 8)")
     args = ap.parse_args()
@@ -258,7 +266,8 @@ def processes_main(args, folder: Path) -> None:
             copies[n] = tmp / f"p{n}"
             shutil.copytree(root / "npl", copies[n] / "npl")
         res = compare(copies, settings, queries, vectors, args.seconds,
-                      args.rounds, console, table, args.server_workers, profiles)
+                      args.rounds, console, table, args.server_workers, profiles,
+                      args.load_client, args.port, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if len(settings) > 1:
@@ -268,7 +277,7 @@ def processes_main(args, folder: Path) -> None:
         console.print(f"lexical q/s, --processes {settings[-1]} vs {settings[0]}: {ratio:.2f}x "
                       f"(goal >= 1.6x), errors {errors} (goal 0) {verdict(res['pass'])}")
     res.update(seconds=args.seconds, cpus=os.cpu_count(), load_avg=os.getloadavg(),
-               server_workers=args.server_workers)
+               server_workers=args.server_workers, load_client=args.load_client)
     save_results("bench_grpc_processes_lexical" if args.lexical_only
                  else "bench_grpc_processes", res)
 
