@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import time
 
 import numpy as np
 
-from common import start_serving
+from common import polyindex_cmd
 
 CLIENTS = 16
 MAX_MESSAGE = 64 << 20
@@ -192,10 +193,13 @@ class Meter:
     for the whole run; the C++ clients report their own), everything else, idle; each CPU's
     busy share; the server's run-queue delay per second of wall time."""
 
-    def __init__(self, server_pid: int, client_pids: list[int] | None = None):
+    def __init__(self, server_pid: int, client_pids: list[int] | None = None,
+                 metrics_url: str | None = None):
         self.server_pid, self.client_pids = server_pid, client_pids or []
+        self.metrics_url = metrics_url
 
     def start(self) -> None:
+        self.q0 = query_counts(self.metrics_url)[0] if self.metrics_url else {}
         self.pids = _tree(self.server_pid)
         self.s0 = {p: _cpu_one(p) for p in self.pids}
         self.c0, self.w0 = _cpu(self.client_pids), _waited(self.pids)
@@ -220,19 +224,26 @@ class Meter:
                "_switches": x1 - self.x0}
         if self.client_pids:
             out["client_cores"] = (c1 - self.c0) / wall
+        if self.metrics_url:  # each process's share of the calls and its CPU per call
+            q1, roles = query_counts(self.metrics_url)
+            out["server_processes"] = [
+                {"pid": p, "role": roles.get(p, "?"), "cores": (s1[p] - self.s0[p]) / wall,
+                 "calls": q1.get(p, 0) - self.q0.get(p, 0),
+                 "cpu_us_per_call": (s1[p] - self.s0[p]) * 1e6 / max(q1.get(p, 0) - self.q0.get(p, 0), 1)}
+                for p in self.pids if p in roles]
         return out
 
 
 def measure(clients, kind: str, address: str, requests: list[bytes], seconds: float,
-            server_pid: int, tmp) -> dict:
+            server_pid: int, tmp, metrics_url: str | None = None) -> dict:
     """One 16-client measurement: q/s, latencies, errors, and the CPU accounting; the
     server's and the clients' CPU per call (us)."""
     if kind == "cxx":
         import load_client
         res = load_client.run(address, PATH, requests, CLIENTS, seconds,
-                              meter=Meter(server_pid), tmp=tmp)
+                              meter=Meter(server_pid, metrics_url=metrics_url), tmp=tmp)
     else:
-        meter = Meter(server_pid, [p.pid for p in clients.procs])
+        meter = Meter(server_pid, [p.pid for p in clients.procs], metrics_url)
         meter.start()
         res = clients.run(address, requests, seconds)
         res.update(meter.stop())
@@ -246,9 +257,44 @@ def measure(clients, kind: str, address: str, requests: list[bytes], seconds: fl
     return res
 
 
-def start_group(data, processes: int, workers: int | None = None, port: int = 0):
+def start_group(data, processes: int, workers: int | None = None, port: int = 0,
+                metrics_port: int = 0):
+    """``serve --processes N`` in a session of its own, as a group's workers are (with the
+    kernel's autogroup scheduling, on here, CPU time is shared between sessions first, and
+    a lone server in the bench's session would share one share with the 16 clients), with
+    its /metrics (each process's Query count): (process, address, metrics URL)."""
     extra = ["--workers", workers] if workers else []  # else the server's default (8)
-    return start_serving(["--data", data, "--port", port, *extra, "--processes", processes])
+    proc = subprocess.Popen([*polyindex_cmd(), "serve", "--data", str(data), "--port", str(port),
+                             *map(str, extra), "--processes", str(processes),
+                             "--metrics-port", str(metrics_port)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    line = proc.stdout.readline()
+    m = re.search(r"serving on (\S+) .*metrics on (127\.0\.0\.1:\d+)", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, m.group(1), f"http://{m.group(2)}/metrics"
+
+
+def query_counts(url: str) -> tuple[dict[int, float], dict[int, str]]:
+    """(Query calls answered so far by each process, each process's role), from /metrics: a
+    group's parent labels every worker's series with its pid; a lone server's are its own."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    counts: dict[int, float] = {}
+    roles: dict[int, str] = {}
+    for line in text.splitlines():
+        if line.startswith("polyindex_process{"):
+            pid, role = re.search(r'pid="(\d+)"', line), re.search(r'role="(\w+)"', line)
+            roles[int(pid.group(1))] = role.group(1)
+    lone = next(iter(roles)) if len(roles) == 1 else None
+    for line in text.splitlines():
+        if line.startswith("polyindex_requests_total{") and 'rpc="Query"' in line:
+            m = re.search(r'pid="(\d+)"', line)
+            pid = int(m.group(1)) if m else lone
+            counts[pid] = counts.get(pid, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts, roles
 
 
 def query_requests(queries, vectors, profile: str) -> list[bytes]:
@@ -267,7 +313,8 @@ def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: f
     if load_client_kind == "cxx":
         import load_client
         load_client.binary()  # built now (or a clear error) rather than inside a round
-    servers = {n: start_group(data_copies[n], n, workers, port + i if port else 0)
+    servers = {n: start_group(data_copies[n], n, workers, port + i if port else 0,
+                              port + 50 + i if port else 0)
                for i, n in enumerate(settings)}
     clients = Clients() if load_client_kind == "python" else None
     runs: dict = {n: {p: [] for p in requests} for n in settings}
@@ -277,10 +324,11 @@ def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: f
             for profile in requests:
                 for n in order:
                     res = measure(clients, load_client_kind, servers[n][1], requests[profile],
-                                  seconds, servers[n][0].pid, tmp)
+                                  seconds, servers[n][0].pid, tmp, servers[n][2])
                     runs[n][profile].append(res)
-                    per = "+".join(f"{c:.2f}" for c in res["server_process_cores"][1:]) \
-                        if n > 1 else f"{res['server_cores']:.2f}"
+                    per = ", ".join(f"{p['role']} {p['cores']:.2f} cores {p['calls']:.0f} calls "
+                                    f"{p['cpu_us_per_call']:.0f} us/call"
+                                    for p in res.get("server_processes", ()))
                     console.print(
                         f"round {r + 1} {profile:7s} --processes {n}: {res['qps']:7.0f} q/s  "
                         f"p50 {res['p50_ms']:.2f} ms  p99 {res['p99_ms']:.2f} ms  errors "
@@ -295,7 +343,7 @@ def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: f
         if clients is not None:
             clients.close()
         codes = {}
-        for n, (proc, _) in servers.items():
+        for n, (proc, *_) in servers.items():
             proc.terminate()
             try:
                 codes[n] = proc.wait(timeout=120)
@@ -313,35 +361,46 @@ KEYS = ("qps", "p50_ms", "p99_ms", "server_cores", "client_cores", "other_cores"
 def summarize(runs: dict, settings: list[int], console, table, codes) -> dict:
     base = settings[0]
     out: dict = {"settings": settings, "rounds": runs, "server_exit_codes": codes, "profiles": {}}
-    rows = []
+    rows, cpu_rows = [], []
     for profile in runs[base]:
         per = {}
         for n in settings:
             rs = runs[n][profile]
             per[n] = {k: float(np.median([r[k] for r in rs])) for k in KEYS}
             per[n]["errors"] = sum(r["errors"] for r in rs)
-            per[n]["server_process_cores"] = [float(np.median(c)) for c in
-                                              zip(*[r["server_process_cores"] for r in rs])]
+            roles: dict = {}
+            for r in rs:
+                for proc in r.get("server_processes", ()):
+                    roles.setdefault(proc["role"], []).append(proc)
+            per[n]["by_role"] = {role: {k: float(np.median([x[k] for x in xs]))
+                                        for k in ("cores", "calls", "cpu_us_per_call")}
+                                 for role, xs in roles.items()}
         for n in settings:
             ratios = [a["qps"] / b["qps"] for a, b in zip(runs[n][profile], runs[base][profile])]
             per[n]["ratio_vs_first"] = float(np.median(ratios))
             per[n]["round_ratios"] = ratios
             p = per[n]
-            split = "+".join(f"{c:.2f}" for c in p["server_process_cores"][1:]) if n > 1 else ""
+            split = " + ".join(f"{role} {x['cores']:.2f} ({x['cpu_us_per_call']:.0f} us/call)"
+                               for role, x in p["by_role"].items())
             rows.append([profile, n, f"{p['qps']:.0f}", f"{p['p50_ms']:.2f}",
                          f"{p['p99_ms']:.2f}", p["errors"], f"{p['ratio_vs_first']:.2f}x",
-                         " ".join(f"{x:.2f}" for x in ratios),
-                         f"{p['server_cores']:.2f}" + (f" ({split})" if split else ""),
-                         f"{p['server_cpu_us_per_call']:.0f}",
-                         f"{p['client_cores']:.2f}", f"{p['client_cpu_us_per_call']:.0f}",
-                         f"{p['other_cores']:.2f}", f"{p['idle_cores']:.2f}",
-                         f"{p['server_runqueue_wait']:.2f}",
-                         f"{p['server_switches_per_call']:.1f}"])
+                         " ".join(f"{x:.2f}" for x in ratios)])
+            cpu_rows.append([profile, n, f"{p['server_cores']:.2f}", split or "-",
+                             f"{p['server_cpu_us_per_call']:.0f}", f"{p['client_cores']:.2f}",
+                             f"{p['client_cpu_us_per_call']:.0f}", f"{p['other_cores']:.2f}",
+                             f"{p['idle_cores']:.2f}", f"{p['server_runqueue_wait']:.2f}",
+                             f"{p['server_switches_per_call']:.1f}"])
         out["profiles"][profile] = per
+    n_rounds = len(runs[base][next(iter(runs[base]))])
     console.print(table(f"npl, {CLIENTS} client processes: `serve --processes N` (medians of "
-                        f"{len(runs[base][next(iter(runs[base]))])} interleaved rounds)",
+                        f"{n_rounds} interleaved rounds)",
                         ["profile", "processes", "q/s", "p50 ms", "p99 ms", "errors",
-                         f"q/s vs {base}", "per round", "server cores (per process)",
+                         f"q/s vs {base}", "per round"], rows))
+    console.print(table("where the CPU went (cores of the machine's "
+                        f"{os.cpu_count()}; CPU per call from /proc and each process's Query "
+                        "count)",
+                        ["profile", "processes", "server cores", "per process (CPU per call)",
                          "server us/call", "client cores", "client us/call", "other cores",
-                         "idle", "server CPU wait s/s", "server switches/call"], rows))
+                         "idle", "server waited for a CPU s/s", "server switches/call"],
+                        cpu_rows))
     return out
