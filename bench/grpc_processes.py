@@ -1,6 +1,6 @@
 """bench_grpc.py --processes 1,2: q/s of `polyindex serve --processes N` under 16 clients.
 
-Each setting is its own server (`serve --processes N`) over its own copy of npl, both up for
+Each setting is its own server (`serve --processes N`) over its own copy of npl (or ``--collection``), both up for
 the whole run. The 16 clients are separate processes, each with its own connection, made
 anew for every measurement (so the kernel's SO_REUSEPORT spreads the 16 connections over the
 server's processes anew): by default the C++ load client (``--load-client cxx``,
@@ -297,9 +297,9 @@ def query_counts(url: str) -> tuple[dict[int, float], dict[int, str]]:
     return counts, roles
 
 
-def query_requests(queries, vectors, profile: str) -> list[bytes]:
+def query_requests(queries, vectors, profile: str, collection: str = "npl") -> list[bytes]:
     from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
-    return [pb.QueryRequest(collection="npl", profile=profile, k=10,
+    return [pb.QueryRequest(collection=collection, profile=profile, k=10,
                             **({"vector": v.tolist()} if profile == "dense" else {"text": q})
                             ).SerializeToString() for q, v in zip(queries, vectors)]
 
@@ -307,9 +307,9 @@ def query_requests(queries, vectors, profile: str) -> list[bytes]:
 def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: float,
             rounds: int, console, table, workers: int | None = None,
             profiles=("lexical", "dense"), load_client_kind: str = "cxx", port: int = 0,
-            tmp=None) -> dict:
+            tmp=None, collection: str = "npl") -> dict:
     """Start one server per setting, then rounds of (setting x profile) measurements."""
-    requests = {p: query_requests(queries, vectors, p) for p in profiles}
+    requests = {p: query_requests(queries, vectors, p, collection) for p in profiles}
     if load_client_kind == "cxx":
         import load_client
         load_client.binary()  # built now (or a clear error) rather than inside a round
@@ -350,7 +350,7 @@ def compare(data_copies: dict, settings: list[int], queries, vectors, seconds: f
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes[n] = None
-    return summarize(runs, settings, console, table, codes)
+    return summarize(runs, settings, console, table, codes, collection)
 
 
 KEYS = ("qps", "p50_ms", "p99_ms", "server_cores", "client_cores", "other_cores",
@@ -358,7 +358,8 @@ KEYS = ("qps", "p50_ms", "p99_ms", "server_cores", "client_cores", "other_cores"
         "server_runqueue_wait", "server_switches_per_call")
 
 
-def summarize(runs: dict, settings: list[int], console, table, codes) -> dict:
+def summarize(runs: dict, settings: list[int], console, table, codes,
+              collection: str = "npl") -> dict:
     base = settings[0]
     out: dict = {"settings": settings, "rounds": runs, "server_exit_codes": codes, "profiles": {}}
     rows, cpu_rows = [], []
@@ -392,7 +393,7 @@ def summarize(runs: dict, settings: list[int], console, table, codes) -> dict:
                              f"{p['server_switches_per_call']:.1f}"])
         out["profiles"][profile] = per
     n_rounds = len(runs[base][next(iter(runs[base]))])
-    console.print(table(f"npl, {CLIENTS} client processes: `serve --processes N` (medians of "
+    console.print(table(f"{collection}, {CLIENTS} client processes: `serve --processes N` (medians of "
                         f"{n_rounds} interleaved rounds)",
                         ["profile", "processes", "q/s", "p50 ms", "p99 ms", "errors",
                          f"q/s vs {base}", "per round"], rows))
