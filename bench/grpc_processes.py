@@ -1,18 +1,19 @@
 """bench_grpc.py --processes 1,2: q/s of `polyindex serve --processes N` under 16 clients.
 
-Each setting is its own server (`serve --processes N`) over its own copy of npl (or ``--collection``), both up for
-the whole run. The 16 clients are separate processes, each with its own connection, made
-anew for every measurement (so the kernel's SO_REUSEPORT spreads the 16 connections over the
-server's processes anew): by default the C++ load client (``--load-client cxx``,
-bench/native/grpc_load.cc through load_client.py: gRPC C++ on pre-serialized requests,
-nothing else per call), or with ``--load-client python`` Python processes (spawned once,
-reused) calling over the SDK's native channel (grpcio without it). Each warms up, then all
-are released together and call Query for ``seconds``. Settings are interleaved (ABAB, the
-order flipped each round) on this shared, busy machine; the ratio of q/s is the median of
-the per-round ratios. Each measurement also says where the machine's CPUs went (the server,
-each of its processes, the clients, everything else, idle), the server's and the clients'
-CPU per call, and how long the server's threads waited for a CPU (run-queue delay,
-/proc/PID/task/*/schedstat).
+Each setting is its own server (`serve --processes N`) over its own copy of npl (or
+``--collection``), both up for the whole run. The 16 clients are separate processes, each
+with its own connection, made anew for every measurement (so the kernel's SO_REUSEPORT
+spreads the 16 connections over the server's processes anew): by default the C++ load
+client (``--load-client cxx``, bench/native/grpc_load.cc through load_client.py: gRPC C++
+on pre-serialized requests, nothing else per call), or with ``--load-client python``
+Python processes (spawned once, reused) calling over the SDK's native channel (grpcio
+without it). Each warms up, then all are released together and call Query for
+``seconds``. Settings are interleaved (ABAB, the order flipped each round) on this shared,
+busy machine; the ratio of q/s is the median of the per-round ratios. Each measurement also
+says where the machine's CPUs went (the server, each of its processes, the clients,
+everything else, idle), the server's and the clients' CPU per call, how long the server's
+threads waited for a CPU (run-queue delay, /proc/PID/task/*/schedstat) and their context
+switches per call.
 """
 from __future__ import annotations
 
@@ -226,11 +227,13 @@ class Meter:
             out["client_cores"] = (c1 - self.c0) / wall
         if self.metrics_url:  # each process's share of the calls and its CPU per call
             q1, roles = query_counts(self.metrics_url)
-            out["server_processes"] = [
-                {"pid": p, "role": roles.get(p, "?"), "cores": (s1[p] - self.s0[p]) / wall,
-                 "calls": q1.get(p, 0) - self.q0.get(p, 0),
-                 "cpu_us_per_call": (s1[p] - self.s0[p]) * 1e6 / max(q1.get(p, 0) - self.q0.get(p, 0), 1)}
-                for p in self.pids if p in roles]
+            out["server_processes"] = []
+            for p in self.pids:
+                if p in roles:
+                    cpu, calls = s1[p] - self.s0[p], q1.get(p, 0) - self.q0.get(p, 0)
+                    out["server_processes"].append(
+                        {"pid": p, "role": roles[p], "cores": cpu / wall, "calls": calls,
+                         "cpu_us_per_call": cpu * 1e6 / max(calls, 1)})
         return out
 
 
@@ -393,8 +396,8 @@ def summarize(runs: dict, settings: list[int], console, table, codes,
                              f"{p['server_switches_per_call']:.1f}"])
         out["profiles"][profile] = per
     n_rounds = len(runs[base][next(iter(runs[base]))])
-    console.print(table(f"{collection}, {CLIENTS} client processes: `serve --processes N` (medians of "
-                        f"{n_rounds} interleaved rounds)",
+    console.print(table(f"{collection}, {CLIENTS} client processes: `serve --processes N` "
+                        f"(medians of {n_rounds} interleaved rounds)",
                         ["profile", "processes", "q/s", "p50 ms", "p99 ms", "errors",
                          f"q/s vs {base}", "per round"], rows))
     console.print(table("where the CPU went (cores of the machine's "
