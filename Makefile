@@ -14,6 +14,8 @@ export PYTHONWARNINGS := ignore:Editable installation
 # against Debian's gRPC C++. `pip install` builds them too when it finds gRPC C++ (setup.py);
 # without them polyindex falls back to grpcio.
 NATIVE_SO := engine/service/_grpc_front.so engine/client/_grpc_channel.so
+# The benches' light gRPC load client (bench/native/grpc_load.cc; bench/load_client.py).
+GRPC_LOAD := build/grpc_load
 GRPC_PKGS := libgrpc++-dev pkg-config g++
 
 $(STAMP): pyproject.toml setup.py constraints.txt
@@ -54,7 +56,7 @@ browser-deps:
 
 native: native-deps $(STAMP)
 	@if pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null; then \
-	    $(MAKE) --no-print-directory $(NATIVE_SO); fi
+	    $(MAKE) --no-print-directory $(NATIVE_SO) $(GRPC_LOAD); fi
 
 # One rule for both extensions: engine/<room>/_grpc_<x>.so from engine/<room>/native/grpc_<x>.cc
 define NATIVE_RULE
@@ -65,6 +67,11 @@ $(1): $(subst /_grpc_,/native/grpc_,$(1:.so=.cc)) engine/wire/native/byte_buffer
 	mv $$@.tmp $$@  # a new file, not rewritten in place: running servers keep the old one mapped
 endef
 $(foreach so,$(NATIVE_SO),$(eval $(call NATIVE_RULE,$(so))))
+
+$(GRPC_LOAD): bench/native/grpc_load.cc
+	mkdir -p $(@D)
+	g++ -O2 -std=c++17 -Wall -Werror $< -o $@.tmp $$(pkg-config --cflags --libs grpc++)
+	mv $@.tmp $@
 
 demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo

@@ -31,9 +31,13 @@ target: zero errors and the server's RSS at the end within 20% of its RSS after 
 anywhere, no load run (it mixes in dense and hybrid queries).
 
 ``--processes 1,2`` measures instead `polyindex serve --processes N` for each N: 16 client
-processes, `lexical` and `dense`, q/s, p50/p99 and errors, the settings interleaved over
-``--rounds`` rounds of ``--seconds`` each (``grpc_processes.py``; goal: >= 1.6x the q/s of
-the first setting for lexical), written to bench/results/bench_grpc_processes.json.
+processes (``--load-client cxx``, the default: the C++ load client, bench/native/grpc_load.cc,
+built by `make native` or on first use; ``python``: Python processes over the SDK's channel),
+`lexical` and `dense`, q/s, p50/p99, errors, the server's and the clients' CPU per call, the
+settings interleaved over ``--rounds`` rounds of ``--seconds`` each (``grpc_processes.py``;
+goal: >= 1.6x the q/s of the first setting for lexical), written to
+bench/results/bench_grpc_processes.json. ``--port P``: the settings' servers on P, P+1, ...
+(default: any free port).
 """
 from __future__ import annotations
 
@@ -173,15 +177,25 @@ def main() -> None:
                          "processes, lexical and dense)")
     ap.add_argument("--lexical-only", action="store_true",
                     help="npl as a lexical-only collection, the lexical profile only, no model")
+    ap.add_argument("--load-client", choices=("cxx", "python"), default="cxx",
+                    help="with --processes: the 16 clients are C++ (light) or Python processes")
+    ap.add_argument("--port", type=int, default=0,
+                    help="with --processes: the first server's port (the next ones follow)")
+    ap.add_argument("--collection", default="npl",
+                    help="with --processes: the shared collection to serve")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="with --processes: a data directory holding the collection already "
+                         "indexed (lexical and dense: a copy of the lead's cache), used as is")
     ap.add_argument("--server-workers", type=int, default=None,
                     help="with --processes: each server process's --workers (default: serve's, 8)")
     args = ap.parse_args()
     frontends = args.frontends.split(",")
+    if args.processes:
+        folder = collection_folder(args.collection)
+        return processes_main(args, folder) if folder is not None else None
     folder = collection_folder("npl")
     if folder is None:
         return
-    if args.processes:
-        return processes_main(args, folder)
     import polyindex
     from polyindex.service.affinity import pin_process
     root = collection_root(folder, args)
@@ -221,18 +235,18 @@ def main() -> None:
     save_results("bench_grpc_lexical" if args.lexical_only else "bench_grpc", results)
 
 
-def collection_root(folder: Path, args) -> Path:
-    """The data directory holding npl: the shared bench one (lexical + dense), or with
-    ``--lexical-only`` a lexical-only copy without a model."""
+def collection_root(folder: Path, args, name: str = "npl") -> Path:
+    """The data directory holding ``name`` (npl): the shared bench one (lexical + dense), or
+    with ``--lexical-only`` a lexical-only copy without a model."""
     if not args.lexical_only:
         ids, _, _ = read_corpus(folder)
-        ensure_collection("npl", folder, len(set(ids)), fresh=args.fresh)
+        ensure_collection(name, folder, len(set(ids)), fresh=args.fresh)
         return ENGINE_DATA
     root = WORK / "lexical"
     if args.fresh:
-        shutil.rmtree(root, ignore_errors=True)
-    if not (root / "npl" / "manifest.json").exists():
-        run_cli(["index", folder, "--data", root, "-c", "npl", "--index", "lexical",
+        shutil.rmtree(root / name, ignore_errors=True)
+    if not (root / name / "manifest.json").exists():
+        run_cli(["index", folder, "--data", root, "-c", name, "--index", "lexical",
                  "--model", "none", "--no-progress"], json_out=False)
     return root
 
@@ -243,22 +257,24 @@ def processes_main(args, folder: Path) -> None:
     from grpc_processes import compare
 
     settings = [int(x) for x in args.processes.split(",")]
-    root = collection_root(folder, args)
+    name = args.collection
+    root = args.root if args.root is not None else collection_root(folder, args, name)
     queries = [t for _, t in read_queries(folder)]
     if args.lexical_only:
         vectors, profiles = [None] * len(queries), ("lexical",)
     else:
         with polyindex.open(root, readonly=True) as eng:
-            vectors = eng.collection("npl").encoder.encode(queries)
+            vectors = eng.collection(name).encoder.encode(queries)
         profiles = ("lexical", "dense")
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-processes-"))
     try:
         copies = {}
         for n in settings:  # each server writes its own directory (the writer's lock)
             copies[n] = tmp / f"p{n}"
-            shutil.copytree(root / "npl", copies[n] / "npl")
+            shutil.copytree(root / name, copies[n] / name)
         res = compare(copies, settings, queries, vectors, args.seconds,
-                      args.rounds, console, table, args.server_workers, profiles)
+                      args.rounds, console, table, args.server_workers, profiles,
+                      args.load_client, args.port, tmp, name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if len(settings) > 1:
@@ -268,7 +284,7 @@ def processes_main(args, folder: Path) -> None:
         console.print(f"lexical q/s, --processes {settings[-1]} vs {settings[0]}: {ratio:.2f}x "
                       f"(goal >= 1.6x), errors {errors} (goal 0) {verdict(res['pass'])}")
     res.update(seconds=args.seconds, cpus=os.cpu_count(), load_avg=os.getloadavg(),
-               server_workers=args.server_workers)
+               server_workers=args.server_workers, load_client=args.load_client)
     save_results("bench_grpc_processes_lexical" if args.lexical_only
                  else "bench_grpc_processes", res)
 

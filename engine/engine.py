@@ -140,6 +140,17 @@ class Engine:
                 self._collections[name] = coll
             return coll
 
+    def forget(self, name: str) -> None:
+        """A reader's cached handle of ``name`` is closed, so that the next ``collection``
+        opens what the folder holds now: a drop or create this process asked the writer for
+        (a group's follower forwards them) shows on its next call, not within ``RECHECK_S``."""
+        if not self.readonly:
+            raise FailedPrecondition("forget: only a read-only engine caches others' writes")
+        with self._lock:
+            coll = self._collections.pop(name, None)
+        if coll is not None:
+            coll.close()
+
     def drop_collection(self, name: str) -> None:
         validate_name(name)
         self._writable()

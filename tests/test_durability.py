@@ -284,6 +284,35 @@ def test_a_reader_follows_the_writers_commits_within_a_bounded_time(tmp_path):
     writer.close()
 
 
+def test_a_reader_looks_at_the_folder_at_most_every_recheck_or_when_told(tmp_path, monkeypatch):
+    """A reader's handle is checked against its folder (dropped? re-created?) at most every
+    RECHECK_S, not by a stat per query; at once when reading the manifest found it gone, or
+    after ``forget`` (a follower that forwarded the drop or the create)."""
+    from polyindex.storage import table
+    writer = polyindex.open(tmp_path)
+    writer.create_collection("c", ["lexical"]).add(docs("old", 2))
+    reader = polyindex.open(tmp_path, readonly=True)
+    stale = reader.collection("c")
+    monkeypatch.setattr(table, "RECHECK_S", 3600.0)  # never looked at again by itself
+
+    def recreate(n):
+        writer.drop_collection("c")
+        writer.create_collection("c", ["lexical"]).add(docs("new", n))
+    recreate(3)
+    assert reader.collection("c") is stale  # not looked at: the interval has not passed
+    with pytest.raises(NotFound, match="created again"):
+        stale.table.sealed_snapshot()  # what a follower's catch-up reads
+    fresh = reader.collection("c")
+    assert fresh is not stale and fresh.count() == 3
+    recreate(4)
+    assert reader.collection("c") is fresh
+    reader.forget("c")
+    assert reader.collection("c").count() == 4
+    with pytest.raises(FailedPrecondition, match="read-only"):
+        writer.forget("c")
+    writer.close()
+
+
 def test_read_only_needs_an_existing_directory(tmp_path):
     with pytest.raises(NotFound, match="does not exist"):
         polyindex.open(tmp_path / "nope", readonly=True)

@@ -192,6 +192,36 @@ def test_a_write_through_either_process_is_visible_through_every_process(group):
         conn.channel.close()
 
 
+def test_a_drop_and_re_create_through_the_follower_are_read_at_once_on_its_connection(group):
+    """A reader looks at its collection's folder at most every 50 ms; a follower that
+    forwarded a drop or create forgets its handle, so its client never sees the old one."""
+    _, address = group
+    follower = connect_to(address, "follower")
+
+    def get(doc_id):
+        return follower.stub.Get(pb.GetRequest(collection="d", ids=[doc_id]), timeout=10)
+
+    def create():
+        follower.stub.CreateCollection(pb.CreateCollectionRequest(name="d", indexes=["lexical"],
+                                                                  model="none"), timeout=30)
+
+    def upsert(doc_id):
+        msg = pb.UpsertRequest(collection="d", documents=[pb.Document(id=doc_id, text="a b")])
+        follower.stub.Upsert(iter([msg]), timeout=30)
+    create()
+    upsert("old")
+    assert get("old").found[0]
+    follower.stub.DropCollection(pb.DropCollectionRequest(name="d"), timeout=30)
+    with pytest.raises(grpc.RpcError) as e:
+        get("old")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    create()
+    upsert("new")
+    assert list(get("old").found) == [False] and list(get("new").found) == [True]
+    follower.stub.DropCollection(pb.DropCollectionRequest(name="d"), timeout=30)
+    follower.channel.close()
+
+
 def test_a_worker_that_dies_is_restarted(group):
     proc, address = group
     follower = connect_to(address, "follower")

@@ -60,14 +60,19 @@ class WalTail:
         self.offset = 0
         self.last_seq = 0
         self.error: str | None = None
+        self._watched: tuple[int | None, str] = (None, "")  # (number, its path as a str)
 
     def grew(self) -> bool:
         """Has the file being read changed size (or gone)? A new file, after a seal's
-        rotation, is found by ``read``'s listing instead."""
-        if self.number is None:
+        rotation, is found by ``read``'s listing instead. Called by every query: one stat, on
+        a path made once per file (a pathlib join cost as much as the stat)."""
+        number = self.number
+        if number is None:
             return False
+        if self._watched[0] != number:
+            self._watched = (number, os.path.join(self.folder, file_name(number)))
         try:
-            return os.stat(self.folder / file_name(self.number)).st_size != self.offset
+            return os.stat(self._watched[1]).st_size != self.offset
         except FileNotFoundError:
             return True
 

@@ -406,6 +406,7 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     def CreateCollection(self, req, context, tags):
         if self.forwards:
             response = self._forward("CreateCollection", req, context)
+            self.engine.forget(req.name)  # re-created: the old handle's folder is gone
             self._created(req.name)
             return response
         kw = {"fields": dict(req.fields), "exist_ok": req.exist_ok}
@@ -433,7 +434,9 @@ class PolyindexService(pb_grpc.PolyindexServicer):
     @_rpc
     def DropCollection(self, req, context, tags):
         if self.forwards:
-            return self._forward("DropCollection", req, context)
+            response = self._forward("DropCollection", req, context)
+            self.engine.forget(req.name)  # the client's next call here reads its drop
+            return response
         self.engine.drop_collection(req.name)
         return pb.DropCollectionResponse()
 

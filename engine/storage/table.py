@@ -43,6 +43,8 @@ class Table:
         self.device = device
         self.closed = False
         self._folder_id = folder_id(folder)
+        self._id_checked = time.monotonic()  # when the folder was last seen to be this one
+        self._replaced = False  # reading its files found it dropped or created again
         manifest = load_manifest(folder)
         self.config: CollectionConfig = manifest.config
         self.uid = self.config.uid
@@ -101,12 +103,30 @@ class Table:
         try:
             st = os.stat(self._manifest_path)
         except FileNotFoundError:
-            raise NotFound(f"collection {self.name!r} was dropped") from None
+            raise self._gone(f"collection {self.name!r} was dropped") from None
         return (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp
 
     def is_current(self) -> bool:
-        """Is this still the collection at its path (not dropped, not re-created)?"""
-        return not self.closed and folder_id(self.folder) == self._folder_id
+        """Is this still the collection at its path (not dropped, not re-created)? Looked at
+        at most every ``RECHECK_S``, the bound on a reader's view of the writer's commits (a
+        stat per query is measurable; a reader that forwarded a drop itself forgets the
+        handle at once: ``Engine.forget``)."""
+        if self.closed or self._replaced:
+            return False
+        now = time.monotonic()
+        if now - self._id_checked < RECHECK_S:
+            return True
+        if folder_id(self.folder) != self._folder_id:
+            return False
+        self._id_checked = now
+        return True
+
+    def _gone(self, message: str) -> NotFound:
+        """The error for a dropped (or re-created) collection, seen by reading its files: from
+        now on ``is_current`` says so, and the engine opens the new one (a re-created folder
+        may even have the old one's inode)."""
+        self._replaced = True
+        return NotFound(message)
 
     def sealed_snapshot(self) -> Snapshot:
         """The newest committed manifest's snapshot (re-read only when the file changed)."""
@@ -114,7 +134,7 @@ class Table:
             try:
                 st = os.stat(self._manifest_path)
             except FileNotFoundError:
-                raise NotFound(f"collection {self.name!r} was dropped") from None
+                raise self._gone(f"collection {self.name!r} was dropped") from None
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._snapshot is None or stamp != self._stamp:
                 for attempt in range(5):
@@ -139,7 +159,7 @@ class Table:
         try:
             return self._manifest_stamp() != stamp
         except FileNotFoundError:
-            raise NotFound(f"collection {self.name!r} was dropped") from None
+            raise self._gone(f"collection {self.name!r} was dropped") from None
 
     def _load_snapshot(self) -> None:
         """Read the manifest and open what is new in it (under ``self._lock``)."""
@@ -147,7 +167,7 @@ class Table:
         point = "follow" if self.readonly else "snapshot"
         manifest = load_manifest(self.folder, f"{point}.manifest")
         if manifest.config.uid != self.uid:
-            raise NotFound(f"collection {self.name!r} was dropped (and created again)")
+            raise self._gone(f"collection {self.name!r} was dropped (and created again)")
         if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
             self.config = manifest.config
             self.on_config_change()
@@ -195,7 +215,7 @@ class Table:
             w = Writer(self.folder, self.kinds, self.encoding.document_encoder(),
                        open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
-                raise NotFound(f"collection {self.name!r} was dropped (and created again)")
+                raise self._gone(f"collection {self.name!r} was dropped (and created again)")
             # Document quality where it is worth its cost: a collection that runs its model
             # on the text (~80 us a document beside ~50 ms of encoding; a lexical-only
             # ingest would be ~30% slower) or that prunes. Holds the folder, not the
