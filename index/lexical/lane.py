@@ -31,7 +31,7 @@ import numpy as np
 from numba.typed import List
 
 from polyindex.index.docids import count_live
-from polyindex.index.lexical import blockmax
+from polyindex.index.lexical import blockmax, longquery
 from polyindex.index.lexical.bm25 import WITH_DELTA
 from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
@@ -86,13 +86,15 @@ def lookup(segs, qoff, qdata, need_df, tids, total):
 
 
 @numba.njit(cache=True, nogil=True)
-def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, acc,
            out_s, out_i):
     """One query's top-k over every segment (``out_s``/``out_i``: length k, best first,
     padded with -inf / -1; keys are segment base + row). Each segment's top k is the
-    general path's (the same kernels, chosen alike: ``use_blockmax`` 1), merged by (score,
-    smaller key). ``use_blockmax`` 0 scores term-at-a-time, 2 prunes every query (the
-    same answer; for measurements)."""
+    general path's (the same kernels, chosen alike: ``use_blockmax`` 1, block-max MaxScore
+    where ``blockmax.pays``, else term-at-a-time), merged by (score, smaller key).
+    ``use_blockmax`` 0 scores term-at-a-time, 2 prunes every query by block-max MaxScore,
+    3 every query by ``longquery``'s term-at-a-time MaxScore (the same answer; for
+    measurements and tests: no rule picks it yet, see its docstring)."""
     k = len(out_s)
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
@@ -121,8 +123,12 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
             continue
         terms = tids[:m]
         ws = tws[:m]
-        if use_blockmax > 0 and has_blocks and nonneg and (
-                use_blockmax == 2 or blockmax.pays(offsets, terms, k)):
+        prune = use_blockmax > 0 and has_blocks and nonneg
+        if prune and use_blockmax == 3:  # measured slower on every collection: see longquery
+            longquery._query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, ws,
+                             k1p1, c1, c2, has_live, live, acc, seen, touched, seg_s, seg_i)
+        elif prune and (use_blockmax == 2 or use_blockmax == 1
+                        and blockmax.pays(offsets, terms, k)):
             blockmax._query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, ws,
                             k1p1, c1, c2, has_live, live, seg_s, seg_i)
         else:
@@ -232,12 +238,12 @@ def ids_in_order(segs, bases, keys, scores):
 
 @numba.njit(cache=True, nogil=True)
 def search_ids(segs, bases, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen,
-               touched, k):
+               touched, acc, k):
     """``search`` then ``ids_in_order`` in one call (one dispatch fewer a query): (scores,
     keys, how many are hits, whether the ids were gathered, the gathered ids)."""
     out_s = np.empty(k, np.float32)
     out_i = np.empty(k, np.int64)
-    search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+    search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, acc,
            out_s, out_i)
     n = 0
     while n < k and out_i[n] >= 0:
@@ -348,6 +354,13 @@ class Plan:
             i = idf(df, n_docs) if df else 0.0
             self._terms[t] = (i, row) if i > 0 else None
 
+    def _buffers(self):
+        """A query's scratch, zeroed (kernels leave it zeroed): float32 scores, seen flags,
+        touched rows, float64 accumulators (``longquery``)."""
+        n = self.n_max
+        return (np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.int32),
+                np.zeros(n, np.float64))
+
     def top(self, scorer, qtids, qw, k: int):
         """(scores, keys) of a weighed query's top k over every segment (one kernel call)."""
         out_s = np.empty(k, np.float32)
@@ -357,8 +370,7 @@ class Plan:
         try:
             bufs = self._free.pop()
         except IndexError:
-            bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
-                    np.zeros(self.n_max, np.int32))
+            bufs = self._buffers()
         search(self.segs, qtids, qw, scorer.k1, scorer.b, self.stats[1], self.blockmax,
                *bufs, out_s, out_i)
         if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed then
@@ -397,8 +409,7 @@ class Plan:
             try:
                 bufs = self._free.pop()
             except IndexError:
-                bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
-                        np.zeros(self.n_max, np.int32))
+                bufs = self._buffers()
             out_s, out_i, n, ok, buf = search_ids(
                 self.segs, self.bases, qtids, qw, scorer.k1, scorer.b,
                 self.stats[1], self.blockmax, *bufs, k)
