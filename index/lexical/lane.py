@@ -12,7 +12,7 @@ every segment and its idf) is made once per snapshot (``Plan``), and a query is:
 the weights (a new term: one kernel call looks it up in every segment, by each segment's
 vocabulary hash, and counts its df where the snapshot's df cache lacks it), one kernel call
 that scores each segment (block-max MaxScore where ``blockmax.pays``, else
-term-at-a-time), merges their top k inside the kernel and gathers the k ids (tie runs put in
+term-at-a-time, into the dense buffer where ``postings.dense_pays``: long queries), merges their top k inside the kernel and gathers the k ids (tie runs put in
 id order there), then the hits for the k rows returned only.
 
 The answer is the general path's, bit for bit: the same weights (``LexicalKind._weigh``), the
@@ -35,7 +35,8 @@ from polyindex.index.lexical import blockmax, longquery
 from polyindex.index.lexical.bm25 import WITH_DELTA
 from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
-from polyindex.index.postings import _bm25_add, _select, readonly
+from polyindex.index.postings import (_bm25_add, _bm25_add_dense, _select, _select_dense,
+                                      dense_pays, readonly)
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
@@ -90,11 +91,12 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, a
            out_s, out_i):
     """One query's top-k over every segment (``out_s``/``out_i``: length k, best first,
     padded with -inf / -1; keys are segment base + row). Each segment's top k is the
-    general path's (the same kernels, chosen alike: ``use_blockmax`` 1, block-max MaxScore
-    where ``blockmax.pays``, else term-at-a-time), merged by (score, smaller key).
-    ``use_blockmax`` 0 scores term-at-a-time, 2 prunes every query by block-max MaxScore,
-    3 every query by ``longquery``'s term-at-a-time MaxScore (the same answer; for
-    measurements and tests: no rule picks it yet, see its docstring)."""
+    general path's (``use_blockmax`` 1: block-max MaxScore where ``blockmax.pays``, else
+    term-at-a-time, into the dense buffer where ``postings.dense_pays``: a long query that
+    touches most rows), merged by (score, smaller key). ``use_blockmax`` 0 scores
+    term-at-a-time with seen flags, 2 prunes every query by block-max MaxScore, 3 every
+    query by ``longquery``'s term-at-a-time MaxScore, 4 every query dense (the same answer;
+    for measurements and tests: no rule picks 3, see its docstring)."""
     k = len(out_s)
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
@@ -131,6 +133,12 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, a
                         and blockmax.pays(offsets, terms, k)):
             blockmax._query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, ws,
                             k1p1, c1, c2, has_live, live, seg_s, seg_i)
+        elif use_blockmax == 4 or use_blockmax == 1 and dense_pays(offsets, terms, ws,
+                                                                     len(doclen)):
+            for j in range(m):  # most rows touched: no seen flags, one pass over the rows
+                _bm25_add_dense(offsets, P, tfs, doclen, terms[j], ws[j], k1p1, c1, c2,
+                                has_live, live, scores)
+            _select_dense(scores, len(doclen), k, seg_s, seg_i)
         else:
             n = 0
             for j in range(m):
