@@ -267,6 +267,41 @@ def _bm25_add(offsets, P, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
     return n
 
 
+SELECT_KEYS_K = 64  # from this k, ``_select_keys`` (a partition) beats ``_select``'s heap
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_keys(scores, seen, touched, n, k, out_s, out_i, keys):
+    """``_select`` for scores >= 0 and a large k: each touched row's (score, row) packed into
+    one uint64 whose order is ``_worse``'s (a non-negative float32's bits ascend with it;
+    the row inverted, so the smaller row wins a tie), the k largest found by one partition
+    and sorted. The same top k; ``keys`` (uint64, at least n) is left zeroed. Measured on
+    the lane's kernel (nfcorpus, time; k=100): 8.6 vs 10.7 and 11.1 vs 14.3 us a query, but
+    7.1 vs 4.0 at k=10: hence ``SELECT_KEYS_K``."""
+    bits = scores.view(np.uint32)
+    for j in range(n):
+        d = touched[j]
+        keys[j] = (np.uint64(bits[d]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - d)
+    m = min(k, n)
+    if n > k:
+        top = np.partition(keys[:n], n - k)[n - k:]
+    else:
+        top = keys[:n].copy()
+    top.sort()
+    for j in range(m):
+        d = np.int64(0xFFFFFFFF - (top[m - 1 - j] & np.uint64(0xFFFFFFFF)))
+        out_i[j] = d
+        out_s[j] = scores[d]
+    for j in range(m, k):
+        out_s[j] = -np.inf
+        out_i[j] = -1
+    for j in range(n):
+        d = touched[j]
+        scores[d] = 0.0
+        seen[d] = 0
+        keys[j] = 0
+
+
 DENSE_RATIO = 1.0  # ``dense_pays``: a query's postings per row of the segment
 
 

@@ -35,8 +35,8 @@ from polyindex.index.lexical import blockmax, longquery
 from polyindex.index.lexical.bm25 import WITH_DELTA
 from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
-from polyindex.index.postings import (_bm25_add, _bm25_add_dense, _select, _select_dense,
-                                      dense_pays, readonly)
+from polyindex.index.postings import (SELECT_KEYS_K, _bm25_add, _bm25_add_dense, _select,
+                                      _select_dense, _select_keys, dense_pays, readonly)
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
@@ -144,7 +144,10 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, a
             for j in range(m):
                 n = _bm25_add(offsets, P, tfs, doclen, terms[j], ws[j], k1p1, c1, c2,
                               has_live, live, scores, seen, touched, n)
-            _select(scores, seen, touched, n, k, seg_s, seg_i)
+            if nonneg and k >= SELECT_KEYS_K and use_blockmax != 0:  # acc: zeroed scratch
+                _select_keys(scores, seen, touched, n, k, seg_s, seg_i, acc.view(np.uint64))
+            else:
+                _select(scores, seen, touched, n, k, seg_s, seg_i)
         size = _merge(out_s, out_i, size, seg_s, seg_i, base, tmp_s, tmp_i)
     for j in range(size, k):
         out_s[j] = -np.inf
