@@ -267,6 +267,103 @@ def _bm25_add(offsets, P, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow,
     return n
 
 
+SELECT_KEYS_K = 64  # from this k, ``_select_keys`` (a partition) beats ``_select``'s heap
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_keys(scores, seen, touched, n, k, out_s, out_i, keys):
+    """``_select`` for scores >= 0 and a large k: each touched row's (score, row) packed into
+    one uint64 whose order is ``_worse``'s (a non-negative float32's bits ascend with it;
+    the row inverted, so the smaller row wins a tie), the k largest found by one partition
+    and sorted. The same top k; ``keys`` (uint64, at least n) is left zeroed. Measured on
+    the lane's kernel (nfcorpus, time; k=100): 8.6 vs 10.7 and 11.1 vs 14.3 us a query, but
+    7.1 vs 4.0 at k=10: hence ``SELECT_KEYS_K``."""
+    bits = scores.view(np.uint32)
+    for j in range(n):
+        d = touched[j]
+        keys[j] = (np.uint64(bits[d]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - d)
+    m = min(k, n)
+    if n > k:
+        top = np.partition(keys[:n], n - k)[n - k:]
+    else:
+        top = keys[:n].copy()
+    top.sort()
+    for j in range(m):
+        d = np.int64(0xFFFFFFFF - (top[m - 1 - j] & np.uint64(0xFFFFFFFF)))
+        out_i[j] = d
+        out_s[j] = scores[d]
+    for j in range(m, k):
+        out_s[j] = -np.inf
+        out_i[j] = -1
+    for j in range(n):
+        d = touched[j]
+        scores[d] = 0.0
+        seen[d] = 0
+        keys[j] = 0
+
+
+DENSE_RATIO = 1.0  # ``dense_pays``: a query's postings per row of the segment
+
+
+@numba.njit(cache=True, nogil=True)
+def dense_pays(offsets, terms, weights, n_rows) -> bool:
+    """Whether a query scores faster into the dense buffer (``_bm25_add_dense``, then
+    ``_select_dense`` over every row): when its lists hold at least ``DENSE_RATIO``
+    postings a row, most rows are touched, and the seen flags and touched list of
+    ``_bm25_add`` cost more than one pass over the rows. Every weight must be positive, so
+    a touched row's score is > 0 and the untouched rows' 0 tells them apart.
+
+    Measured (kernel alone, one segment; docs/notes/query-cost-and-memory.md): arguana
+    (8.2 postings a row) 185 vs 244 us, cisi (3.6) 17 vs 28 us at k=10; nfcorpus (0.15) 8.9
+    vs 4.1 us."""
+    total = 0
+    for i in range(len(terms)):
+        if not weights[i] > 1e-30:
+            return False
+        total += offsets[terms[i] + 1] - offsets[terms[i]]
+    return total >= DENSE_RATIO * n_rows
+
+
+@numba.njit(cache=True, nogil=True)
+def _bm25_add_dense(offsets, P, tfs, doclen, t, w, k1p1, c1, c2, has_allow, allow, scores):
+    """``_bm25_add`` without the seen flags and touched list (the same float32 sums)."""
+    boff, _, _, lo, wide, shift = P
+    for b in range(boff[t], boff[t + 1]):
+        s, e, wa, f = block_of(P, offsets, t, b)
+        for j in range(s, e):
+            d = row_in_block(lo, wide, shift, wa, f, s, j)
+            if has_allow and not allow[d]:
+                continue
+            tf = np.float64(tfs[j])
+            scores[d] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_dense(scores, n_rows, k, out_s, out_i):
+    """``_select`` over rows 0..n_rows-1 whose score is > 0 (the same top k: the order is
+    total, by score then the smaller row); resets the scores."""
+    m = 0
+    for d in range(n_rows):
+        s = scores[d]
+        if s > 0:
+            scores[d] = 0.0
+            if m < k:
+                out_s[m] = s
+                out_i[m] = d
+                m += 1
+                if m == k:
+                    for q in range(k // 2 - 1, -1, -1):
+                        _sift_down(out_s, out_i, q, k)
+            elif _worse(out_s[0], out_i[0], s, d):
+                out_s[0] = s
+                out_i[0] = d
+                _sift_down(out_s, out_i, 0, k)
+    if m < k:
+        for q in range(m // 2 - 1, -1, -1):
+            _sift_down(out_s, out_i, q, m)
+    sort_heap(out_s, out_i, m, k)
+
+
 @numba.njit(cache=True, nogil=True)
 def bm25_search(offsets, P, tfs, doclen, qptr, qterms, qweights, k1, b, avgdl,
                 has_allow, allow, scores, seen, touched, out_s, out_i):

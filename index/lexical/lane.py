@@ -12,7 +12,7 @@ every segment and its idf) is made once per snapshot (``Plan``), and a query is:
 the weights (a new term: one kernel call looks it up in every segment, by each segment's
 vocabulary hash, and counts its df where the snapshot's df cache lacks it), one kernel call
 that scores each segment (block-max MaxScore where ``blockmax.pays``, else
-term-at-a-time), merges their top k inside the kernel and gathers the k ids (tie runs put in
+term-at-a-time, into the dense buffer where ``postings.dense_pays``: long queries), merges their top k inside the kernel and gathers the k ids (tie runs put in
 id order there), then the hits for the k rows returned only.
 
 The answer is the general path's, bit for bit: the same weights (``LexicalKind._weigh``), the
@@ -31,26 +31,30 @@ import numpy as np
 from numba.typed import List
 
 from polyindex.index.docids import count_live
-from polyindex.index.lexical import blockmax
+from polyindex.index.lexical import blockmax, longquery
 from polyindex.index.lexical.bm25 import WITH_DELTA
 from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
-from polyindex.index.postings import _bm25_add, _select, readonly
+from polyindex.index.postings import (SELECT_KEYS_K, _bm25_add, _bm25_add_dense, _select,
+                                      _select_dense, _select_keys, dense_pays, readonly)
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
 _TERM_CACHE = 5_000_000  # term ids a plan keeps (terms x segments; cleared past this)
 SEP = "\x00"  # between the ids ``ids_in_order`` gathers: never inside a UTF-8 character
 _NO_LIVE = readonly(np.ones(0, np.bool_))
+_NO_OFF = readonly(np.zeros(1, np.int32))
+_NO_BYTES = readonly(np.zeros(0, np.uint8))
 
 
 def _ro(a):
     return readonly(np.ascontiguousarray(a))
 
 
-def _segment_tuple(seg, live, base: int):
+def _segment_tuple(seg, live, base: int, idbuf):
     """A segment's arrays as the kernels take them (all read-only and contiguous, so every
-    segment's tuple has one numba type)."""
+    segment's tuple has one numba type), its id column's (offsets, bytes) last (empty where
+    ``idbuf`` is None): one typed list per call, since unboxing one costs ~1.3 us."""
     boff, first, wide_at, lo, wide, shift = seg.P
     P = (_ro(boff), _ro(first), _ro(wide_at), _ro(lo), _ro(wide), int(shift))
     if seg.blocks is None:
@@ -60,7 +64,8 @@ def _segment_tuple(seg, live, base: int):
     has_live = live is not None
     return (_ro(seg._voff), _ro(seg._vdata), seg.term_table(), _ro(seg.offsets), P,
             _ro(seg.tfs), _ro(seg.doclen), _ro(seg.df), *blocks, has_blocks, has_live,
-            _ro(live) if has_live else _NO_LIVE, np.int64(base))
+            _ro(live) if has_live else _NO_LIVE, np.int64(base),
+            *(idbuf if idbuf is not None else (_NO_OFF, _NO_BYTES)))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -69,7 +74,7 @@ def lookup(segs, qoff, qdata, need_df, tids, total):
     ``need_df[i]``): its document frequency over the live rows of every segment."""
     for si in range(len(segs)):
         (voff, vdata, table, offsets, P, _tfs, _dl, df, _l, _m, _n, _hb, has_live, live,
-         _b) = segs[si]
+         _b, _io, _id) = segs[si]
         for i in range(len(qoff) - 1):
             t = hash_find(table, voff, vdata, qdata, qoff[i], qoff[i + 1])
             tids[i, si] = t
@@ -82,13 +87,16 @@ def lookup(segs, qoff, qdata, need_df, tids, total):
 
 
 @numba.njit(cache=True, nogil=True)
-def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, acc,
            out_s, out_i):
     """One query's top-k over every segment (``out_s``/``out_i``: length k, best first,
     padded with -inf / -1; keys are segment base + row). Each segment's top k is the
-    general path's (the same kernels, chosen alike: ``use_blockmax`` 1), merged by (score,
-    smaller key). ``use_blockmax`` 0 scores term-at-a-time, 2 prunes every query (the
-    same answer; for measurements)."""
+    general path's (``use_blockmax`` 1: block-max MaxScore where ``blockmax.pays``, else
+    term-at-a-time, into the dense buffer where ``postings.dense_pays``: a long query that
+    touches most rows), merged by (score, smaller key). ``use_blockmax`` 0 scores
+    term-at-a-time with seen flags, 2 prunes every query by block-max MaxScore, 3 every
+    query by ``longquery``'s term-at-a-time MaxScore, 4 every query dense (the same answer;
+    for measurements and tests: no rule picks 3, see its docstring)."""
     k = len(out_s)
     k1p1 = k1 + 1.0
     c1 = k1 * (1.0 - b)
@@ -103,7 +111,7 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
     size = 0
     for si in range(len(segs)):
         (voff, vdata, table, offsets, P, tfs, doclen, _df, last, max_tf, min_len, has_blocks,
-         has_live, live, base) = segs[si]
+         has_live, live, base, _io, _id) = segs[si]
         m = 0
         nonneg = True
         for j in range(nt):
@@ -117,16 +125,29 @@ def search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
             continue
         terms = tids[:m]
         ws = tws[:m]
-        if use_blockmax > 0 and has_blocks and nonneg and (
-                use_blockmax == 2 or blockmax.pays(offsets, terms, k)):
+        prune = use_blockmax > 0 and has_blocks and nonneg
+        if prune and use_blockmax == 3:  # measured slower on every collection: see longquery
+            longquery._query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, ws,
+                             k1p1, c1, c2, has_live, live, acc, seen, touched, seg_s, seg_i)
+        elif prune and (use_blockmax == 2 or use_blockmax == 1
+                        and blockmax.pays(offsets, terms, k)):
             blockmax._query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, ws,
                             k1p1, c1, c2, has_live, live, seg_s, seg_i)
+        elif use_blockmax == 4 or use_blockmax == 1 and dense_pays(offsets, terms, ws,
+                                                                     len(doclen)):
+            for j in range(m):  # most rows touched: no seen flags, one pass over the rows
+                _bm25_add_dense(offsets, P, tfs, doclen, terms[j], ws[j], k1p1, c1, c2,
+                                has_live, live, scores)
+            _select_dense(scores, len(doclen), k, seg_s, seg_i)
         else:
             n = 0
             for j in range(m):
                 n = _bm25_add(offsets, P, tfs, doclen, terms[j], ws[j], k1p1, c1, c2,
                               has_live, live, scores, seen, touched, n)
-            _select(scores, seen, touched, n, k, seg_s, seg_i)
+            if nonneg and k >= SELECT_KEYS_K and use_blockmax != 0:  # acc: zeroed scratch
+                _select_keys(scores, seen, touched, n, k, seg_s, seg_i, acc.view(np.uint64))
+            else:
+                _select(scores, seen, touched, n, k, seg_s, seg_i)
         size = _merge(out_s, out_i, size, seg_s, seg_i, base, tmp_s, tmp_i)
     for j in range(size, k):
         out_s[j] = -np.inf
@@ -170,15 +191,18 @@ def _merge(out_s, out_i, size, seg_s, seg_i, base, tmp_s, tmp_i):
 
 
 @numba.njit(cache=True, nogil=True)
-def ids_in_order(idbufs, bases, keys, scores):
+def ids_in_order(segs, bases, keys, scores):
     """The UTF-8 ids of ``keys`` (best first), each run of equal scores in id order (byte
     order is code point order, as ``ties.order_ties`` sorts), joined by NUL bytes: one
-    decode and one split give the hits' ids. (False, _) when a key is out of range."""
+    decode and one split give the hits' ids. (False, _) when a key is out of range.
+
+    A segment's tuple is read from the typed list once per segment the keys fall in, not
+    per key: each read copies its 17 members (and counts their references), which cost
+    ~0.2 us a key."""
     n = len(keys)
     seg = np.empty(n, np.int64)
     start = np.empty(n, np.int64)
     stop = np.empty(n, np.int64)
-    total = 0
     for i in range(n):
         key = keys[i]
         lo, hi = 0, len(bases)
@@ -188,14 +212,39 @@ def ids_in_order(idbufs, bases, keys, scores):
                 lo = mid
             else:
                 hi = mid
-        offsets = idbufs[lo][0]
-        r = key - bases[lo]
-        if key < 0 or r >= len(offsets) - 1:
+        if key < 0:
             return False, np.zeros(0, np.uint8)
         seg[i] = lo
-        start[i] = offsets[r]
-        stop[i] = offsets[r + 1]
-        total += stop[i] - start[i]
+        start[i] = -1
+    total = 0
+    for i in range(n):  # the offsets of each segment once, for all its keys
+        if start[i] >= 0:
+            continue
+        s = seg[i]
+        offsets = segs[s][15]
+        for x in range(i, n):
+            if seg[x] == s:
+                r = keys[x] - bases[s]
+                if r >= len(offsets) - 1:
+                    return False, np.zeros(0, np.uint8)
+                start[x] = offsets[r]
+                stop[x] = offsets[r + 1]
+                total += stop[x] - start[x]
+    ids = np.empty(total, np.uint8)  # the ids in key order, then sorted within tie runs
+    at = np.empty(n + 1, np.int64)
+    at[0] = 0
+    for i in range(n):
+        at[i + 1] = at[i] + stop[i] - start[i]
+    done = np.zeros(n, np.bool_)
+    for i in range(n):  # each segment's bytes once
+        if done[i]:
+            continue
+        s = seg[i]
+        data = segs[s][16]
+        for x in range(i, n):
+            if seg[x] == s:
+                done[x] = True
+                ids[at[x]:at[x + 1]] = data[start[x]:stop[x]]
     order = np.arange(n)
     i = 0
     while i < n:  # insertion sort of each tie run by id bytes
@@ -204,41 +253,38 @@ def ids_in_order(idbufs, bases, keys, scores):
             j += 1
         for a in range(i + 1, j):
             x = order[a]
-            dx = idbufs[seg[x]][1]
             b = a - 1
             while b >= i:
                 y = order[b]
-                if _cmp(idbufs[seg[y]][1], start[y], stop[y], dx, start[x], stop[x]) <= 0:
+                if _cmp(ids, at[y], at[y + 1], ids, at[x], at[x + 1]) <= 0:
                     break
                 order[b + 1] = y
                 b -= 1
             order[b + 1] = x
         i = j
     out = np.zeros(total + max(n - 1, 0), np.uint8)  # zero: the separators
-    at = 0
+    w = 0
     for i in range(n):
         x = order[i]
-        data = idbufs[seg[x]][1]
-        for p in range(start[x], stop[x]):
-            out[at] = data[p]
-            at += 1
-        at += 1
+        m = at[x + 1] - at[x]
+        out[w:w + m] = ids[at[x]:at[x + 1]]
+        w += m + 1
     return True, out
 
 
 @numba.njit(cache=True, nogil=True)
-def search_ids(segs, idbufs, bases, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen,
-               touched, k):
+def search_ids(segs, bases, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen,
+               touched, acc, k):
     """``search`` then ``ids_in_order`` in one call (one dispatch fewer a query): (scores,
     keys, how many are hits, whether the ids were gathered, the gathered ids)."""
     out_s = np.empty(k, np.float32)
     out_i = np.empty(k, np.int64)
-    search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched,
+    search(segs, qtids, qw, k1, b, avgdl, use_blockmax, scores, seen, touched, acc,
            out_s, out_i)
     n = 0
     while n < k and out_i[n] >= 0:
         n += 1
-    ok, buf = ids_in_order(idbufs, bases, out_i[:n], out_s[:n])
+    ok, buf = ids_in_order(segs, bases, out_i[:n], out_s[:n])
     return out_s, out_i, n, ok, buf
 
 
@@ -256,7 +302,7 @@ class Plan:
 
     takes = "text"
     __slots__ = ("kind", "segs", "stats", "cache", "scorer", "blockmax", "n_max", "_free",
-                 "idbufs", "bases", "global_key", "_terms", "_terms_for", "_term_cap")
+                 "has_ids", "bases", "global_key", "_terms", "_terms_for", "_term_cap")
 
     def __init__(self, snapshot, kind, segments, scorer, use_blockmax: bool, global_key: str):
         """``global_key``: the snapshot cache's entry of a shard's collection-wide
@@ -270,8 +316,11 @@ class Plan:
         for mask in live:
             freeze(mask)
         self.stats = kind._collection_stats(segments, live, self.cache)
-        tuples = [_segment_tuple(seg, mask, base)
-                  for seg, mask, base in zip(segments, live, snapshot.bases)]
+        # the segments' id columns (offsets, bytes), for ``ids_in_order``; None: ``ids_of``
+        bufs = [getattr(s.docs, "id_buffers", lambda: None)() for s in snapshot.segments]
+        self.has_ids = bool(bufs) and all(b is not None for b in bufs)
+        tuples = [_segment_tuple(seg, mask, base, idbuf if self.has_ids else None)
+                  for seg, mask, base, idbuf in zip(segments, live, snapshot.bases, bufs)]
         if len({numba.typeof(t) for t in tuples}) != 1:
             raise TypeError("segments of different layouts")  # direct_plan: no plan
         self.segs = List(tuples)
@@ -280,9 +329,6 @@ class Plan:
         self._terms: dict = {}  # ``_weights``
         self._terms_for = None
         self._term_cap = max(1000, _TERM_CACHE // len(tuples))  # ids: 4 bytes a segment
-        # the segments' id columns (offsets, bytes), for ``ids_in_order``; None: ``ids_of``
-        bufs = [getattr(s.docs, "id_buffers", lambda: None)() for s in snapshot.segments]
-        self.idbufs = List(bufs) if bufs and all(b is not None for b in bufs) else None
         self.bases = readonly(np.asarray(snapshot.bases, np.int64))
 
     def weigh(self, text):
@@ -344,6 +390,13 @@ class Plan:
             i = idf(df, n_docs) if df else 0.0
             self._terms[t] = (i, row) if i > 0 else None
 
+    def _buffers(self):
+        """A query's scratch, zeroed (kernels leave it zeroed): float32 scores, seen flags,
+        touched rows, float64 accumulators (``longquery``)."""
+        n = self.n_max
+        return (np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.int32),
+                np.zeros(n, np.float64))
+
     def top(self, scorer, qtids, qw, k: int):
         """(scores, keys) of a weighed query's top k over every segment (one kernel call)."""
         out_s = np.empty(k, np.float32)
@@ -353,8 +406,7 @@ class Plan:
         try:
             bufs = self._free.pop()
         except IndexError:
-            bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
-                    np.zeros(self.n_max, np.int32))
+            bufs = self._buffers()
         search(self.segs, qtids, qw, scorer.k1, scorer.b, self.stats[1], self.blockmax,
                *bufs, out_s, out_i)
         if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed then
@@ -364,8 +416,8 @@ class Plan:
 
     def ids(self, snapshot, scores, keys) -> list[str]:
         """The ids of ``keys``, each run of equal scores in id order."""
-        if self.idbufs is not None:
-            ok, buf = ids_in_order(self.idbufs, self.bases, keys, scores)
+        if self.has_ids:
+            ok, buf = ids_in_order(self.segs, self.bases, keys, scores)
             if ok:
                 ids = buf.tobytes().decode("utf-8").split(SEP)
                 if len(ids) == len(keys):  # else an id holds SEP
@@ -386,17 +438,16 @@ class Plan:
         scorer, qtids, qw = weighed
         if not len(qw):
             return []
-        if self.idbufs is None:  # ids not one plain string chunk somewhere: two steps
+        if not self.has_ids:  # ids not one plain string chunk somewhere: two steps
             scores, keys = self.top(*weighed, k)
             ids = self.ids(snapshot, scores, keys)
         else:
             try:
                 bufs = self._free.pop()
             except IndexError:
-                bufs = (np.zeros(self.n_max, np.float32), np.zeros(self.n_max, np.uint8),
-                        np.zeros(self.n_max, np.int32))
+                bufs = self._buffers()
             out_s, out_i, n, ok, buf = search_ids(
-                self.segs, self.idbufs, self.bases, qtids, qw, scorer.k1, scorer.b,
+                self.segs, self.bases, qtids, qw, scorer.k1, scorer.b,
                 self.stats[1], self.blockmax, *bufs, k)
             if len(self._free) < 8:  # not on an exception: the buffers may not be zeroed
                 self._free.append(bufs)
