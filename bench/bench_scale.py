@@ -97,30 +97,55 @@ print(json.dumps({"rss_start_mb": base, "rss_open_mb": opened, "rss_peak_mb": pe
 '''
 
 
-def build(path: Path, n: int, dim: int, dense: str) -> float:
+def build(path: Path, n: int, dim: int, dense: str, resume: bool = False) -> float:
+    """Build ``n`` generated documents at ``path``, one ``add()`` (one committed segment) per
+    ``segment_size`` chunk. Each chunk's text and vectors come from a generator seeded by its
+    start, so ``resume`` continues a build that died from the documents it committed (every
+    ``add`` is all or nothing, so the count is a whole number of chunks) with the same
+    documents a build in one go writes. Returns the seconds this call spent building."""
     import polyindex
-    shutil.rmtree(path, ignore_errors=True)
-    rng = np.random.default_rng(0)
+    if not resume:
+        shutil.rmtree(path, ignore_errors=True)
     vocab = np.array([f"w{i}" for i in range(20_000)])
     p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.07
     p /= p.sum()
-    centres = rng.standard_normal((200, dim)).astype(np.float32)
+    centres = np.random.default_rng(0).standard_normal((200, dim)).astype(np.float32)
     t0 = time.perf_counter()
     with polyindex.open(path) as eng:
-        coll = eng.create_collection("c", ["lexical", f"dense:{dense}"], model=None)
+        if "c" in eng.list_collections():
+            coll = eng.collection("c")
+        else:
+            coll = eng.create_collection("c", ["lexical", f"dense:{dense}"], model=None)
         chunk = coll.config.segment_size
-        for s in range(0, n, chunk):
+        start = coll.count()
+        if start % chunk:
+            raise SystemExit(f"{path}: {start:,} documents is not a whole number of "
+                             f"{chunk:,}-document chunks; rebuild without --resume")
+        if start:
+            console.print(f"  {n:,}: resuming at {start:,} documents", highlight=False)
+        for s in range(start, n, chunk):
             m = min(chunk, n - s)
+            rng = np.random.default_rng([1, s])
             words = rng.choice(len(vocab), size=(m, 30), p=p)
             vecs = synthetic_vectors(centres, m, 0.35, s)
             coll.add([{"id": f"d{s + i}", "text": " ".join(vocab[w]), "vector": v}
                       for i, (w, v) in enumerate(zip(words, vecs))])
             el = time.perf_counter() - t0
-            left = (n - s - m) / max(1, (s + m) / el)
-            console.print(f"  {n:,}: {s + m:,} docs, {(s + m) / el:,.0f} docs/s, ETA {left:,.0f} s",
-                          highlight=False)
+            rate = (s + m - start) / el
+            console.print(f"  {n:,}: {s + m:,} docs, {rate:,.0f} docs/s, ETA "
+                          f"{(n - s - m) / max(rate, 1e-9) / 60:,.1f} min, peak RSS "
+                          f"{_peak_mb():,.0f} MB", highlight=False)
+        console.print(f"  {n:,}: compacting", highlight=False)
         coll.compact()
     return time.perf_counter() - t0
+
+
+def _peak_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def main() -> None:
@@ -130,7 +155,11 @@ def main() -> None:
     ap.add_argument("--dense", default="IVF1024,PQ48")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--work", type=Path, default=WORK / "scale")
-    ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--reuse", action="store_true",
+                    help="measure an existing collection (built in full) instead of rebuilding")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a build that stopped, from the documents it committed")
+    ap.add_argument("--build-only", action="store_true", help="build, do not measure")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     out = {}
@@ -138,7 +167,11 @@ def main() -> None:
         path = args.work / f"n{n}"
         built = None
         if not (args.reuse and (path / "c" / "manifest.json").exists()):
-            built = build(path, n, args.dim, args.dense)
+            built = build(path, n, args.dim, args.dense, args.resume)
+            (args.work / f"n{n}.build.json").write_text(json.dumps(
+                {"build_seconds": built, "build_peak_rss_mb": _peak_mb(), "resumed": args.resume}))
+        if args.build_only:
+            continue
         run = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(args.queries),
                               str(args.dim)], capture_output=True, text=True, check=True)
         res = json.loads(run.stdout.strip().splitlines()[-1])

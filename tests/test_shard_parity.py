@@ -41,12 +41,19 @@ CACM = SHARED / "cacm"
 N_BASE, N_STREAM, BATCH = 500, 160, 20
 HNSW = "dense@hnsw:dim=384,metric=ip,HNSW8,Flat"
 IVF = "dense@ivf:dim=384,metric=ip,IVF4,Flat"
-KINDS = ["lexical", "dense:Flat", HNSW, IVF]
+SPARSE = "sparse:UHD4096,k=16,epochs=1"
+TREE = "tree:branch=4,leaf=8"
+KINDS = ["lexical", "dense:Flat", HNSW, IVF, SPARSE, TREE]
 DEEP = {  # the documented per-shard search depth: exact on this collection
     "dense-hnsw": {"retrieve": [{"index": "dense@hnsw", "k": 10, "params": "efSearch=2000"}]},
     "dense-ivf": {"retrieve": [{"index": "dense@ivf", "k": 10, "params": "nprobe=4"}]},
+    # the tree's flat search (every leaf, exact similarity): its trees are per segment
+    "tree-flat": {"retrieve": [{"index": "tree", "k": 10, "params": "budget=0"}]},
 }
-PROFILES = {"lexical": "lexical", "dense": "dense", **DEEP, "hybrid": "hybrid",
+PROFILES = {"lexical": "lexical", "dense": "dense", **DEEP,
+            # IVF at its default nprobe: one template (centroids) for every segment and shard
+            "dense-ivf-default": {"retrieve": [{"index": "dense@ivf", "k": 10}]},
+            "sparse": "sparse", "hybrid": "hybrid",
             "ltr": {**LTR, "rerank": {"model": "trees", "window": 100}}}
 
 pytestmark = pytest.mark.skipif(not CACM.is_dir(),
@@ -104,7 +111,7 @@ def deployments(tmp_path):
     one_engine.close()
 
 
-USING = {"dense-hnsw": "hnsw", "dense-ivf": "ivf"}
+USING = {"dense-hnsw": "hnsw", "dense-ivf": "ivf", "dense-ivf-default": "ivf"}
 
 
 def _query(target, profile, queries, qvecs):

@@ -23,6 +23,7 @@ from polyindex.errors import NotFound, ResourceExhausted
 from polyindex.online.view import (Buffer, BufferedView, encode_array, remote_build,
                                    remove_segments)
 from polyindex.online.wal import WriteAheadLog, disk_error
+from polyindex.storage.shared_training import train_first, untrained
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Document
 
@@ -77,6 +78,8 @@ class OnlineWrites(BufferedView):
             self._encode(docs)
         if vectors is not None:  # followers and a replay reuse them (see online.view)
             record["emb"] = encode_array(vectors)
+        if untrained(self.table.kinds):  # once: the collection's artifacts from its first batch
+            train_first(self.table, docs, vectors, self.spec.stack(docs) if self.spec else None)
         with self.lock:
             self._check_writable(len(docs))
             # Build first: a failure there acknowledges nothing and leaves nothing in the WAL;
