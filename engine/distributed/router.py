@@ -62,6 +62,7 @@ class ShardedCollection:
         self._rankers: dict[str, object] = {}
         self._quality_shared = False  # this router sent its first batch's language model
         self._trained = False  # every shard holds the collection's trained artifacts
+        self._shipped = False  # this router sent shard 0's trained artifacts to every shard
 
     # -- what the collection is ------------------------------------------------------------
     def describe(self) -> dict:
@@ -123,8 +124,9 @@ class ShardedCollection:
         (``storage.shared_training``). Once per router (a shard that has them keeps them);
         again on the next batch while a kind could not train (too few vectors)."""
         got = self.backend.each({0: ("train_shared", self.name, batch,
-                                     None if embeddings is None else np.asarray(embeddings))},
-                                write=True)[0]
+                                     None if embeddings is None else np.asarray(embeddings),
+                                     not self._shipped)}, write=True)[0]
+        self._shipped = True
         if self.n_shards > 1 and got["blobs"]:
             self.backend.each({s: ("install_shared", self.name, got["blobs"])
                                for s in range(1, self.n_shards)}, write=True)

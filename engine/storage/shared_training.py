@@ -22,13 +22,20 @@ from typing import Sequence
 import numpy as np
 
 from polyindex.errors import Corrupt
-from polyindex.storage.writer import batch_of, train_kinds
+from polyindex.storage.writer import batch_of
 from polyindex.types import Document
+
+# The kinds trained from the first batch. Not multivector yet: its codebook trains on token
+# vectors the writer computes at seal (and its training is being changed: issue 43's last
+# step); a sharded multivector collection still trains one codebook per shard.
+SHARED_KINDS = ("sparse", "dense")
 
 
 def untrained(kinds: dict) -> list[str]:
-    """Names of the kinds that still need their collection-level training."""
-    return [name for name, k in kinds.items() if k.needs_training()]
+    """Names of the kinds (of ``SHARED_KINDS``) that still need their collection-level
+    training."""
+    return [name for name, k in kinds.items()
+            if k.kind in SHARED_KINDS and k.needs_training()]
 
 
 def train_first(table, docs: Sequence[Document], embeddings: np.ndarray | None,
@@ -43,9 +50,16 @@ def train_first(table, docs: Sequence[Document], embeddings: np.ndarray | None,
         _load(table)
         if not untrained(table.kinds):  # committed meanwhile (installed from shard 0)
             return []
-        files = train_kinds(table.folder, table.kinds,
-                            batch_of(docs, embeddings, None, vectors))
-        files = {name: f for name, f in files.items() if f}
+        batch = batch_of(docs, embeddings, None, vectors)
+        files = {}
+        for name in untrained(table.kinds):
+            kind = table.kinds[name]
+            kind.train(batch)
+            art = table.folder / "artifacts" / kind.artifact_name
+            art.mkdir(parents=True, exist_ok=True)
+            saved = kind.save_artifacts(art)
+            if saved:  # nothing saved: too few vectors to train on yet
+                files[kind.artifact_name] = saved
         if files:
             w.commit_metadata(artifacts=files)
     _load(table)
@@ -60,11 +74,12 @@ def _load(table) -> None:
 
 
 def export(table, names: Sequence[str] | None = None) -> dict[str, dict[str, bytes]]:
-    """The committed artifacts of the kinds (all trained kinds by default), as
+    """The committed artifacts of the kinds (every trained one of ``SHARED_KINDS`` by default), as
     {artifact name: {file: bytes}}, each file checked against the manifest's checksum."""
     from polyindex.storage.integrity import check_file
     m = table.sealed_snapshot().manifest
-    want = set(names) if names is not None else {k.artifact_name for k in table.kinds.values()}
+    want = set(names) if names is not None else {k.artifact_name for k in table.kinds.values()
+                                                 if k.kind in SHARED_KINDS}
     out: dict[str, dict[str, bytes]] = {}
     for name, files in m.artifacts.items():
         if name not in want or not files:
@@ -84,7 +99,7 @@ def install(table, blobs: dict[str, dict[str, bytes]]) -> list[str]:
     collection's artifacts, except those it has already (trained before: kept, never
     replaced under its segments); returns the names installed."""
     from polyindex.storage.fsutil import write_file
-    kinds = {k.artifact_name: k for k in table.kinds.values()}
+    kinds = {k.artifact_name: k for k in table.kinds.values() if k.kind in SHARED_KINDS}
     have = table.sealed_snapshot().manifest.artifacts
     todo = {name: files for name, files in blobs.items()
             if name in kinds and kinds[name].needs_training() and not have.get(name)}
