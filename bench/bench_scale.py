@@ -169,7 +169,8 @@ print(json.dumps({"writer_docs": wrote[0], "writer_seconds": elapsed, "writer_fa
 """
 
 
-def build(path: Path, n: int, dim: int, dense: str, resume: bool = False) -> float:
+def build(path: Path, n: int, dim: int, dense: str, resume: bool = False,
+          compact: bool = True) -> float:
     """Build ``n`` generated documents at ``path``, one ``add()`` (one committed segment) per
     ``segment_size`` chunk. Each chunk's text and vectors come from a generator seeded by its
     start, so ``resume`` continues a build that died from the documents it committed (every
@@ -207,8 +208,10 @@ def build(path: Path, n: int, dim: int, dense: str, resume: bool = False) -> flo
             console.print(f"  {n:,}: {s + m:,} docs, {rate:,.0f} docs/s, ETA "
                           f"{(n - s - m) / max(rate, 1e-9) / 60:,.1f} min, peak RSS "
                           f"{_peak_mb():,.0f} MB", highlight=False)
-        console.print(f"  {n:,}: compacting", highlight=False)
-        coll.compact()
+            sys.stdout.flush()  # progress shows in a redirected log too
+        if compact:
+            console.print(f"  {n:,}: compacting", highlight=False)
+            coll.compact()
     return time.perf_counter() - t0
 
 
@@ -232,6 +235,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="continue a build that stopped, from the documents it committed")
     ap.add_argument("--build-only", action="store_true", help="build, do not measure")
+    ap.add_argument("--no-compact", action="store_true",
+                    help="leave the segments the merge policy made (no final compact: at 10M a "
+                         "whole-collection merge needs more memory than this machine has)")
     ap.add_argument("--writer-docs", type=int, default=20_000,
                     help="documents the bounded writer streams during the second query load "
                          "(0: no writer phase)")
@@ -244,7 +250,7 @@ def main() -> None:
         path = args.work / f"n{n}"
         built = None
         if not (args.reuse and (path / "c" / "manifest.json").exists()):
-            built = build(path, n, args.dim, args.dense, args.resume)
+            built = build(path, n, args.dim, args.dense, args.resume, not args.no_compact)
             (args.work / f"n{n}.build.json").write_text(json.dumps(
                 {"build_seconds": built, "build_peak_rss_mb": _peak_mb(), "resumed": args.resume}))
         if args.build_only:
