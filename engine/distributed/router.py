@@ -61,6 +61,8 @@ class ShardedCollection:
         self._encoder = None
         self._rankers: dict[str, object] = {}
         self._quality_shared = False  # this router sent its first batch's language model
+        self._trained = False  # every shard holds the collection's trained artifacts
+        self._shipped = False  # this router sent shard 0's trained artifacts to every shard
 
     # -- what the collection is ------------------------------------------------------------
     def describe(self) -> dict:
@@ -105,6 +107,8 @@ class ShardedCollection:
             self.backend.each({s: ("share_quality", self.name, texts)
                                for s in range(self.n_shards)}, write=True)
             self._quality_shared = True
+        if not self._trained:
+            self._share_training(batch, embeddings)
         parts: dict[int, list[int]] = {}
         for i, d in enumerate(batch):
             parts.setdefault(shard_of(d.id, self.n_shards), []).append(i)
@@ -112,6 +116,22 @@ class ShardedCollection:
                      None if embeddings is None else np.asarray(embeddings)[rows])
                  for s, rows in parts.items()}
         return sum(self.backend.each(calls, write=True).values())
+
+    def _share_training(self, batch, embeddings) -> None:
+        """Before any shard writes: the kinds that train a collection-level artifact (sparse
+        projector, IVF/PQ template) train it once, in shard 0, on this batch whole (as one
+        node trains on its first batch), and every other shard installs the same files
+        (``storage.shared_training``). Once per router (a shard that has them keeps them);
+        again on the next batch while a kind could not train (too few vectors)."""
+        got = self.backend.each({0: ("train_shared", self.name, batch,
+                                     None if embeddings is None else np.asarray(embeddings),
+                                     not self._shipped)}, write=True)[0]
+        self._shipped = True
+        if self.n_shards > 1 and got["blobs"]:
+            self.backend.each({s: ("install_shared", self.name, got["blobs"])
+                               for s in range(1, self.n_shards)}, write=True)
+        self._described = None  # the kinds now carry what they trained
+        self._trained = not got["untrained"]
 
     def delete(self, ids: Sequence[str]) -> int:
         from polyindex.ingest.documents import check_ids

@@ -179,6 +179,28 @@ class Shard:
         coll.table.refresh()
         return shared
 
+    def train_shared(self, name: str, docs: list[Document], embeddings,
+                     everything: bool = True) -> dict:
+        """Train the collection's artifacts on ``docs`` (the router's first batch, whole) unless
+        it has them; answers as bytes, for the other shards, every trained one
+        (``everything``: a router's first call) or those trained now
+        (``storage.shared_training``: one projector, one IVF template, for every shard), and
+        the kinds still untrained (too few vectors in the batch)."""
+        from polyindex.storage.shared_training import export, train_first, untrained
+        coll = self.engine.collection(name)
+        spec = coll.encoding.vector_spec()
+        now = train_first(coll.table, docs,
+                          None if embeddings is None else np.asarray(embeddings),
+                          spec.stack(docs) if spec else None)
+        return {"blobs": export(coll.table, None if everything else now),
+                "untrained": untrained(coll.table.kinds)}
+
+    def install_shared(self, name: str, blobs: dict) -> list[str]:
+        """Commit the artifacts shard 0 trained (``train_shared``) unless this shard has its
+        own already."""
+        from polyindex.storage.shared_training import install
+        return install(self.engine.collection(name).table, blobs)
+
     def add(self, name: str, docs: list[Document], embeddings) -> int:
         return self.engine.collection(name).add(docs, embeddings=embeddings)
 

@@ -23,6 +23,7 @@ from polyindex.errors import NotFound, ResourceExhausted
 from polyindex.online.view import (Buffer, BufferedView, encode_array, remote_build,
                                    remove_segments)
 from polyindex.online.wal import WriteAheadLog, disk_error
+from polyindex.storage.shared_training import train_first, untrained
 from polyindex.storage.snapshot import Snapshot
 from polyindex.types import Document
 
@@ -44,6 +45,7 @@ class OnlineWrites(BufferedView):
         self.seal_seconds = SEAL_SECONDS if seal_seconds is None else seal_seconds
         self.max_backlog = MAX_BACKLOG or max(50_000, 10 * self.seal_docs)
         self.closed = False
+        self._tried_training = False
         self.seal_failures = 0          # consecutive failed seals (0: the last one worked)
         self.last_seal_error: str | None = None
         self._retry_at = 0.0
@@ -77,6 +79,11 @@ class OnlineWrites(BufferedView):
             self._encode(docs)
         if vectors is not None:  # followers and a replay reuse them (see online.view)
             record["emb"] = encode_array(vectors)
+        if not self._tried_training and untrained(self.table.kinds):
+            # the collection's artifacts from its first batch (storage.shared_training); tried
+            # once per writer: a batch too small to train on leaves it to the first seal
+            self._tried_training = True
+            train_first(self.table, docs, vectors, self.spec.stack(docs) if self.spec else None)
         with self.lock:
             self._check_writable(len(docs))
             # Build first: a failure there acknowledges nothing and leaves nothing in the WAL;

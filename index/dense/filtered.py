@@ -8,6 +8,10 @@ k allowed neighbours. So, per segment and query batch:
   half the segment: tombstones alone do not make a segment exact-scanned): score them
   exactly with faiss's brute-force kernel (on a gathered copy when they are under 1/16 of the
   segment, else over the stored vectors with the allow bitmap: no copy);
+- an IVF index with over half its rows allowed (a segment that lost rows to deletes, a weak
+  filter): the unmasked ``nprobe``, nothing widened: the segments share the collection's
+  centroids, so the answer is the allowed rows of the lists the query picks, the same however
+  rows fell into segments or shards (issue 43);
 - otherwise search the ANN index with the allow bitmap, its budget (``efSearch`` for HNSW,
   ``nprobe`` for IVF) divided by the selectivity, and widened 4x at a time for the queries
   that got fewer than min(k, allowed) hits; a query still short at the index's limit is
@@ -101,6 +105,13 @@ def search(seg, x: np.ndarray, k: int, params: dict[str, str], allow: np.ndarray
     knob, base, limit = _budget(seg.index, kwargs)
     if knob is None:  # a flat index: the selector scan is already exact
         return seg.faiss_search(x, k, {**kwargs, "sel": sel})
+    if knob == "nprobe" and 2 * n_allowed > n:
+        # An IVF segment that merely lost rows to deletes (or a weak filter): the intact
+        # segment's nprobe, no widening. Every segment shares the collection's centroids, so
+        # each probes the lists the query picks and the answer is the allowed rows of those
+        # lists however rows fell into segments or shards (issue 43); a per-segment budget
+        # raised by the segment's own selectivity made it depend on that.
+        return seg.faiss_search(x, k, {**kwargs, "sel": sel})
     value = masked_budget(base, limit, n, n_allowed)
     scores, rows = seg.faiss_search(x, k, {**kwargs, knob: value, "sel": sel})
     want = min(k, n_allowed)
@@ -159,7 +170,9 @@ def _direct(seg, al: Allowed, kwargs: dict, exact_below: int):
     if knob is None:  # a flat index: the selector scan is exact at any k
         return Direct(seg._search_parameters({**kwargs, "sel": al.selector()}),
                       n_allowed - 1, n_allowed, al)
-    value = masked_budget(base, limit, n, n_allowed)
+    # IVF, over half allowed: the intact budget, as ``search`` (segmentation-independent)
+    value = base if knob == "nprobe" and 2 * n_allowed > n else \
+        masked_budget(base, limit, n, n_allowed)
     # from k = n_allowed search scores exactly; an HNSW budget grows with k past efSearch
     max_k = min(base, n_allowed - 1) if knob == "efSearch" else n_allowed - 1
     return Direct(seg._search_parameters({**kwargs, knob: value, "sel": al.selector()}),
