@@ -1,0 +1,100 @@
+"""A small plain flat segment answered without faiss's search call: the vector lane's fast
+part for the commonest small collection (one compacted ``Flat`` inner-product segment).
+
+A flat search of 82-1,033 vectors is 7-50 us, and faiss's own ``search`` (its Python
+wrapper, an OpenMP region, a heap per query) plus the lane's per-query Python around it cost
+as much again (issue 38: 0.17-0.53x raw ``IndexFlatIP.search`` without query encoding).
+Here a query is one call of faiss's own ``fvec_inner_products_ny`` (the kernel its flat
+search scores rows with for a single query: the same float32 bits, checked by a test), one
+numba call selecting the top k in (score desc, row asc) order, and the ids from an object
+array of the segment's ids made once (``SMALL_FLAT`` rows at most: ~70 bytes a row).
+
+Which rows of a run of equal scores straddling the k-th place faiss keeps is its heap's
+business, so a query whose (k+1)-th score equals its k-th returns None and the lane searches
+as before (as ``shards.Run`` does); ties inside the top k are put in id order by the caller
+(``order_ties``), as for faiss's answer.
+"""
+from __future__ import annotations
+
+import faiss
+import numba
+import numpy as np
+
+_C = getattr(getattr(faiss, "swigfaiss", None), "_swigfaiss", faiss)
+_ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
+_ny = getattr(_C, "fvec_inner_products_ny", faiss.fvec_inner_products_ny)
+SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search is as good
+
+
+@numba.njit(cache=True, nogil=True)
+def top_k(scores, k, rows):
+    """The best ``min(k, n)`` rows of ``scores`` in (score desc, row asc) order into ``rows``;
+    returns (how many, do two of them tie), or (-1, _) when the (k+1)-th score equals the k-th
+    (a tie at the boundary: which rows faiss keeps there is its heap's choice)."""
+    n = scores.shape[0]
+    m = min(k, n)
+    if m < n:  # the k-th largest score, then the rows above it and at it, in row order
+        kth = np.partition(scores, n - m)[n - m]
+        above = 0
+        at = 0
+        for i in range(n):
+            s = scores[i]
+            if s > kth:
+                above += 1
+            elif s == kth:
+                at += 1
+        if above + at > m:
+            return -1, False
+        j = 0
+        for i in range(n):
+            if scores[i] >= kth:
+                rows[j] = i
+                j += 1
+    else:
+        for i in range(n):
+            rows[i] = i
+    sel = scores[rows[:m]]
+    order = np.argsort(-sel, kind="mergesort")  # stable: equal scores keep row order
+    out = rows[:m][order]
+    rows[:m] = out
+    tied = False
+    for i in range(1, m):
+        if sel[order[i]] == sel[order[i - 1]]:
+            tied = True
+            break
+    return m, tied
+
+
+class SmallFlat:
+    """One plain CPU ``Flat`` inner-product segment of at most ``SMALL_FLAT`` rows, every row
+    live: its vectors (a view of faiss's codes, no copy) and its ids as an object array."""
+
+    __slots__ = ("n", "d", "xb", "xb_ptr", "ids", "index")
+
+    def __init__(self, seg):
+        base = faiss.downcast_index(seg.index)
+        self.index = base  # keeps the codes ``xb`` views alive
+        self.n, self.d = base.ntotal, base.d
+        self.xb = faiss.rev_swig_ptr(base.get_xb(), self.n * self.d)
+        self.xb_ptr = _ptr(self.xb)
+        self.ids = np.array(seg._docs.ids_at(np.arange(self.n, dtype=np.int64)), dtype=object)
+
+    def search(self, v: np.ndarray, k: int):
+        """(descending float32 scores, rows, do two scores tie) of ``v`` (float32,
+        C-contiguous, ``d`` long, its norm checked by the caller), or None for a tie at the
+        k-th place."""
+        scores = np.empty(self.n, np.float32)
+        _ny(_ptr(scores), _ptr(v), self.xb_ptr, self.d, self.n)
+        rows = np.empty(min(k, self.n), np.int64)
+        m, tied = top_k(scores, k, rows)
+        if m < 0:
+            return None
+        return scores[rows], rows, tied
+
+
+def eligible(seg) -> bool:
+    """May ``seg`` (its part plain: every row live, no params, no HNSW) use ``SmallFlat``?"""
+    from polyindex.index.dense.shards import flat
+    return 0 < seg.n_rows <= SMALL_FLAT and flat(seg) and \
+        faiss.downcast_index(seg.index).metric_type == faiss.METRIC_INNER_PRODUCT and \
+        getattr(seg, "_docs", None) is not None
