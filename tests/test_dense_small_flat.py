@@ -8,6 +8,7 @@ import faiss
 import numpy as np
 import pytest
 
+from polyindex.errors import InvalidArgument
 from polyindex.index.dense import small_flat
 from polyindex.query.pipeline import run
 from polyindex.query.requests import make_queries
@@ -58,8 +59,8 @@ def test_ties_in_id_order_and_a_tie_at_the_kth_place_goes_to_faiss(tied, monkeyp
     calls = []
     real = small_flat.SmallFlat.search
 
-    def spy(self, v, k):
-        got = real(self, v, k)
+    def spy(self, v, k, max_sq):
+        got = real(self, v, k, max_sq)
         calls.append(got is None)
         return got
     monkeypatch.setattr(small_flat.SmallFlat, "search", spy)
@@ -102,3 +103,16 @@ def test_what_the_small_part_does_not_take(eng):
     # vectors the fast check does not take still answer as the general path
     for v in (x[4].astype(np.float64), list(x[4]), np.asfortranarray(x[4:5])[0]):
         assert key(coll.query(vector=v, k=5, profile="dense")) == key(general(coll, x[4], 5))
+
+
+def test_unusual_vectors_get_the_general_errors(eng):
+    x = np.random.default_rng(7).standard_normal((30, 8)).astype(np.float32)
+    coll = eng.create_collection("v", ["dense"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(30)])
+    assert plan_of(coll).small is not None
+    zero = np.zeros(8, np.float32)  # inner product takes it: the general path answers
+    assert key(coll.query(vector=zero, k=5, profile="dense")) == key(general(coll, zero, 5))
+    for bad in (np.full(8, np.nan, np.float32),
+                np.array([np.inf] + [0.0] * 7, np.float32), np.full(8, 1e30, np.float32)):
+        with pytest.raises(InvalidArgument):
+            coll.query(vector=bad, k=5, profile="dense")

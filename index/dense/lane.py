@@ -127,9 +127,9 @@ class Plan:
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
         small = self.small
         if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
-                and vector.shape == (self.dim,) and vector.flags.c_contiguous and \
-                0.0 < _norm_sq(_ptr(vector), self.dim) < _MAX_SQ:
-            got = small.search(vector, k)  # None: a tie at the k-th place, searched below
+                and vector.shape == (self.dim,) and vector.flags.c_contiguous:
+            # None: a tie at the k-th place or an unusual vector, searched (or told) below
+            got = small.search(vector, k, _MAX_SQ)
             if got is not None:
                 scores, rows, tied = got
                 if tied:  # equal scores in id order, as faiss's answer below

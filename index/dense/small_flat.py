@@ -27,12 +27,20 @@ SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search 
 
 
 @numba.njit(cache=True, nogil=True)
-def top_k(scores, k, rows):
-    """The best ``min(k, n)`` rows of ``scores`` in (score desc, row asc) order into ``rows``;
-    returns (how many, do two of them tie), or (-1, _) when the (k+1)-th score equals the k-th
-    (a tie at the boundary: which rows faiss keeps there is its heap's choice)."""
+def top_k(scores, v, max_sq, k):
+    """The best ``min(k, n)`` rows of ``scores`` in (score desc, row asc) order and their
+    scores, how many, and whether two of them tie; how many is -1 when the (k+1)-th score
+    equals the k-th (a tie at the boundary: which rows faiss keeps there is its heap's
+    choice) and -2 when the query ``v`` is not one the lane takes (its squared norm, summed
+    in float32 as faiss's check, not in (0, ``max_sq``): NaN, inf, zero, absurd)."""
+    sq = np.float32(0.0)
+    for i in range(v.shape[0]):
+        sq += v[i] * v[i]
+    if not (sq > 0.0 and sq < max_sq):
+        return np.empty(0, np.int64), np.empty(0, np.float32), -2, False
     n = scores.shape[0]
     m = min(k, n)
+    rows = np.empty(m, np.int64)
     if m < n:  # the k-th largest score, then the rows above it and at it, in row order
         kth = np.partition(scores, n - m)[n - m]
         above = 0
@@ -44,7 +52,7 @@ def top_k(scores, k, rows):
             elif s == kth:
                 at += 1
         if above + at > m:
-            return -1, False
+            return rows, np.empty(0, np.float32), -1, False
         j = 0
         for i in range(n):
             if scores[i] >= kth:
@@ -53,16 +61,16 @@ def top_k(scores, k, rows):
     else:
         for i in range(n):
             rows[i] = i
-    sel = scores[rows[:m]]
+    sel = scores[rows]
     order = np.argsort(-sel, kind="mergesort")  # stable: equal scores keep row order
-    out = rows[:m][order]
-    rows[:m] = out
+    rows = rows[order]
+    sel = sel[order]
     tied = False
     for i in range(1, m):
-        if sel[order[i]] == sel[order[i - 1]]:
+        if sel[i] == sel[i - 1]:
             tied = True
             break
-    return m, tied
+    return rows, sel, m, tied
 
 
 class SmallFlat:
@@ -79,17 +87,14 @@ class SmallFlat:
         self.xb_ptr = _ptr(self.xb)
         self.ids = np.array(seg._docs.ids_at(np.arange(self.n, dtype=np.int64)), dtype=object)
 
-    def search(self, v: np.ndarray, k: int):
+    def search(self, v: np.ndarray, k: int, max_sq: float):
         """(descending float32 scores, rows, do two scores tie) of ``v`` (float32,
-        C-contiguous, ``d`` long, its norm checked by the caller), or None for a tie at the
-        k-th place."""
+        C-contiguous, ``d`` long), or None: a tie at the k-th place, or a vector the lane
+        does not take (``top_k``)."""
         scores = np.empty(self.n, np.float32)
         _ny(_ptr(scores), _ptr(v), self.xb_ptr, self.d, self.n)
-        rows = np.empty(min(k, self.n), np.int64)
-        m, tied = top_k(scores, k, rows)
-        if m < 0:
-            return None
-        return scores[rows], rows, tied
+        rows, top, m, tied = top_k(scores, v, max_sq, k)
+        return None if m < 0 else (top, rows, tied)
 
 
 def eligible(seg) -> bool:
