@@ -116,3 +116,28 @@ def test_unusual_vectors_get_the_general_errors(eng):
                 np.array([np.inf] + [0.0] * 7, np.float32), np.full(8, 1e30, np.float32)):
         with pytest.raises(InvalidArgument):
             coll.query(vector=bad, k=5, profile="dense")
+
+
+def test_partition_path_for_large_k(eng, monkeypatch):
+    """Past ``INSERT_K`` the top k is found by a partition: the same hits, and a tie run
+    across the k-th place (rows 140..160 score alike, places 141..161) goes to faiss."""
+    x = np.zeros((300, 8), np.float32)
+    x[:, 0] = -np.arange(300, dtype=np.float32)
+    x[:, 1] = 1.0
+    x[140:161, 0] = -140.0
+    coll = eng.create_collection("v", ["dense"], model=None)
+    coll.add([{"id": f"d{(i * 7919) % 300:03d}", "vector": x[i]} for i in range(300)])
+    q = np.eye(8, dtype=np.float32)[0]
+    calls = []
+    real = small_flat.SmallFlat.search
+    monkeypatch.setattr(small_flat.SmallFlat, "search", lambda self, v, k, mx: calls.append(
+        k) or real(self, v, k, mx))
+    assert small_flat.INSERT_K < 130
+    for k in (130, 140, 150, 161, 170, 300, 400):
+        got = coll.query(vector=q, k=k, profile="dense")
+        assert key(got) == key(general(coll, q, k)), k
+    assert calls == [130, 140, 150, 161, 170, 300, 400]
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150)
+    assert m == -1  # the straddling run: faiss decides
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170)
+    assert m == 170 and tied and list(rows[:5]) == [0, 1, 2, 3, 4]

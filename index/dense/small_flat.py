@@ -24,6 +24,7 @@ _C = getattr(getattr(faiss, "swigfaiss", None), "_swigfaiss", faiss)
 _ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
 _ny = getattr(_C, "fvec_inner_products_ny", faiss.fvec_inner_products_ny)
 SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search is as good
+INSERT_K = 128  # up to this k the top k is kept by insertion in one pass; past it, a partition
 
 
 @numba.njit(cache=True, nogil=True)
@@ -40,6 +41,34 @@ def top_k(scores, v, max_sq, k):
         return np.empty(0, np.int64), np.empty(0, np.float32), -2, False
     n = scores.shape[0]
     m = min(k, n)
+    if k <= INSERT_K:  # one pass, the best k + 1 kept sorted (a tie at the k-th place shows)
+        cap = min(k + 1, n)
+        best_s = np.empty(cap, np.float32)
+        best_r = np.empty(cap, np.int64)
+        filled = 0
+        for i in range(n):
+            s = scores[i]
+            if filled == cap:
+                if not s > best_s[cap - 1]:
+                    continue
+                j = cap - 1
+            else:
+                j = filled
+                filled += 1
+            while j > 0 and s > best_s[j - 1]:  # after its equals: they have lower rows
+                best_s[j] = best_s[j - 1]
+                best_r[j] = best_r[j - 1]
+                j -= 1
+            best_s[j] = s
+            best_r[j] = i
+        if m < n and best_s[m] == best_s[m - 1]:
+            return best_r, best_s, -1, False
+        tied = False
+        for i in range(1, m):
+            if best_s[i] == best_s[i - 1]:
+                tied = True
+                break
+        return best_r[:m], best_s[:m], m, tied
     rows = np.empty(m, np.int64)
     if m < n:  # the k-th largest score, then the rows above it and at it, in row order
         kth = np.partition(scores, n - m)[n - m]
