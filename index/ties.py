@@ -19,7 +19,7 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None,
     the ranks and fused lists computed from it. ``ids_of(keys) -> ids``, asked only for keys
     that tie; ``id_array(keys) -> pa.Array`` (optional) is used instead when many tie;
     ``id_ranks(keys) -> ints or None`` (optional; integers that sort as the ids, None when it
-    has none for these keys) first, when many tie: one integer sort, no strings.
+    has none for these keys) before either: one integer sort, no strings.
     (Which of a tie run straddling the k-th place are kept still follows rows.)"""
     if scores.shape[1] < 2:
         return keys
@@ -35,7 +35,7 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None,
     starts = tied.copy()
     starts[:, 1:] &= ~eq
     run = np.cumsum(starts[tied])
-    ranks = id_ranks(keys[tied]) if id_ranks is not None and len(run) > ARROW_TIES else None
+    ranks = id_ranks(keys[tied]) if id_ranks is not None else None
     if ranks is not None:  # the ids' order as integers: one sort, no string read
         order = np.lexsort((ranks, run))
     elif id_array is not None and len(run) > ARROW_TIES:

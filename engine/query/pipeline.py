@@ -36,7 +36,7 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
     scores, keys = _retrieve(snapshot, queries, index, k, params, allow)
     return scores, order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
-                              snapshot.id_ranks)
+                              getattr(snapshot, "id_ranks", None))
 
 
 def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
