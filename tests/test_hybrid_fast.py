@@ -125,3 +125,21 @@ def test_hybrid_top10_and_fused_scores_unchanged_on_a_shared_collection(eng, mon
            for c, t, v, k in cases]
     assert new == old
     assert all(len(h) == k for h, (_, _, _, k) in zip(new, cases))
+
+
+def test_id_ranks_order_non_ascii_ids_as_code_points(eng):
+    """Every document alike, so all tie: the general path's order (ties by the segment's id
+    ranks) is the ids' code point order, astral and accented ids included."""
+    from polyindex.query.pipeline import run
+    from polyindex.query.requests import make_queries
+    ids = ["zeta", "Zeta", "\u00e9t\u00e9", "a\u00ff", "\U0001F600", "abc", "ab", "b", "\u4e2d",
+           "A-1", "a-10", "a-9"]
+    coll = eng.create_collection("u", ["lexical"], model=None)
+    coll.add([{"id": i, "text": "same words here"} for i in ids])
+    coll.compact()
+    snap = coll.view()
+    assert len(snap.segments) == 1
+    hits = run(snap, make_queries(["same words"], None), coll._profile("lexical"), 20)[0]
+    assert [h.id for h in hits] == sorted(ids)
+    ranks = snap.segments[0].docs.id_ranks()
+    assert not ranks.flags.writeable and sorted(ranks.tolist()) == list(range(len(ids)))
