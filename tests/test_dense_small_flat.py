@@ -141,16 +141,3 @@ def test_partition_path_for_large_k(eng, monkeypatch):
     assert m == -1  # the straddling run: faiss decides
     rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170)
     assert m == 170 and tied and list(rows[:5]) == [0, 1, 2, 3, 4]
-
-
-def test_past_ny_rows_faiss_search_gives_the_same(tied, monkeypatch):
-    """Past ``NY_ROWS`` the plan asks faiss's own search for k + 1 and keeps the fast ids and
-    hits: the same answers, a tie across the k-th place and bad vectors handed on."""
-    coll, x = tied
-    monkeypatch.setattr(small_flat, "NY_ROWS", 0)
-    qs = list(np.random.default_rng(8).standard_normal((10, 16)).astype(np.float32))
-    for q in qs + [x[5], x[20]]:
-        for k in (1, 3, 5, 6, 10, 79, 80, 200):
-            assert key(coll.query(vector=q, k=k, profile="dense")) == key(general(coll, q, k))
-    with pytest.raises(InvalidArgument):
-        coll.query(vector=np.full(16, np.nan, np.float32), k=5, profile="dense")

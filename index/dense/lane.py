@@ -129,8 +129,7 @@ class Plan:
         if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
                 and vector.shape == (self.dim,) and vector.flags.c_contiguous:
             # None: a tie at the k-th place or an unusual vector, searched (or told) below
-            got = small.search(vector, k, _MAX_SQ) if small.n <= small_flat.NY_ROWS \
-                else self._flat_top(vector, k)
+            got = small.search(vector, k, _MAX_SQ)
             if got is not None:
                 scores, rows, tied = got
                 if tied:  # equal scores in id order, as faiss's answer below
@@ -166,21 +165,6 @@ class Plan:
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
         return list(map(Hit, ids, listed, range(1, n + 1)))  # ids has n: map stops there
-
-    def _flat_top(self, v: np.ndarray, k: int):
-        """``SmallFlat.search``'s answer from faiss's own search of the one segment for k + 1
-        (a tie across the k-th place shows: None, as there); None for an unusual vector."""
-        if not 0.0 < _norm_sq(_ptr(v), self.dim) < _MAX_SQ:
-            return None
-        scores, rows = self._one(self.parts[0], v.reshape(1, -1), k + 1)
-        scores, rows = scores[0], rows[0]
-        m = min(k, int(np.count_nonzero(rows >= 0)))
-        if m < len(rows) and rows[m] >= 0 and scores[m] == scores[m - 1]:
-            return None
-        top = scores[:m]
-        if self.small_base:
-            rows = rows - self.small_base
-        return top, rows[:m], bool(m > 1 and (top[1:] == top[:-1]).any())
 
     def search_batch(self, snapshot, vectors, k: int) -> list[list[Hit]] | None:
         """``search`` for many vectors: one faiss call per segment for all of them."""

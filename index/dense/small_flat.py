@@ -25,10 +25,6 @@ _ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
 _ny = getattr(_C, "fvec_inner_products_ny", faiss.fvec_inner_products_ny)
 SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search is as good
 INSERT_K = 128  # up to this k the top k is kept by insertion in one pass; past it, a partition
-# Up to this many rows the row kernel and ``top_k`` beat faiss's search call; past it faiss's
-# flat scan (four rows at a time) wins (3,204 rows: 0.70x raw faiss with ``top_k``), so the
-# lane calls faiss's search for k + 1 and keeps only its cheap ids and hits (``Plan``)
-NY_ROWS = 1024
 
 
 @numba.njit(cache=True, nogil=True)
