@@ -137,7 +137,9 @@ def test_partition_path_for_large_k(eng, monkeypatch):
         got = coll.query(vector=q, k=k, profile="dense")
         assert key(got) == key(general(coll, q, k)), k
     assert calls == [130, 140, 150, 161, 170, 300, 400]
-    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150)
+    ranks = np.arange(300, dtype=np.int32)[::-1].copy()  # ids in reverse row order
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150, ranks)
     assert m == -1  # the straddling run: faiss decides
-    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170)
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170, ranks)
     assert m == 170 and tied and list(rows[:5]) == [0, 1, 2, 3, 4]
+    assert list(rows[140:161]) == list(range(160, 139, -1))  # the tie run by rank

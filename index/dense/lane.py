@@ -130,12 +130,8 @@ class Plan:
                 and vector.shape == (self.dim,) and vector.flags.c_contiguous:
             # None: a tie at the k-th place or an unusual vector, searched (or told) below
             got = small.search(vector, k, _MAX_SQ)
-            if got is not None:
-                scores, rows, tied = got
-                if tied:  # equal scores in id order, as faiss's answer below
-                    base = self.small_base
-                    rows = order_ties(scores[None], (rows + base)[None], snapshot.ids_of,
-                                      snapshot.id_array)[0] - base
+            if got is not None:  # equal scores in id order already
+                scores, rows = got
                 return list(map(Hit, small.ids[rows].tolist(), scores.tolist(),
                                 range(1, len(rows) + 1)))
         if type(vector) is np.ndarray and vector.dtype == np.float32:
@@ -160,7 +156,8 @@ class Plan:
         scores, keys = self._search(x, k)  # x is C-contiguous: v was, so is a quotient
         listed = scores[0].tolist()
         if len(set(listed)) < len(listed):  # two equal scores (or padding): ids order ties
-            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
+                              snapshot.id_ranks)
         row = keys[0]
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
@@ -182,7 +179,8 @@ class Plan:
             x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
         scores, keys = self._search(np.ascontiguousarray(x), k)
         if scores.shape[1] > 1 and (scores[:, 1:] == scores[:, :-1]).any():
-            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
+                              snapshot.id_ranks)
         valid = keys >= 0  # a prefix of each row: padding comes last
         counts = np.count_nonzero(valid, axis=1).tolist()
         ids = snapshot.ids_of(keys[valid])  # row by row, in one call

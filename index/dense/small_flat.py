@@ -11,8 +11,8 @@ array of the segment's ids made once (``SMALL_FLAT`` rows at most: ~70 bytes a r
 
 Which rows of a run of equal scores straddling the k-th place faiss keeps is its heap's
 business, so a query whose (k+1)-th score equals its k-th returns None and the lane searches
-as before (as ``shards.Run`` does); ties inside the top k are put in id order by the caller
-(``order_ties``), as for faiss's answer.
+as before (as ``shards.Run`` does); ties inside the top k are put in id order in the kernel,
+by the segment's id ranks (``Segment.id_ranks``), as ``order_ties`` orders faiss's answer.
 """
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ INSERT_K = 128  # up to this k the top k is kept by insertion in one pass; past 
 
 
 @numba.njit(cache=True, nogil=True)
-def top_k(scores, v, max_sq, k):
-    """The best ``min(k, n)`` rows of ``scores`` in (score desc, row asc) order and their
-    scores, how many, and whether two of them tie; how many is -1 when the (k+1)-th score
+def top_k(scores, v, max_sq, k, ranks):
+    """The best ``min(k, n)`` rows of ``scores`` in (score desc, id asc) order (``ranks``: each
+    row's place in the segment's id order, ``Segment.id_ranks``: ties in id order, as
+    ``order_ties`` puts them) and their scores, how many, and whether two of them tie
+    (ordered already); how many is -1 when the (k+1)-th score
     equals the k-th (a tie at the boundary: which rows faiss keeps there is its heap's
     choice) and -2 when the query ``v`` is not one the lane takes (its squared norm, summed
     in float32 as faiss's check, not in (0, ``max_sq``): NaN, inf, zero, absurd)."""
@@ -63,11 +65,7 @@ def top_k(scores, v, max_sq, k):
             best_r[j] = i
         if m < n and best_s[m] == best_s[m - 1]:
             return best_r, best_s, -1, False
-        tied = False
-        for i in range(1, m):
-            if best_s[i] == best_s[i - 1]:
-                tied = True
-                break
+        tied = _ties_by_rank(best_r, best_s, m, ranks)
         return best_r[:m], best_s[:m], m, tied
     rows = np.empty(m, np.int64)
     if m < n:  # the k-th largest score, then the rows above it and at it, in row order
@@ -94,19 +92,38 @@ def top_k(scores, v, max_sq, k):
     order = np.argsort(-sel, kind="mergesort")  # stable: equal scores keep row order
     rows = rows[order]
     sel = sel[order]
-    tied = False
-    for i in range(1, m):
-        if sel[i] == sel[i - 1]:
-            tied = True
-            break
+    tied = _ties_by_rank(rows, sel, m, ranks)
     return rows, sel, m, tied
+
+
+@numba.njit(cache=True, nogil=True)
+def _ties_by_rank(rows, sel, m, ranks):
+    """Each run of equal scores among the first ``m`` put in id order (insertion by rank);
+    were there any?"""
+    tied = False
+    i = 0
+    while i < m:
+        j = i + 1
+        while j < m and sel[j] == sel[i]:
+            j += 1
+        if j - i > 1:
+            tied = True
+            for a in range(i + 1, j):
+                x = rows[a]
+                b = a - 1
+                while b >= i and ranks[rows[b]] > ranks[x]:
+                    rows[b + 1] = rows[b]
+                    b -= 1
+                rows[b + 1] = x
+        i = j
+    return tied
 
 
 class SmallFlat:
     """One plain CPU ``Flat`` inner-product segment of at most ``SMALL_FLAT`` rows, every row
     live: its vectors (a view of faiss's codes, no copy) and its ids as an object array."""
 
-    __slots__ = ("n", "d", "xb", "xb_ptr", "ids", "index")
+    __slots__ = ("n", "d", "xb", "xb_ptr", "ids", "ranks", "index")
 
     def __init__(self, seg):
         base = faiss.downcast_index(seg.index)
@@ -115,15 +132,16 @@ class SmallFlat:
         self.xb = faiss.rev_swig_ptr(base.get_xb(), self.n * self.d)
         self.xb_ptr = _ptr(self.xb)
         self.ids = np.array(seg._docs.ids_at(np.arange(self.n, dtype=np.int64)), dtype=object)
+        self.ranks = seg._docs.id_ranks()
 
     def search(self, v: np.ndarray, k: int, max_sq: float):
-        """(descending float32 scores, rows, do two scores tie) of ``v`` (float32,
+        """(descending float32 scores, rows: equal scores in id order) of ``v`` (float32,
         C-contiguous, ``d`` long), or None: a tie at the k-th place, or a vector the lane
         does not take (``top_k``)."""
         scores = np.empty(self.n, np.float32)
         _ny(_ptr(scores), _ptr(v), self.xb_ptr, self.d, self.n)
-        rows, top, m, tied = top_k(scores, v, max_sq, k)
-        return None if m < 0 else (top, rows, tied)
+        rows, top, m, _tied = top_k(scores, v, max_sq, k, self.ranks)
+        return None if m < 0 else (top, rows)
 
 
 def eligible(seg) -> bool:
