@@ -266,7 +266,7 @@ class Collection:
                 "ingest": m.ingest, "format_version": m.format_version,
                 **gc.disk_usage(self.folder, m), **self.live.pending()}
 
-    def adapt(self, *, revert: bool = False, device: str | None = None, recipe=None,
+    def adapt(self, *, revert: bool = False, recipe=None, device: str | None = None,
               progress=None) -> dict:
         """Learn an encoder from this collection, re-encode with it (``adapt.run``)."""
         from polyindex.adapt.run import adapt

@@ -79,6 +79,26 @@ def teacher_of(coll, ids: list[str], profile=None):
     return teacher
 
 
+def recipe_of(value):
+    """The learner's recipe from None, a ``Recipe`` or a dict of its fields (the CLI's
+    ``--recipe``, the RPC's map: JSON values), checked."""
+    if value is None or not isinstance(value, dict):
+        return value
+    from polyindex.adapt.recipe import Recipe
+    values = {}
+    for key, v in value.items():
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                pass
+        values[key] = v
+    try:
+        return Recipe(**values)
+    except TypeError as e:
+        raise InvalidArgument(f"recipe: {e}") from None
+
+
 def _encode_with(coll, current, device: str):
     """A writer's ``encode(texts, on_batch)`` for the encoder ``current`` (model, fp)."""
     from polyindex.ingest.encoding import Encoding
@@ -92,6 +112,7 @@ def adapt(coll, *, revert: bool = False, device: str | None = None, recipe=None,
     """Adapt (or revert) ``coll``'s encoder; see the module. ``progress(phase, done, total)``;
     ``learner``: ``adapt.learn.learn``'s signature (the default)."""
     check_adaptable(coll)
+    recipe = recipe_of(recipe)
     key = str(Path(coll.folder).resolve())
     with _running_lock:
         if key in _running:
