@@ -222,7 +222,7 @@ def test_the_shipped_ranker_reads_the_adapted_scores(tmp_path):
     vecs = {d.id: d.vectors["dense"] for d in c.get([h.id for h in hits], with_vectors=True)}
     q = c.encoding.encoder.encode(["fish water"])[0]
     for h in hits:  # the ranker's dense feature is the adapted encoder's cosine
-        feats = h.explain["features"]
+        feats = h.explain["rerank"]["features"]
         assert feats["dense_cos"] == pytest.approx(float(q @ vecs[h.id]), abs=1e-4)
     eng.close()
 
