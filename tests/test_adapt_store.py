@@ -307,3 +307,45 @@ def test_kill_9_at_any_phase_leaves_the_old_or_the_new_collection(adapted_refere
         eng = polyindex.open(data)
         assert answers(eng.collection("c")) == after
         eng.close()
+
+
+@pytest.mark.slow
+def test_an_online_collection_seals_its_buffer_and_never_mixes_encoders(tmp_path):
+    from polyindex.engine import Engine
+    eng = Engine(tmp_path / "d", online=True)
+    c = make(eng)
+    added = []
+
+    def progress(phase, done=None, total=None, *rest):
+        if phase == "re-encoding" and not added:  # acknowledged, buffered in the WAL
+            added.append(c.add([{"id": "late", "text": "a late document about fish"}]))
+    adapt(c, progress=progress)
+    assert added and c.live.writes.active.empty()
+    c.add([{"id": "after", "text": "written after the adapt"}])  # buffered: new encoder
+    from polyindex.types import document_text
+    for i, text in (("late", "a late document about fish"), ("after", "written after the adapt")):
+        got = c.get([i], with_vectors=True)[0].vectors["dense"]
+        want = c.encoding.encoder.encode([document_text(None, text)])[0]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    eng.close()
+
+
+def test_the_admin_rpc_is_token_protected_and_refuses_with_a_clear_status(tmp_path):
+    import grpc
+    from conftest import start_server, stop_server
+    from polyindex.client import Client
+    eng = polyindex.open(tmp_path / "d")
+    eng.create_collection("v", ["dense:Flat"], model=None).add(
+        [{"id": "a", "vector": [1.0, 0.0]}, {"id": "b", "vector": [0.0, 1.0]}])
+    eng.close()
+    (tmp_path / "token").write_text("s3cret\n")
+    proc, address = start_server(tmp_path / "d", "--port", "7741",
+                                 "--token-file", tmp_path / "token")
+    try:
+        with pytest.raises(Exception) as no_token:
+            Client(address).collection("v").adapt()
+        assert "UNAUTHENTICATED" in str(no_token.value) or "token" in str(no_token.value)
+        with pytest.raises(FailedPrecondition, match="no text model"):
+            Client(address, token="s3cret").collection("v").adapt()
+    finally:
+        stop_server(proc)
