@@ -267,10 +267,11 @@ class Collection:
                 **gc.disk_usage(self.folder, m), **self.live.pending()}
 
     def adapt(self, *, revert: bool = False, recipe=None, device: str | None = None,
-              progress=None) -> dict:
+              progress=None, ray: dict | None = None) -> dict:
         """Learn an encoder from this collection, re-encode with it (``adapt.run``)."""
         from polyindex.adapt.run import adapt
-        return adapt(self, revert=revert, device=device, recipe=recipe, progress=progress)
+        return adapt(self, revert=revert, device=device, recipe=recipe, progress=progress,
+                     ray=ray)
 
     # -- compaction ------------------------------------------------------------------------
     def merge(self, ids: Sequence[str], stop=lambda: False) -> dict | None:

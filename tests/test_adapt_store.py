@@ -112,9 +112,9 @@ def test_a_bad_recipe_is_an_invalid_argument():
         recipe_of({"no_such_setting": "1"})
 
 
-def test_the_cli_refuses_ray_with_a_clear_line(tmp_path, cli):
-    r = cli("adapt", "--data", tmp_path, "--collection", "c", "--ray")
-    assert r.returncode == 2 and "not built yet" in r.stderr
+def test_the_cli_refuses_ray_options_without_ray(tmp_path, cli):
+    r = cli("adapt", "--data", tmp_path, "--collection", "c", "--encoders", "2")
+    assert r.returncode == 2 and "go with --ray" in r.stderr
 
 
 # -- the artifact, revert, writes meanwhile ------------------------------------------------
@@ -349,3 +349,15 @@ def test_the_admin_rpc_is_token_protected_and_refuses_with_a_clear_status(tmp_pa
             Client(address, token="s3cret").collection("v").adapt()
     finally:
         stop_server(proc)
+
+
+@pytest.mark.slow
+def test_re_encoding_on_ray_gives_the_local_answers(tmp_path):
+    pytest.importorskip("ray", reason="the extra polyindex[ray]")
+    eng = polyindex.open(tmp_path / "d")
+    local, on_ray = make(eng, "local"), make(eng, "ray")
+    adapt(local)
+    report = adapt(on_ray, ray={"encoders": 1})
+    assert report["reencoded_rows"] == 60 and report["encoder"] == "v2"
+    assert answers(on_ray) == answers(local)
+    eng.close()

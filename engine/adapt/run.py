@@ -108,9 +108,10 @@ def _encode_with(coll, current, device: str):
 
 
 def adapt(coll, *, revert: bool = False, device: str | None = None, recipe=None,
-          progress=None, learner=None, seed: int = 0) -> dict:
+          progress=None, learner=None, seed: int = 0, ray: dict | None = None) -> dict:
     """Adapt (or revert) ``coll``'s encoder; see the module. ``progress(phase, done, total)``;
-    ``learner``: ``adapt.learn.learn``'s signature (the default)."""
+    ``learner``: ``adapt.learn.learn``'s signature (the default); ``ray``: re-encode on Ray
+    encoder actors (``{"encoders": N, "address": ADDR or None}``: ``distributed.reencode``)."""
     check_adaptable(coll)
     recipe = recipe_of(recipe)
     key = str(Path(coll.folder).resolve())
@@ -119,13 +120,14 @@ def adapt(coll, *, revert: bool = False, device: str | None = None, recipe=None,
             raise ResourceExhausted(f"collection {coll.name!r}: an adapt is already running")
         _running.add(key)
     try:
-        return _adapt(coll, revert, device or coll.device, recipe, progress, learner, seed)
+        return _adapt(coll, revert, device or coll.device, recipe, progress, learner, seed,
+                      ray)
     finally:
         with _running_lock:
             _running.discard(key)
 
 
-def _adapt(coll, revert, device, recipe, progress, learner, seed) -> dict:
+def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
     folder = Path(coll.folder)
     table = coll.table
     t0 = time.perf_counter()
@@ -146,9 +148,15 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed) -> dict:
     work = reencode.work_dir(folder, ("revert-" if revert else "") + (
         f"{target['name']}-{encoders.fingerprint(target)}" if target else "base"))
     spec = coll.encoding.vector_spec().fields
-    report["reencoded_rows"] = reencode.rebuild_snapshot(
-        folder, snap, work, coll.kinds, spec, encode,
-        None if progress is None else (lambda d, n: progress("re-encoding", d, n)))
+    step = None if progress is None else (lambda d, n: progress("re-encoding", d, n))
+    if ray is not None:
+        from polyindex.distributed.reencode import rebuild_on_ray
+        report["reencoded_rows"] = rebuild_on_ray(
+            folder, snap, work, target_model, encoders=ray.get("encoders", 1),
+            address=ray.get("address"), device=device, progress=step)
+    else:
+        report["reencoded_rows"] = reencode.rebuild_snapshot(folder, snap, work, coll.kinds,
+                                                             spec, encode, step)
     del snap
     failpoints.hit("adapt.commit.before")
     record = {"current": target, "previous": cur}

@@ -58,8 +58,8 @@ def parse_recipe(items: list[str] | None) -> dict | None:
 
 
 def run(coll, *, revert: bool, device: str, recipe, as_json: bool, show_progress: bool,
-        say=print) -> dict:
-    report = coll.adapt(revert=revert, device=device, recipe=recipe,
+        say=print, ray: dict | None = None) -> dict:
+    report = coll.adapt(revert=revert, device=device, recipe=recipe, ray=ray,
                         progress=Progress() if show_progress else None)
     if as_json:
         print(json.dumps(report, default=str))
@@ -76,7 +76,9 @@ def run(coll, *, revert: bool, device: str, recipe, as_json: bool, show_progress
 
 def adapt(data: Path = DataOpt, collection: str = CollOpt,
           revert: bool = typer.Option(False, "--revert", help="Go back to the previous encoder (the base model after one adapt): its vectors, its answers."),
-          ray: bool = typer.Option(False, "--ray", help="Re-encode on Ray encoder actors (not built yet: refused)."),
+          ray: bool = typer.Option(False, "--ray", help="Re-encode on Ray encoder actors (the extra polyindex[ray]), one segment a task: a local, loopback-only Ray unless --ray-address."),
+          ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDR", help="Join the Ray cluster at ADDR (with --ray); DATA must be on storage every node sees."),
+          encoders: int = typer.Option(1, "--encoders", help="Encoder actors (with --ray), each loading the encoder once."),
           recipe: Optional[List[str]] = RecipeOpt,
           progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phase, rate, ETA) on stderr."),
           as_json: bool = JsonOpt, device: str = DeviceOpt):
@@ -87,15 +89,18 @@ def adapt(data: Path = DataOpt, collection: str = CollOpt,
     re-encoded vector are committed together (an interrupted adapt changes nothing; a rerun
     resumes). Needs the data directory's writer lock: stop a server first, or use its admin
     RPC."""
+    if (ray_address is not None or encoders != 1) and not ray:
+        raise InvalidArgument("--ray-address and --encoders go with --ray")
     if ray:
-        raise InvalidArgument("adapt --ray: re-encoding on Ray encoder actors is not built yet; "
-                              "run adapt without --ray (--device cuda uses a local GPU)")
+        from polyindex.distributed.cluster import require_ray
+        require_ray()  # before anything: without Ray, the line that says how to get it
     from polyindex.cuda.device import check_device
     check_device(device)
     parsed = parse_recipe(recipe)
     eng = open_engine(data, create=False, device=device)
     try:
         run(eng.collection(collection), revert=revert, device=device, recipe=parsed,
-            as_json=as_json, show_progress=progress)
+            as_json=as_json, show_progress=progress,
+            ray={"encoders": encoders, "address": ray_address} if ray else None)
     finally:
         eng.close()
