@@ -1,0 +1,108 @@
+"""``learn``: fine-tune a copy of a collection's encoder on its own corpus, without labels.
+
+Synthetic queries (``synth``) -> the teacher ranks them, the pairs it is sure of are kept with a
+hard negative (``teacher``) -> the student is fine-tuned on them (``student``); with
+``recipe.rounds`` > 1 the student's own ranking, fused with the teacher's, labels the next
+round. The hyperparameters are ``recipe.DEFAULT`` for every collection.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from polyindex.adapt import student as student_mod
+from polyindex.adapt.recipe import DEFAULT, Recipe
+from polyindex.adapt.synth import make_queries
+from polyindex.adapt.teacher import fused_teacher, label
+from polyindex.errors import InvalidArgument
+
+TEACH_CHUNK = 512  # queries per teacher call: one progress report each
+
+
+def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[list[int]]],
+          base_model: str, out_dir: Path, recipe: Recipe | None = None,
+          progress: Callable[[str, int, int], None] | None = None,
+          device: str = "cpu", seed: int = 0, *,
+          titles: Sequence[str | None] | None = None) -> dict:
+    """Fine-tune a copy of base_model (a local sentence-transformers folder, or the default
+    model's name) on synthetic queries made from texts, labelled by teacher(queries, depth) ->
+    for each query the row indices of texts it ranks first, best first; save the student (a
+    sentence-transformers folder) in out_dir (plain writes: the caller fsyncs and checksums
+    it); return a JSON-able report. ``titles`` (optional, row-aligned) adds title queries.
+    Raises InvalidArgument when texts are too few to learn from."""
+    from polyindex.encode.text import resolve_model
+    recipe = recipe or DEFAULT
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    texts = [t if isinstance(t, str) else "" for t in texts]
+    usable = sum(len(t.split()) >= 4 for t in texts)
+    if usable < recipe.min_docs:
+        raise InvalidArgument(
+            f"adapt needs at least {recipe.min_docs} documents with text to learn from; this "
+            f"corpus has {usable} (of {len(texts)}): too few to adapt the encoder without "
+            f"overfitting it, so the collection keeps its encoder")
+    if titles is not None and len(titles) != len(texts):
+        raise InvalidArgument(f"titles has {len(titles)} entries for {len(texts)} texts")
+    report: dict = {"documents": len(texts), "usable_documents": usable, "device": device,
+                    "seed": seed, "recipe": recipe.to_json(), "base_model": base_model,
+                    "rounds": []}
+    tick = progress or (lambda phase, done, total: None)
+
+    queries = make_queries(texts, recipe, seed=seed, titles=titles)
+    tick("queries", len(queries), len(queries))
+    t0 = time.perf_counter()
+    ranked: list[list[int]] = []
+    for s in range(0, len(queries), TEACH_CHUNK):
+        ranked += teacher([q.text for q in queries[s:s + TEACH_CHUNK]], recipe.depth)
+        tick("teacher", min(s + TEACH_CHUNK, len(queries)), len(queries))
+    if len(ranked) != len(queries):
+        raise InvalidArgument(f"the teacher answered {len(ranked)} rankings for "
+                              f"{len(queries)} queries")
+    report["teacher_seconds"] = round(time.perf_counter() - t0, 1)
+
+    model = student_mod.load(resolve_model(base_model), device)
+    served_len = model.max_seq_length
+    for rnd in range(recipe.rounds):
+        pairs, counts = label(queries, ranked, recipe, seed=seed + rnd)
+        if len(pairs) < recipe.min_pairs:
+            raise InvalidArgument(
+                f"the teacher was sure of only {len(pairs)} of {len(queries)} synthetic "
+                f"queries (need {recipe.min_pairs}): too little to learn from; the collection "
+                f"keeps its encoder")
+        phase = "train" if recipe.rounds == 1 else f"train {rnd + 1}/{recipe.rounds}"
+        trained = student_mod.train(model, texts, pairs, recipe, device, seed + rnd, tick, phase)
+        report["rounds"].append({**counts, **trained})
+        if rnd + 1 < recipe.rounds:  # the student becomes (half of) the teacher
+            t0 = time.perf_counter()
+            mine = _student_ranks(model, texts, [q.text for q in queries], recipe.depth, device)
+            ranked = fused_teacher(ranked, mine)
+            report["rounds"][-1]["relabel_seconds"] = round(time.perf_counter() - t0, 1)
+
+    model.max_seq_length = served_len  # trained on shorter inputs, served as the base was
+    out_dir = Path(out_dir)
+    student_mod.save(model, out_dir)
+    last = report["rounds"][-1]
+    report.update(queries=len(queries), pairs=last["kept"], steps=sum(r["steps"] for r in
+                                                                     report["rounds"]),
+                  seconds=round(time.perf_counter() - t_start, 1),
+                  cpu_seconds=round(time.process_time() - cpu_start, 1),
+                  peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                  max_seq_length=served_len, out_dir=str(out_dir))
+    return report
+
+
+def _student_ranks(model, texts: Sequence[str], queries: Sequence[str], depth: int,
+                   device: str, chunk: int = 1024) -> list[list[int]]:
+    docs = student_mod.encode(model, texts, device)
+    qs = student_mod.encode(model, queries, device)
+    depth = min(depth, len(texts))
+    out = []
+    for s in range(0, len(qs), chunk):
+        sims = qs[s:s + chunk] @ docs.T
+        top = np.argpartition(-sims, depth - 1, axis=1)[:, :depth]
+        order = np.take_along_axis(sims, top, 1).argsort(1)[:, ::-1]
+        out += np.take_along_axis(top, order, 1).tolist()
+    return out

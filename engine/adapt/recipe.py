@@ -1,0 +1,42 @@
+"""The one set of adaptation hyperparameters used for every collection.
+
+Chosen once (docs/notes/adapt.md says on which collections and with which runs); nothing in
+adapt reads a collection's qrels, and nothing here is tuned per collection.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    # --- what is learnt from
+    min_docs: int = 200          # below this a corpus is refused (too few to learn from)
+    queries_per_doc: int = 2     # synthetic queries made per document (span, terms, title)
+    max_queries: int = 12_000    # bounds teacher and training cost on large corpora
+    span_words: tuple[int, int] = (6, 16)   # a span query's length in words (inverse cloze)
+    term_words: tuple[int, int] = (3, 6)    # a terms query's length: the doc's distinctive terms
+    ict_remove: float = 0.5      # chance a span is cut out of its positive (inverse cloze)
+    # --- the teacher
+    depth: int = 30              # teacher ranks asked for per query
+    keep_rank: int = 3           # pair kept only if the source document is in the teacher's top
+    neg_ranks: tuple[int, int] = (10, 30)   # hard negatives drawn from these teacher ranks
+    min_pairs: int = 64          # fewer kept pairs than this: nothing to learn from
+    # --- the student
+    max_seq_length: int = 128
+    batch_size: int = 32
+    epochs: int = 1
+    max_steps: int = 400
+    lr: float = 2e-5
+    warmup: float = 0.1          # fraction of steps
+    scale: float = 20.0          # cosine-similarity temperature of the contrastive loss
+    word_dropout: float = 0.1    # input noise: words dropped from a query
+    shuffle_terms: bool = True   # input noise: a terms query's words in random order
+    rounds: int = 1              # >1: the student (fused with the teacher) labels again
+    bf16: bool = True            # bf16 autocast when the device has it (measured: notes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT = Recipe()
