@@ -34,7 +34,7 @@ def corpus(n=60):
 
 
 def perturb_learner(texts, teacher, base_model, out_dir, recipe=None, progress=None,
-                    device="cpu", seed=0):
+                    device="cpu", seed=0, titles=None):
     """``adapt.learn.learn``'s signature: asks the teacher, then saves the base model with
     one layer moved by seeded noise (a different, deterministic, real encoder)."""
     import torch
@@ -48,7 +48,7 @@ def perturb_learner(texts, teacher, base_model, out_dir, recipe=None, progress=N
             if "encoder.layer.5" in name and p.dim() == 2:
                 p.add_(torch.randn(p.shape, generator=g) * 0.05)
     if progress is not None:
-        progress(1, 1)
+        progress("perturbed", 1, 1)
     model.save(str(out_dir))
     return {"learner": "perturbed", "texts": len(texts)}
 
@@ -361,3 +361,35 @@ def test_re_encoding_on_ray_gives_the_local_answers(tmp_path):
     assert report["reencoded_rows"] == 60 and report["encoder"] == "v2"
     assert answers(on_ray) == answers(local)
     eng.close()
+
+
+@pytest.mark.slow
+def test_index_adapt_with_the_real_learner_then_revert_gives_the_plain_index(tmp_path, cli):
+    """The CLI end to end with ``adapt.learn`` on tiny settings: ``index --adapt`` makes an
+    adapted collection, ``adapt --revert`` makes it answer as one never adapted."""
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("".join(json.dumps(d) + "\n" for d in corpus(240)))
+    tiny = ["--recipe", "max_steps=2", "--recipe", "min_docs=50", "--recipe", "min_pairs=4",
+            "--recipe", "batch_size=8"]
+    r = cli("index", src, "--data", tmp_path / "plain", "--collection", "c", "--no-progress",
+            "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    r = cli("index", src, "--data", tmp_path / "d", "--collection", "c", "--dtype", "float32",
+            "--adapt", *tiny, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)["adapt"]
+    assert report["encoder"] == "v2" and report["learn"]["steps"] == 2
+    assert "adapt: re-encoding" in r.stderr  # progress with a rate and an ETA
+    eng = polyindex.open(tmp_path / "plain")
+    plain = answers(eng.collection("c"))
+    eng.close()
+    eng = polyindex.open(tmp_path / "d")
+    assert answers(eng.collection("c")) != plain
+    eng.close()
+    r = cli("adapt", "--data", tmp_path / "d", "--collection", "c", "--revert")
+    assert r.returncode == 0 and "reverted 'c': encoder base (was v2)" in r.stdout, r.stderr
+    eng = polyindex.open(tmp_path / "d")
+    assert answers(eng.collection("c")) == plain
+    eng.close()
+    r = cli("adapt", "--data", tmp_path / "d", "--collection", "c", "--recipe", "nope=1")
+    assert r.returncode == 2 and "nope" in r.stderr

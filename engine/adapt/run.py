@@ -49,9 +49,10 @@ def check_adaptable(coll) -> None:
             "dense (or multivector, sparse, tree) to use it")
 
 
-def corpus(snap) -> tuple[list[str], list[str]]:
-    """(ids, texts) of the live, unpruned documents of a snapshot, in its order."""
-    ids, texts = [], []
+def corpus(snap) -> tuple[list[str], list[str], list[str | None]]:
+    """(ids, texts, titles) of the live, unpruned documents of a snapshot, in its order
+    (a text: title and body as the model reads them, ``types.document_text``)."""
+    ids, texts, titles = [], [], []
     for seg, live in zip(snap.segments, snap.live):
         t = seg.docs.table
         pruned = seg.docs.pruned()
@@ -61,7 +62,8 @@ def corpus(snap) -> tuple[list[str], list[str]]:
             if (live is None or live[r]) and (pruned is None or not pruned[r]):
                 ids.append(i)
                 texts.append(document_text(title, text))
-    return ids, texts
+                titles.append(title or None)
+    return ids, texts, titles
 
 
 def teacher_of(coll, ids: list[str], profile=None):
@@ -196,25 +198,30 @@ def _learned(coll, snap, device, recipe, progress, learner, seed, report) -> dic
             pass
     reencode.discard(folder)  # another operation's leftovers
     encoders.remove_unnamed(folder, m)
-    ids, texts = corpus(snap)
+    ids, texts, titles = corpus(snap)
     if not any(t.strip() for t in texts):
         raise FailedPrecondition(f"collection {coll.name!r} stores no text to learn from")
     if learner is None:
-        from polyindex.adapt.learn import learn as learner
+        learner = _default_learner()
     from polyindex.encode.text import resolve_model
     name = encoders.next_name(folder, m)
     out = encoders.tmp_folder(folder, name)
     failpoints.hit("adapt.learn.before", out)
     base_model = resolve_model(encoders.model_of(folder, m)[0])
+    step = None if progress is None else \
+        (lambda phase, done, total: progress(f"learning: {phase}", done, total))
     report["learn"] = learner(texts, teacher_of(coll, ids), base_model, out, recipe=recipe,
-                              progress=None if progress is None else
-                              (lambda *a: progress("learning", *a)),
-                              device=device, seed=seed)
+                              progress=step, device=device, seed=seed, titles=titles)
     rec = encoders.install(folder, out, name)
     state_path.parent.mkdir(exist_ok=True)
     write_json_atomic(state_path, {"from": encoders.fingerprint(base), "record": rec},
                       "adapt.state")
     return rec
+
+
+def _default_learner():
+    from polyindex.adapt.learn import learn
+    return learn
 
 
 def _read_state(path: Path) -> dict | None:
