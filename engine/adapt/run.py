@@ -133,7 +133,7 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
     folder = Path(coll.folder)
     table = coll.table
     t0 = time.perf_counter()
-    snap = table.sealed_snapshot()
+    snap = coll.live.sealed_through_now()  # online: every acknowledged write sealed first
     m = snap.manifest
     cur, prev = encoders.current(m), encoders.previous(m)
     report = {"collection": coll.name, "reverted": revert, "learn": None}
