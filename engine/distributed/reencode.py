@@ -1,7 +1,7 @@
 """``polyindex adapt --ray``: the re-encoding of an adapt on Ray encoder actors, one segment
 per task, as ``index --ray`` builds one source range per task (``distributed.ingest``).
 
-Each actor opens the collection read-only (its kinds and committed artifacts), loads the
+Each actor opens the collection's storage read-only (its kinds and committed artifacts), loads the
 target encoder once and rebuilds the segments it is given with ``storage.reencode.rebuild``
 into the adapt's work folder (storage every node sees, like the data directory): the same
 files, fsynced and listed, a local rebuild writes, so the driver's commit
@@ -14,7 +14,7 @@ import pickle
 from pathlib import Path
 
 from polyindex.distributed import cluster
-from polyindex.distributed.build import error_bytes, open_collection
+from polyindex.distributed.cluster import error_bytes
 from polyindex.errors import InvalidArgument
 
 
@@ -23,13 +23,17 @@ class SegmentReencoder:
     ``out``: pickled descriptors or an ``error`` out)."""
 
     def __init__(self, folder: str, current: tuple, work: str, device: str = "cpu"):
-        from polyindex.ingest.encoding import Encoding
-        self.coll = coll = open_collection(folder)
-        enc = Encoding(coll.name, coll.config.model, coll.config.dtype, device, coll.kinds)
+        from polyindex.ingest.encoding import Encoding, token_encoder
+        from polyindex.storage.table import Table
+        # the collection's storage read-only (its kinds, config and committed artifacts):
+        # the driver holds the writer
+        self.table = t = Table(Path(folder), readonly=True, token_encoder=token_encoder)
+        enc = Encoding(t.name, t.config.model, t.config.dtype, device, t.kinds)
+        self.spec = enc.vector_spec().fields
         enc.follow(tuple(current))
         _ = enc.encoder  # the model loads here, once per actor
         self.encode = enc.document_encoder(device)
-        self.work, self.spec = Path(work), coll.encoding.vector_spec().fields
+        self.work = Path(work)
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
@@ -40,9 +44,9 @@ class SegmentReencoder:
             task = pickle.loads(raw)
             entry = task["entry"]
             try:
-                seg = OpenedSegment(Path(self.coll.folder) / "segments" / entry.id, entry,
-                                    self.coll.kinds)
-                reencode.rebuild(self.work, seg, self.coll.kinds, self.spec, self.encode,
+                seg = OpenedSegment(self.table.folder / "segments" / entry.id, entry,
+                                    self.table.kinds)
+                reencode.rebuild(self.work, seg, self.table.kinds, self.spec, self.encode,
                                  task["collection_rows"])
                 desc = {"segment": entry.id, "rows": entry.n_rows}
             except Exception as e:  # noqa: BLE001 - sent to the driver, raised there
