@@ -23,12 +23,14 @@ class Progress:
 
     def __init__(self, every: float = 2.0, stream=sys.stderr):
         self.every, self.stream = every, stream
-        self.phase, self.t0, self.last = None, 0.0, 0.0
+        self.phase, self.last = None, 0.0
+        self.t0 = self.seen = time.monotonic()
 
     def __call__(self, phase, done=None, total=None, *rest) -> None:
         now = time.monotonic()
-        if phase != self.phase:
-            self.phase, self.t0, self.last = phase, now, 0.0
+        if phase != self.phase:  # a phase began when the one before last reported
+            self.phase, self.t0, self.last = phase, self.seen, 0.0
+        self.seen = now
         if not isinstance(done, (int, float)) or not isinstance(total, (int, float)):
             return
         if now - self.last < self.every and done < total:
