@@ -22,7 +22,9 @@ def _value(key: str, value, info: dict) -> str:
     if value is None or value == [] or value == {}:
         return "-"
     if key == "encoder":  # polyindex adapt's (storage.encoders)
-        return "the model's own" if value == "base" else \
+        if info.get("encodes_text") is False:
+            return "-"
+        return "base (the model as it is)" if value == "base" else \
             f"{value}, adapted to this collection (adapt --revert goes back)"
     if key == "model":
         choice = info.get("dtype_choice")
