@@ -23,7 +23,7 @@ from pathlib import Path
 
 from polyindex.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from polyindex.storage import encoders, failpoints, reencode
-from polyindex.storage.fsutil import write_json_atomic
+from polyindex.storage.fsutil import rmtree, write_json_atomic
 from polyindex.types import document_text
 
 STATE = "state.json"
@@ -142,13 +142,17 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
             raise FailedPrecondition(f"collection {coll.name!r} was never adapted: nothing to "
                                      "revert")
         target = prev
+        # an interrupted adapt's leftovers (its encoder, its rebuilds) are given up
+        for p in sorted((folder / reencode.WORK).glob("*")):
+            if p.name != _work_name(prev, True):
+                rmtree(p, "adapt.gc")
+        encoders.remove_unnamed(folder, m)
     else:
         target = _learned(coll, snap, device, recipe, progress, learner, seed, report)
     t_learn = time.perf_counter()
     target_model = (encoders.model_of(folder, _with(m, target)))
     encode = _encode_with(coll, target_model, device)
-    work = reencode.work_dir(folder, ("revert-" if revert else "") + (
-        f"{target['name']}-{encoders.fingerprint(target)}" if target else "base"))
+    work = reencode.work_dir(folder, _work_name(target, revert))
     spec = coll.encoding.vector_spec().fields
     step = None if progress is None else (lambda d, n: progress("re-encoding", d, n))
     if ray is not None:
@@ -172,6 +176,12 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
                   seconds={"learn": round(t_learn - t0, 3),
                            "reencode_and_commit": round(time.perf_counter() - t_learn, 3)})
     return report
+
+
+def _work_name(target: dict | None, revert: bool) -> str:
+    """The work folder of re-encoding with ``target``: its name and fingerprint."""
+    return ("revert-" if revert else "") + (
+        f"{target['name']}-{encoders.fingerprint(target)}" if target else "base")
 
 
 def _with(m, rec):
