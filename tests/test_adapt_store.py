@@ -149,8 +149,11 @@ def test_adapt_commits_encoder_and_vectors_together_and_revert_restores(tmp_path
     eng = polyindex.open(tmp_path / "d")  # another process's view: the manifest's encoder
     c = eng.collection("c")
     assert answers(c) == adapted
+    (folder / "adapt" / "v9-0123").mkdir(parents=True)  # an interrupted adapt's leftovers
+    (folder / "encoders" / "v9").mkdir()
     r = c.adapt(revert=True)
     assert (r["encoder"], r["previous"]) == ("base", "v2")
+    assert not (folder / "adapt").exists() and not (folder / "encoders" / "v9").exists()
     assert answers(c) == before and answers(c, "hybrid") == before_h
     r = c.adapt(revert=True)  # a revert of the revert: the adapted encoder again
     assert r["encoder"] == "v2" and answers(c) == adapted
