@@ -19,7 +19,7 @@ from polyindex.query import scan, vector_lane
 from polyindex.query.pipeline import run
 from polyindex.query.profiles import builtin_profiles, model_inputs, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
-from polyindex.storage import compaction, gc
+from polyindex.storage import compaction, encoders, gc
 from polyindex.storage.table import Table
 from polyindex.types import MAX_K, MAX_SCROLL, Document, Hit, Page, check_fields, select_fields
 
@@ -33,6 +33,7 @@ class Collection:
                                    dir_lock=dir_lock)
         table.encoding = self.encoding = Encoding(table.name, table.config.model,
                                                   table.config.dtype, device, table.kinds)
+        self.encoding.follow(table.encoder_now[0])  # an adapted encoder (storage.encoders)
         self.folder, self.name, self.device, self.uid = folder, table.name, device, table.uid
         self.online, self.readonly = online, readonly
         self.kinds = table.kinds  # the same dict (never rebound)
@@ -45,13 +46,8 @@ class Collection:
     def config(self):
         return self.table.config
 
-    @property
-    def closed(self) -> bool:
-        return self.table.closed
-
-    @property
-    def encoder(self):
-        return self.encoding.encoder
+    closed = property(lambda self: self.table.closed)
+    encoder = property(lambda self: self.encoding.encoder)
 
     def vector_spec(self):
         """The vector fields the user fills (the servicer asks any implementation)."""
@@ -79,14 +75,10 @@ class Collection:
               force: bool = False, prune_quality: float | None = None,
               quality_model: str | Path | None = None):
         """Bulk-index a source (path or Source); see ``polyindex.ingest.bulk.bulk_index``.
-
         ``prune_quality`` P in [0, 1): the fraction P of the input with the lowest quality
-        estimate is kept out of the costly representations (dense, multivector, sparse,
-        tree): not encoded, not in those indexes, still stored, returned by ``get`` and
-        found by lexical queries. The threshold (a quantile of the input's qualities) is
-        stored in the collection config and applied to every later write.
-        ``quality_model``: a LightGBM text model to use instead of the shipped one, when the
-        collection has none yet (``bench/train_quality.py``)."""
+        estimate is kept out of the costly representations (not encoded; stored, found by
+        lexical queries); the threshold is stored and applied to every later write.
+        ``quality_model``: a LightGBM text model instead of the shipped one."""
         from polyindex.ingest.bulk import bulk_index
         from polyindex.ingest.sources import Source, open_source
         from polyindex.ingest import quality  # LightGBM's scorer: only an indexing run loads it
@@ -251,9 +243,11 @@ class Collection:
         queries = make_queries(texts, vectors, using, tokens)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
-        prof = self._profile(profile)
-        self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds))
-        return run(self.view(), queries, prof, k, self._filter(filter), explain, with_text,
+        prof, snap = self._profile(profile), self.view()
+        # encoded by the encoder that made the snapshot's vectors (an adapt may commit now)
+        self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds),
+                                   current=encoders.model_of(self.folder, snap.manifest))
+        return run(snap, queries, prof, k, self._filter(filter), explain, with_text,
                    with_metadata, fields)
 
     def info(self) -> dict:
@@ -263,6 +257,7 @@ class Collection:
                 "segments": len(m.segments), "deleted_rows": sum(s.n_deleted for s in m.segments),
                 "indexes": [k.describe() for k in self.kinds.values()],
                 "profiles": sorted(self.profiles()), "model": self.config.model,
+                "encoder": (encoders.current(m) or {}).get("name", "base"),
                 "dtype": self.config.dtype, "dtype_choice": self.config.dtype_choice,
                 "encodes_text": self.encoding.encodes_text(), "fields": self.config.fields,
                 "segment_size": self.config.segment_size,
@@ -270,6 +265,13 @@ class Collection:
                                   for f in self.encoding.vector_spec().fields.values()},
                 "ingest": m.ingest, "format_version": m.format_version,
                 **gc.disk_usage(self.folder, m), **self.live.pending()}
+
+    def adapt(self, *, revert: bool = False, recipe=None, device: str | None = None,
+              progress=None, ray: dict | None = None) -> dict:
+        """Learn an encoder from this collection, re-encode with it (``adapt.run``)."""
+        from polyindex.adapt.run import adapt
+        return adapt(self, revert=revert, device=device, recipe=recipe, progress=progress,
+                     ray=ray)
 
     # -- compaction ------------------------------------------------------------------------
     def merge(self, ids: Sequence[str], stop=lambda: False) -> dict | None:
@@ -279,8 +281,7 @@ class Collection:
     def compact(self, max_segments: int | None = None, on_merge=None) -> dict:
         """Merge until the policy (or ``max_segments``) is met and no deleted row is left;
         returns a report (``storage.compaction.compact``)."""
-        return compaction.compact(self.table, max_segments, on_merge,
-                                  self.live.writes)
+        return compaction.compact(self.table, max_segments, on_merge, self.live.writes)
 
     def storage_report(self) -> dict:
         return compaction.storage_report(self.table)

@@ -149,6 +149,10 @@ class CollectionAPI(Protocol):
     # (FailedPrecondition).
     def snapshot(self, path: str) -> dict: ...
 
+    # Learn an encoder from the collection's texts and re-encode it (``revert``: back to the
+    # previous encoder); a report. Sharded: refused (FailedPrecondition).
+    def adapt(self, *, revert: bool = False, recipe: dict | None = None) -> dict: ...
+
 
 class EngineAPI(Protocol):
     """The collections of a data directory or a server: ``Engine``, ``client.remote.Client``

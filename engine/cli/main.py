@@ -1,5 +1,5 @@
 """The ``polyindex`` command line: index, query, eval, train-ranker, tune-bm25, serve, info, verify,
-compact, demo, count, delete, scroll, export, snapshot (``cli.snapshot``).
+compact, demo, count, delete, scroll, export, snapshot (``cli.snapshot``), adapt (``cli.adapt_cmd``).
 
 People read tables; programs read JSON (``--json``). Errors print one clear line on stderr and
 exit non-zero (``exit_codes``: 2 for a user error, 1 otherwise).
@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polyindex.cli import snapshot as snapshot_cli
+from polyindex.cli.adapt_cmd import RecipeOpt as _adapt_recipe, parse_recipe, run as run_adapt
 from polyindex.cli.disk_full import reported
 from polyindex.cli.options import (PROFILES_HELP, CollOpt, DataOpt, DeviceOpt, JsonOpt,
                                    open_engine as _engine)
@@ -62,6 +63,8 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
           gpus_per_encoder: float = typer.Option(0, "--gpus-per-encoder", help="GPUs per encoder actor (with --ray); 0: encode on CPUs."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
           progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (phases, docs/s, ETA) on stderr."),
+          adapt: bool = typer.Option(False, "--adapt", help="A new collection: once indexed, learn an encoder from it and re-encode it (polyindex adapt)."),
+          recipe: Optional[List[str]] = _adapt_recipe,
           device: str = DeviceOpt):
     """Bulk-index documents into a collection; resumable.
 
@@ -88,6 +91,10 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
             raise InvalidArgument("--ray writes DATA itself; it does not go with --server")
         from polyindex.distributed.cluster import require_ray
         require_ray()  # before anything is created: without Ray, the line that says how to get it
+    if adapt and (ray or server is not None):
+        raise InvalidArgument("--adapt adapts the collection this command writes: not with "
+                              "--server or --ray (run polyindex adapt after)")
+    parsed_recipe = parse_recipe(recipe) if adapt else None
     source = open_source(src, ids=ids)
     if server is not None:
         from polyindex.cli.remote_index import index_via_server
@@ -125,6 +132,12 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         coll = eng.create_collection(collection, indexes, fields=fields,
                                      **_create_options(model, dtype, segment_size))
     try:
+        if adapt:  # refused before any work: adapt's own checks
+            if not created:
+                raise InvalidArgument(f"--adapt is for a new collection; {collection!r} "
+                                      "exists: run polyindex adapt")
+            from polyindex.adapt.run import check_adaptable
+            check_adaptable(coll)
         if ray:
             from polyindex.distributed.ingest import ray_index
             report = ray_index(coll, source, encoders=encoders, gpus_per_encoder=gpus_per_encoder,
@@ -141,9 +154,12 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
         if created and not coll.table.sealed_snapshot().manifest.segments:
             eng.drop_collection(collection)
         raise
-    payload = {**report.to_json(), "collection": collection, "documents": coll.count()}
+    adapted = run_adapt(coll, revert=False, device=device, recipe=parsed_recipe,
+                        as_json=False, show_progress=progress, say=_say) if adapt else None
+    payload = {**report.to_json(), "collection": collection, "documents": coll.count(),
+               **({"adapt": adapted} if adapt else {})}
     if as_json:
-        print(json.dumps(payload))
+        print(json.dumps(payload, default=str))
     elif report.already_indexed:
         out.print(f"{src} is already fully indexed in {collection!r} (use --force to index it again)")
     else:
@@ -431,10 +447,11 @@ def demo(data: Path = typer.Option(Path(".demo"), "--data", help="Where the demo
 
 # commands in their own modules, registered here
 from polyindex.cli import data_ops as _data_ops, eval_cmd as _eval, export as _export  # noqa: E402
-from polyindex.cli import serve_cmd as _serve  # noqa: E402
+from polyindex.cli import adapt_cmd as _adapt, serve_cmd as _serve  # noqa: E402
 
 app.command("eval")(_eval.eval_cmd)
 app.command()(_serve.serve)
+app.command("adapt")(_adapt.adapt)
 
 app.command("count")(_data_ops.count)
 app.command("delete")(_data_ops.delete)

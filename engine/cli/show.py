@@ -10,6 +10,7 @@ from rich.table import Table
 _LABELS = [("documents", "documents"), ("segments", "segments"), ("deleted_rows", "deleted rows"),
            ("bytes_on_disk", "bytes on disk"), ("bytes_reclaimable", "bytes reclaimable"),
            ("indexes", "indexes"), ("profiles", "profiles"), ("model", "model"),
+           ("encoder", "encoder"),
            ("vector_fields", "your vector fields"), ("segment_size", "segment size"),
            ("fields", "fields"), ("ingest", "last ingest"),
            ("version", "manifest version"), ("format_version", "format")]
@@ -20,6 +21,11 @@ def _value(key: str, value, info: dict) -> str:
         return "none (no index encodes text)"  # lexical only, or the user's own vectors
     if value is None or value == [] or value == {}:
         return "-"
+    if key == "encoder":  # polyindex adapt's (storage.encoders)
+        if info.get("encodes_text") is False:
+            return "-"
+        return "base (the model as it is)" if value == "base" else \
+            f"{value}, adapted to this collection (adapt --revert goes back)"
     if key == "model":
         choice = info.get("dtype_choice")
         return f"{value}, {info.get('dtype', '?')}" + (f" ({choice})" if choice else "")

@@ -17,6 +17,8 @@ Upsert stream and the connection check always use grpcio. ``"python"`` uses grpc
 """
 from __future__ import annotations
 
+import json
+
 import random
 import time
 from pathlib import Path
@@ -413,6 +415,16 @@ class RemoteCollection:
         resp = self.client._call("CreateSnapshot", pb.CreateSnapshotRequest(
             collection=self.name, name=path), timeout=timeout, retry=False)
         return {**_snapshot(resp), "path": path}
+
+    def adapt(self, *, revert: bool = False, recipe: dict | None = None,
+              timeout: float | None = None) -> dict:
+        """The server adapts the collection (``Collection.adapt``); minutes on a CPU: give a
+        ``timeout`` long enough, or none."""
+        resp = self.client._call("AdaptCollection", pb.AdaptCollectionRequest(
+            collection=self.name, revert=revert,
+            recipe={k: json.dumps(v) for k, v in (recipe or {}).items()}),
+            timeout=timeout, retry=False)
+        return json.loads(resp.report_json)
 
     def __repr__(self) -> str:
         return f"RemoteCollection({self.name!r} at {self.client.address})"

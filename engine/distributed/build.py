@@ -16,13 +16,12 @@ trains on its first segment; the others start after that commit and load them.
 """
 from __future__ import annotations
 
-import os
 import pickle
-import traceback
 import uuid
 from pathlib import Path
 
-from polyindex.errors import FailedPrecondition, InputError, Internal, PolyindexError
+from polyindex.distributed.cluster import error_bytes
+from polyindex.errors import FailedPrecondition, InputError
 from polyindex.storage.fsutil import fsync_tree
 from polyindex.storage.writer import batch_of, build_segment, train_kinds
 from polyindex.types import document_text
@@ -86,20 +85,6 @@ def build_range(coll, encode, source, task: dict) -> dict:
     fsync_tree(tmp, "commit.segment")  # durable from the node that wrote it
     out["folder"] = tmp.name
     return out
-
-
-def error_bytes(e: BaseException) -> bytes:
-    """An error as the driver will raise it: a polyindex error as itself (its message names
-    the file and line), anything else as Internal with the worker's traceback."""
-    if not isinstance(e, PolyindexError):
-        e = Internal(f"ray ingest worker (pid {os.getpid()}): "
-                     + "".join(traceback.format_exception(e)).strip())
-    try:
-        data = pickle.dumps(e)
-        pickle.loads(data)
-        return data
-    except Exception:  # noqa: BLE001 - an error class that does not round-trip
-        return pickle.dumps(Internal(str(e)))
 
 
 class SegmentBuilder:

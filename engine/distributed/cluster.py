@@ -9,9 +9,11 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import pickle
 import signal
+import traceback
 
-from polyindex.errors import InvalidArgument, install_hint
+from polyindex.errors import Internal, InvalidArgument, PolyindexError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +112,17 @@ def _ray_children(ray) -> set[int]:
         except OSError:
             continue
     return found
+
+
+def error_bytes(e: BaseException) -> bytes:
+    """An error as the driver will raise it: a polyindex error as itself (its message names
+    the file and line), anything else as Internal with the worker's traceback."""
+    if not isinstance(e, PolyindexError):
+        e = Internal(f"ray worker (pid {os.getpid()}): "
+                     + "".join(traceback.format_exception(e)).strip())
+    try:
+        data = pickle.dumps(e)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - an error class that does not round-trip
+        return pickle.dumps(Internal(str(e)))

@@ -187,6 +187,16 @@ class ShardedCollection:
         out["per_shard"] = infos
         return out
 
+    def adapt(self, *, revert: bool = False, recipe: dict | None = None) -> dict:
+        """Not for a sharded collection: each shard holds a part of the corpus, and one
+        encoder for every shard would have to learn from all of them and commit on all at
+        one point (a coordinated commit across shards), which the router does not do."""
+        raise FailedPrecondition(
+            f"collection {self.name!r} is sharded: adapt is not supported for sharded "
+            "collections (one encoder must learn from every shard's documents and be committed "
+            "on all shards at once; each shard adapted alone would get its own encoder and "
+            "scores no longer comparable across shards)")
+
     def snapshot(self, path: str) -> dict:
         """Not for a sharded collection yet: one consistent cut needs every shard sealed at
         one point (a coordinated seal across shards), which the router does not do."""

@@ -27,7 +27,7 @@ def batching(device: str, batch_size: int | None, chunk: int | None) -> tuple[in
     gpu = device == "cuda"
     return (batch_size or (GPU_BATCH if gpu else 64),
             chunk or (GPU_CHUNK if gpu else CHUNK))
-_MODELS: dict[tuple[str, str, str], "Encoder"] = {}
+_MODELS: dict[tuple, "Encoder"] = {}
 _LOCK = threading.Lock()
 
 
@@ -93,9 +93,13 @@ class Encoder:
         return out
 
 
-def get_encoder(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str = "cpu") -> Encoder:
-    """Models are loaded once per process and shared by every collection that names them."""
-    key = (model, dtype, device)
+def get_encoder(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str = "cpu",
+                fingerprint: str | None = None) -> Encoder:
+    """Models are loaded once per process and shared by every collection that names them.
+    ``fingerprint``: an adapted encoder's sum of its files (``storage.encoders``), part of
+    the key: a collection's encoder folder made again (a new adapt, a drop and re-create at
+    the same path) is never answered by the model loaded from the old one."""
+    key = (model, dtype, device, fingerprint)
     with _LOCK:
         if key not in _MODELS:
             _MODELS[key] = Encoder(model, dtype, device)

@@ -166,6 +166,6 @@ def token_encoder_for(encoder) -> SentenceTokenEncoder:
 
 
 def get_token_encoder(model: str, dtype: str = "bfloat16",
-                      device: str = "cpu") -> SentenceTokenEncoder:
+                      device: str = "cpu", fingerprint: str | None = None) -> SentenceTokenEncoder:
     from polyindex.encode.text import get_encoder
-    return token_encoder_for(get_encoder(model, dtype, device))
+    return token_encoder_for(get_encoder(model, dtype, device, fingerprint))

@@ -19,21 +19,42 @@ class Encoding:
     def __init__(self, name: str, model: str | None, dtype: str, device: str, kinds: dict):
         """``kinds``: the table's kinds (the same dict; read at each call)."""
         self.name = name
-        self.model = model  # fixed at the collection's creation, as its dtype
+        self.model = model  # the base model, fixed at the collection's creation, as its dtype
         self.dtype = dtype
         self.device = device
         self.kinds = kinds
         self._encoder = None
+        # The encoder writes use: the base model, or an adapted one (``storage.encoders``:
+        # its folder and fingerprint), set from each manifest a writer commits under
+        # (``follow``); ``generation`` moves on each switch, so a write that encoded before
+        # one re-encodes (``online.writes``).
+        self.current: tuple[str | None, str | None] = (model, None)
+        self.generation = 0
 
-    @property
-    def encoder(self):
+    def follow(self, current: tuple[str | None, str | None]) -> None:
+        """Encode writes with ``current`` (model, fingerprint) from now on."""
+        if current != self.current:
+            self.current, self._encoder = current, None
+            self.generation += 1
+
+    def _load(self, current):
         if self.model is None:
             raise InvalidArgument(f"collection {self.name!r} has no model (model=None): give "
                                   "vectors, not text, to the vector indexes")
-        if self._encoder is None:
-            from polyindex.encode.text import get_encoder
-            self._encoder = get_encoder(self.model, self.dtype, self.device)
-        return self._encoder
+        from polyindex.encode.text import get_encoder
+        return get_encoder(current[0], self.dtype, self.device, current[1])
+
+    @property
+    def encoder(self):
+        enc = self._encoder
+        if enc is None:
+            enc = self._encoder = self._load(self.current)
+        return enc
+
+    def encoder_of(self, current):
+        """The encoder of a snapshot's manifest (``storage.encoders.model_of``): a query
+        encodes with the encoder that made the vectors it searches."""
+        return self.encoder if current == self.current else self._load(current)
 
     def _encode_docs(self, texts, on_batch=None):
         return self.encoder.encode(texts, on_batch=on_batch)
@@ -53,27 +74,29 @@ class Encoding:
             return None
         if device not in (None, "cpu"):
             from polyindex.encode.text import get_encoder
-            self._encoder = get_encoder(self.model, self.dtype, device)
+            self._encoder = get_encoder(self.current[0], self.dtype, device, self.current[1])
         if any(k.needs_tokens for k in self.kinds.values()):
             return self._encode_docs_tokens
         return self._encode_docs
 
-    def fill_queries(self, queries, vectors: bool, tokens: bool) -> None:
+    def fill_queries(self, queries, vectors: bool, tokens: bool, current=None) -> None:
         """Encode the texts of the queries that lack what the profile reads, with one forward
         pass per query: the dense vector (``q.vector``) and, when ``tokens``, the model's
-        query tokens (``q.extra["tokens"]``, which the multivector kind takes as given)."""
+        query tokens (``q.extra["tokens"]``, which the multivector kind takes as given).
+        ``current``: the searched snapshot's encoder (default: the writes' one)."""
         need = [i for i, q in enumerate(queries) if q.text and (
             (vectors and q.vector is None) or (tokens and "tokens" not in q.extra))]
         if not need:
             return
         texts = [queries[i].text for i in need]
+        encoder = self.encoder if current is None else self.encoder_of(current)
         if tokens:
             from polyindex.encode.tokens import token_encoder_for
-            vecs, toks = token_encoder_for(self.encoder).encode_queries_both(texts)
+            vecs, toks = token_encoder_for(encoder).encode_queries_both(texts)
             for i, t in zip(need, toks):
                 queries[i].extra.setdefault("tokens", t)
         else:
-            vecs = self.encoder.encode(texts, chunk=len(texts))
+            vecs = encoder.encode(texts, chunk=len(texts))
         if vectors:
             for i, v in zip(need, vecs):
                 if queries[i].vector is None:
@@ -92,8 +115,12 @@ class Encoding:
             any(k.needs_embeddings or k.needs_tokens for k in self.kinds.values())
 
 
-def token_encoder(model: str, dtype: str, device: str = "cpu"):
+def token_encoder(model: str, dtype: str, device: str = "cpu", current=None):
     """The collection model's token encoder, for kinds that encode (multivector); a plain
-    function, so the kinds hold no reference back to their collection."""
+    function, so the kinds hold no reference back to their collection. ``current``: a
+    one-item list holding the table's (model, fingerprint) now (an adapted encoder)."""
     from polyindex.encode.tokens import get_token_encoder
+    if current is not None and current[0][0] is not None:
+        model, fp = current[0]
+        return get_token_encoder(model, dtype, device, fp)
     return get_token_encoder(model, dtype, device)

@@ -75,8 +75,9 @@ class OnlineWrites(BufferedView):
                                             else [])
                                            for d in docs]}
         # before the WAL: an encoder failure acknowledges nothing
-        vectors = embeddings if embeddings is not None and self.needs_vectors else \
-            self._encode(docs)
+        given = embeddings is not None and self.needs_vectors
+        generation = self.table.encoding.generation
+        vectors = embeddings if given else self._encode(docs)
         if vectors is not None:  # followers and a replay reuse them (see online.view)
             record["emb"] = encode_array(vectors)
         if not self._tried_training and untrained(self.table.kinds):
@@ -85,6 +86,11 @@ class OnlineWrites(BufferedView):
             self._tried_training = True
             train_first(self.table, docs, vectors, self.spec.stack(docs) if self.spec else None)
         with self.lock:
+            if not given and self.table.encoding.generation != generation:
+                # an adapt committed a new encoder meanwhile (under this lock, with the buffer
+                # sealed): encode again, so the buffer never mixes encoders
+                vectors = self._encode(docs)
+                record["emb"] = encode_array(vectors)
             self._check_writable(len(docs))
             # Build first: a failure there acknowledges nothing and leaves nothing in the WAL;
             # once the append returns, the write is durable and nothing below can fail it.

@@ -28,10 +28,11 @@ from polyindex.wire.grpc_errors import Unavailable, from_rpc_error
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # pauses between a forwarded write's tries
 _RETRIED = frozenset({"Upsert", "Delete", "DeleteWhere"})  # idempotent: see Member.forward
-# Calls that run for minutes on the writer (a snapshot copies the whole collection): the
-# forward waits POLYINDEX_FORWARD_WAIT_S at most for the writer to be reachable, then as long
-# as the client's own deadline allows (none: until the writer answers)
-_LONG = frozenset({"CreateSnapshot"})
+# Calls that run for minutes on the writer (a snapshot copies the collection, an adapt
+# learns and re-encodes it): the forward waits POLYINDEX_FORWARD_WAIT_S at most for the
+# writer to be reachable, then as long as the client's own deadline allows (none: until the
+# writer answers)
+_LONG = frozenset({"CreateSnapshot", "AdaptCollection"})
 PEER_TIMEOUT_S = 2.0   # a sibling that does not answer Stats within this is reported, not waited for
 _PASSED = ("authorization",)  # metadata a forwarded call carries on (the writer checks it too)
 INTERNAL_KEY = "polyindex-internal"  # on calls between the processes of a group: the sender's pid

@@ -7,6 +7,7 @@ pool; the engine's own per-collection locks guard writes, nothing here serialize
 from __future__ import annotations
 
 import collections
+import json
 import functools
 import os
 import threading
@@ -84,7 +85,8 @@ def check_count(what: str, n: int, cap: int) -> None:
 
 # The calls a group's processes make to each other (queries never are: no metadata scan)
 _MAY_BE_INTERNAL = frozenset({"Upsert", "Delete", "DeleteWhere", "CreateCollection",
-                              "DropCollection", "Stats", "CreateSnapshot", "DeleteSnapshot"})
+                              "DropCollection", "Stats", "CreateSnapshot", "DeleteSnapshot",
+                              "AdaptCollection"})
 
 
 def _rpc(method):
@@ -468,6 +470,18 @@ class PolyindexService(pb_grpc.PolyindexServicer):
                                files=s["files"], bytes=s["bytes"],
                                manifest_version=s["manifest_version"], seconds=s["seconds"],
                                created_at=time.time())
+
+    @_rpc
+    def AdaptCollection(self, req, context, tags):
+        if self.forwards:  # the writer adapts (it holds the data directory's lock)
+            return self._forward("AdaptCollection", req, context)
+        r = self.engine.collection(req.collection).adapt(revert=req.revert,
+                                                         recipe=dict(req.recipe) or None)
+        return pb.AdaptCollectionResponse(
+            collection=req.collection, encoder=r["encoder"], previous=r["previous"],
+            documents=r["documents"], reencoded_rows=r["reencoded_rows"],
+            delta_rows=r["delta_rows"], seconds=sum(r["seconds"].values()),
+            report_json=json.dumps(r, default=str))
 
     @_rpc
     def ListSnapshots(self, req, context, tags):

@@ -34,6 +34,7 @@ from typing import Callable
 import xxhash
 
 from polyindex.errors import AlreadyExists, Corrupt, InvalidArgument, check_cancelled
+from polyindex.storage import encoders
 from polyindex.storage.failpoints import hit
 from polyindex.storage.fsutil import fsync_dir, mkdir, rename, rmtree, write_file
 from polyindex.storage.integrity import CHUNK, check_file
@@ -65,6 +66,7 @@ def files_of(manifest: Manifest, folder: Path) -> dict[str, dict | None]:
     for kind, names in manifest.artifacts.items():
         sums = manifest.artifact_sums.get(kind, {})
         out.update({f"artifacts/{kind}/{n}": sums.get(n) for n in names})
+    out.update(encoders.files_of(manifest))  # an adapted collection's encoder(s)
     return out
 
 

@@ -24,6 +24,7 @@ import xxhash
 from polyindex.config import CollectionConfig
 from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index.registry import from_factory
+from polyindex.storage import encoders
 from polyindex.storage.failpoints import hit
 from polyindex.storage.fsutil import write_json_atomic
 from polyindex.storage.integrity import check_artifacts, check_sum_entry, is_plain_name
@@ -68,6 +69,8 @@ class Manifest:
     next_segment: int = 0
     format_version: int = FORMAT_VERSION
     wal_through: int = 0  # the highest WAL sequence number whose write the segments hold
+    # which encoder made the stored vectors (``storage.encoders``; None: never adapted)
+    encoder: dict | None = None
 
     def to_json(self) -> dict:
         data = {
@@ -79,6 +82,8 @@ class Manifest:
             "wal_through": self.wal_through,
             "committed_at": time.time(),
         }
+        if self.encoder is not None:  # absent until an adapt: older readers see no change
+            data["encoder"] = self.encoder
         data["checksum"] = content_checksum(data)
         return data
 
@@ -129,7 +134,8 @@ def read_manifest(folder: Path, point: str = "manifest") -> Manifest:
             segments=[_segment(s, fv) for s in data["segments"]],
             artifacts=data.get("artifacts", {}), artifact_sums=data.get("artifact_sums", {}),
             ingest=data.get("ingest"), next_segment=data.get("next_segment", 0),
-            format_version=fv, wal_through=data.get("wal_through", 0))
+            format_version=fv, wal_through=data.get("wal_through", 0),
+            encoder=data.get("encoder"))
         _check(manifest)
     except Corrupt as e:
         raise Corrupt(f"{path}: {e}") from e
@@ -143,6 +149,10 @@ def load_manifest(folder: Path, point: str = "manifest") -> Manifest:
     per process per file): every reader and writer loads them right after the manifest."""
     manifest = read_manifest(folder, point)
     check_artifacts(folder, manifest)
+    try:
+        encoders.check_files(folder, manifest)
+    except Corrupt as e:
+        raise Corrupt(f"encoder of {folder.name!r}: {e}") from e
     return manifest
 
 
@@ -200,6 +210,7 @@ def _check(m: Manifest) -> None:
         m.next_segment = top + 1  # format 1 did not check it; never reuse a segment id
     if not _is_int(m.next_segment) or m.next_segment <= top:
         raise Corrupt(f"next_segment {m.next_segment!r} does not follow the last segment")
+    encoders.check_record(m.encoder)
     if not isinstance(m.artifacts, dict) or not isinstance(m.artifact_sums, dict):
         raise Corrupt("artifacts is not an object")
     for kind, files in m.artifacts.items():

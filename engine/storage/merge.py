@@ -156,10 +156,12 @@ def write_merged_from(collection: Path, entries: list[SegmentEntry], lives: list
 
 def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
                  encodes_text: bool, collection_rows: int = 0,
-                 stop: Callable[[], bool] = lambda: False) -> dict:
+                 stop: Callable[[], bool] = lambda: False, fresh: tuple | None = None) -> dict:
     """The merged segment's files in ``folder`` from ``(opened segment, live mask or None)``
     pairs: documents, id index, vectors copied, every kind built or merged. Returns the
-    kinds' build infos."""
+    kinds' build infos. ``fresh``: (embeddings, tokens) of the model made again for these
+    rows (``storage.reencode``: an adapted encoder): stored and built from instead of the
+    sources' (every kind builds; none merges the old encoder's data)."""
     parts = [(seg, np.arange(seg.docs.n_rows, dtype=np.int64) if live is None
               else np.flatnonzero(live).astype(np.int64)) for seg, live in sources]
     vectors = {}
@@ -170,6 +172,8 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
             vectors[name] = m
     embeddings = _matrix(parts, "embedding", "dense" if "dense" in kinds else None) \
         if encodes_text else None
+    if fresh is not None:
+        embeddings = fresh[0]
     if embeddings is None:
         embeddings = vectors.get("dense")
     # Documents without their vectors, then the vectors stored as a fresh build stores
@@ -207,13 +211,13 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     idindex.write(folder, *idindex.merged(
         [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
     batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
-                       table.column("text").to_pylist(), embeddings, None, vectors,
-                       collection_rows, pruned)
+                       table.column("text").to_pylist(), embeddings,
+                       None if fresh is None else fresh[1], vectors, collection_rows, pruned)
     infos = {}
     for name, kind in kinds.items():
         if stop():
             raise Cancelled("the collection is closing")
-        if implements(kind, Merges):
+        if implements(kind, Merges) and fresh is None:
             infos[name] = kind.merge([(seg.indexes[name], rows) for seg, rows in parts],
                                      batch, folder)
         else:

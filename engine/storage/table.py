@@ -20,7 +20,7 @@ from polyindex.config import CollectionConfig
 from polyindex.errors import Corrupt, FailedPrecondition, InvalidArgument, NotFound
 from polyindex.index.protocol import IndexKind
 from polyindex.index.registry import from_factory
-from polyindex.storage import gc
+from polyindex.storage import encoders, gc
 from polyindex.storage.manifest import MANIFEST, load_manifest
 from polyindex.storage.snapshot import OpenedSegment, Snapshot
 from polyindex.storage.writer import Writer, writer_lock
@@ -48,6 +48,9 @@ class Table:
         manifest = load_manifest(folder)
         self.config: CollectionConfig = manifest.config
         self.uid = self.config.uid
+        # (model, fingerprint) of the encoder the newest manifest names (an adapted one:
+        # ``storage.encoders``); a one-item list the kinds' token encoder reads at each call
+        self.encoder_now = [encoders.model_of(folder, manifest)]
         # Keyed by index name: the kind ("dense", "lexical") or a named field ("dense@image").
         self.kinds: dict[str, IndexKind] = {}
         for factory in self.config.indexes:
@@ -56,7 +59,8 @@ class Table:
             except InvalidArgument as e:  # it was valid when the collection was created
                 raise Corrupt(f"{folder / MANIFEST}: stored index {factory!r}: {e}") from e
             kind.attach(device=device, token_encoder=partial(
-                token_encoder, self.config.model, self.config.dtype, device))
+                token_encoder, self.config.model, self.config.dtype, device,
+                current=self.encoder_now))
             kind.load_artifacts(folder / "artifacts" / kind.artifact_name)
             self.kinds[kind.name] = kind
         for name, kind in self.kinds.items():  # dimensions taken from the first vectors
@@ -168,6 +172,7 @@ class Table:
         manifest = load_manifest(self.folder, f"{point}.manifest")
         if manifest.config.uid != self.uid:
             raise self._gone(f"collection {self.name!r} was dropped (and created again)")
+        self._follow_encoder(manifest)
         if manifest.config != self.config:  # e.g. train-ranker or tune-bm25 elsewhere
             self.config = manifest.config
             self.on_config_change()
@@ -188,6 +193,12 @@ class Table:
 
     def refresh(self) -> None:
         self._stamp = None
+
+    def _follow_encoder(self, manifest) -> None:
+        """Writes and the kinds encode with the encoder ``manifest`` names from now on."""
+        self.encoder_now[0] = encoders.model_of(self.folder, manifest)
+        if self.encoding is not None:
+            self.encoding.follow(self.encoder_now[0])
 
     def release(self) -> None:
         """Let go of opened segments: a closed handle pins no file against collection."""
@@ -216,6 +227,8 @@ class Table:
                        open_segment=self._opened_docs)
             if w.manifest.config.uid != self.uid:
                 raise self._gone(f"collection {self.name!r} was dropped (and created again)")
+            # the encoder the manifest it commits over names (an adapt elsewhere switched it)
+            self._follow_encoder(w.manifest)
             # Document quality where it is worth its cost: a collection that runs its model
             # on the text (~80 us a document beside ~50 ms of encoding; a lexical-only
             # ingest would be ~30% slower) or that prunes. Holds the folder, not the

@@ -17,6 +17,7 @@ from typing import Callable
 
 from polyindex.config import validate_name
 from polyindex.errors import Corrupt, NotFound
+from polyindex.storage import encoders
 from polyindex.storage.integrity import check_file, remember, validate_arrow
 from polyindex.storage.manifest import MANIFEST, read_manifest
 from polyindex.storage.segment import DOCS_FILE, load_tombstones
@@ -95,6 +96,8 @@ def verify_collection(folder: Path, wal: WalCheck | None = None) -> CollectionRe
         sums = manifest.artifact_sums.get(kind, {})
         for name in files:
             _file(report, folder / "artifacts" / kind / name, sums.get(name))
+    for rel, expect in encoders.files_of(manifest).items():
+        _file(report, folder / rel, expect)
     _wal(report, wal, manifest.wal_through)
     return report
 

@@ -459,3 +459,40 @@ class DeleteSnapshotRequest(_message.Message):
 class DeleteSnapshotResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AdaptCollectionRequest(_message.Message):
+    __slots__ = ("collection", "revert", "recipe")
+    class RecipeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    REVERT_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    revert: bool
+    recipe: _containers.ScalarMap[str, str]
+    def __init__(self, collection: _Optional[str] = ..., revert: _Optional[bool] = ..., recipe: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AdaptCollectionResponse(_message.Message):
+    __slots__ = ("collection", "encoder", "previous", "documents", "reencoded_rows", "delta_rows", "seconds", "report_json")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    REENCODED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    encoder: str
+    previous: str
+    documents: int
+    reencoded_rows: int
+    delta_rows: int
+    seconds: float
+    report_json: str
+    def __init__(self, collection: _Optional[str] = ..., encoder: _Optional[str] = ..., previous: _Optional[str] = ..., documents: _Optional[int] = ..., reencoded_rows: _Optional[int] = ..., delta_rows: _Optional[int] = ..., seconds: _Optional[float] = ..., report_json: _Optional[str] = ...) -> None: ...

@@ -109,6 +109,11 @@ class PolyindexStub:
                 request_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.SerializeToString,
                 response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.FromString,
                 _registered_method=True)
+        self.AdaptCollection = channel.unary_unary(
+                '/polyindex.v1.Polyindex/AdaptCollection',
+                request_serializer=polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionRequest.SerializeToString,
+                response_deserializer=polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionResponse.FromString,
+                _registered_method=True)
 
 
 class PolyindexServicer:
@@ -212,6 +217,15 @@ class PolyindexServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdaptCollection(self, request, context):
+        """Adapt (issue 40): learn an encoder from the collection's texts and re-encode it with it
+        (`revert`: back to the previous encoder), in one commit; runs for minutes on a CPU. A
+        sharded collection refuses (FAILED_PRECONDITION), a collection without text too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolyindexServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -289,6 +303,11 @@ def add_PolyindexServicer_to_server(servicer, server):
                     servicer.DeleteSnapshot,
                     request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.FromString,
                     response_serializer=polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'AdaptCollection': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdaptCollection,
+                    request_deserializer=polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionRequest.FromString,
+                    response_serializer=polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -696,6 +715,33 @@ class Polyindex:
             '/polyindex.v1.Polyindex/DeleteSnapshot',
             polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotRequest.SerializeToString,
             polyindex_dot_v1_dot_polyindex__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdaptCollection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/polyindex.v1.Polyindex/AdaptCollection',
+            polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionRequest.SerializeToString,
+            polyindex_dot_v1_dot_polyindex__pb2.AdaptCollectionResponse.FromString,
             options,
             channel_credentials,
             insecure,
