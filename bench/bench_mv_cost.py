@@ -9,7 +9,7 @@
   (``SentenceTokenEncoder.encode_documents``), interleaved (target <= 1.15x).
 
 Usage: ``python bench/bench_mv_cost.py --data DATA --collection NAME --source BEIR_FOLDER
-[--passes 3] [--queries 30] [--encode-docs 64]``; the collection must have lexical, dense and
+[--passes 3] [--queries 30] [--encode-docs 64 (0: none)] [--ndocs 1024,128]``; the collection must have lexical, dense and
 multivector (e.g. ``polyindex index BEIR --index lexical --index dense --index multivector
 --dtype float32``).
 """
@@ -24,7 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from common import console, median, table, verdict  # noqa: E402
 
-PROFILES = ("dense", "multivector", "hybrid-mv")
+PROFILES = ("dense", "multivector", "hybrid-mv", "hybrid")
+
+
+def with_ndocs(n: int) -> dict:
+    """``multivector@N`` / ``hybrid-mv@N``: the built-in profiles with the search param
+    ``ndocs=N`` (the final pass's size) on their multivector stage."""
+    from polyindex.query.profiles import HYBRID_MV
+    mv = {"index": "multivector", "k": 100, "params": f"ndocs={n}"}
+    return {f"multivector@{n}": {"retrieve": [mv]},
+            f"hybrid-mv@{n}": {**HYBRID_MV, "retrieve": HYBRID_MV["retrieve"][:2] + [mv]}}
 
 
 def main(argv=None) -> int:
@@ -35,58 +44,66 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--queries", type=int, default=30, help="queries per timed pass")
     ap.add_argument("--encode-docs", type=int, default=64)
+    ap.add_argument("--ndocs", default="", help="also time and score multivector@N and "
+                    "hybrid-mv@N for these comma-separated N (the search param ndocs)")
     args = ap.parse_args(argv)
+    profiles = {p: p for p in PROFILES}
+    for n in common.parse_list(args.ndocs):
+        profiles.update(with_ndocs(int(n)))
     import polyindex
     from polyindex.encode.tokens import token_encoder_for
     coll = polyindex.open(args.data, readonly=True).collection(args.collection)
     qrels = common.read_qrels(args.source)
     queries = common.judged(common.read_queries(args.source), qrels)
     timed = queries[:args.queries]
-    for p in PROFILES:  # warm-up: model, numba, snapshot
+    for p in profiles.values():  # warm-up: model, numba, snapshot
         coll.query(timed[0][1], k=10, profile=p)
 
     def rate(profile):
         def run():
             t = time.perf_counter()
             for _, text in timed:
-                coll.query(text, k=10, profile=profile)
+                coll.query(text, k=10, profile=profiles[profile])
             return len(timed) / (time.perf_counter() - t)
         return run
-    qps = common.interleaved({p: rate(p) for p in PROFILES}, args.passes)
+    qps = common.interleaved({p: rate(p) for p in profiles}, args.passes)
     qps = {p: median(v) for p, v in qps.items()}
     quality = {}
-    for p in PROFILES:
-        run = {qid: [(h.id, h.score) for h in coll.query(text, k=100, profile=p)]
+    for p in profiles:
+        run = {qid: [(h.id, h.score) for h in coll.query(text, k=100, profile=profiles[p])]
                for qid, text in queries}
         path = common.WORK / "mv_cost" / f"{args.collection}.{p}.trec"
         common.write_trec(path, run, p)
         quality[p] = common.evaluate_trec(path, qrels).get("nDCG@10")
-    ids, titles, texts = common.read_corpus(args.source)
-    docs = [common.doc_text(a, b) for a, b in zip(titles, texts)][:args.encode_docs]
-    enc = coll.encoder
-    te = token_encoder_for(enc)
-
-    def enc_rate(fn):
-        def run():
-            t = time.perf_counter()
-            fn(docs)
-            return len(docs) / (time.perf_counter() - t)
-        return run
-    er = common.interleaved({"dense": enc_rate(enc.encode),
-                             "dense+tokens": enc_rate(te.encode_documents)}, args.passes)
-    er = {k: median(v) for k, v in er.items()}
     ratio = qps["multivector"] / qps["dense"]
-    cost = er["dense"] / er["dense+tokens"]
+    console.print(f"hybrid-mv q/s / hybrid q/s = {qps['hybrid-mv'] / qps['hybrid']:.2f}")
     console.print(table(f"{args.collection}: one query at a time ({len(timed)} queries x "
                         f"{args.passes} passes, interleaved)", ["profile", "q/s", "x dense",
                                                                 "nDCG@10"],
                         [(p, f"{qps[p]:.1f}", f"{qps[p] / qps['dense']:.2f}",
-                          f"{quality[p]:.4f}") for p in PROFILES]))
+                          f"{quality[p]:.4f}") for p in profiles]))
     console.print(f"multivector q/s / dense q/s = {ratio:.2f} (target >= 0.8) "
                   f"{verdict(ratio >= 0.8)}")
-    console.print(f"encode {len(docs)} docs: dense {er['dense']:.1f} docs/s, dense+tokens "
-                  f"{er['dense+tokens']:.1f} docs/s: {cost:.2f}x (target <= 1.15) "
-                  f"{verdict(cost <= 1.15)}")
+    er, cost = {}, None
+    if args.encode_docs:  # 0: queries only
+        ids, titles, texts = common.read_corpus(args.source)
+        docs = [common.doc_text(a, b) for a, b in zip(titles, texts)][:args.encode_docs]
+        enc = coll.encoder
+        te = token_encoder_for(enc)
+
+        def enc_rate(fn):
+            def run():
+                t = time.perf_counter()
+                fn(docs)
+                return len(docs) / (time.perf_counter() - t)
+            return run
+        er = common.interleaved({"dense": enc_rate(enc.encode),
+                                 "dense+tokens": enc_rate(te.encode_documents)}, args.passes)
+        er = {k: median(v) for k, v in er.items()}
+        cost = er["dense"] / er["dense+tokens"]
+        console.print(f"encode {len(docs)} docs: dense {er['dense']:.1f} docs/s, dense+tokens "
+                      f"{er['dense+tokens']:.1f} docs/s: {cost:.2f}x (target <= 1.15) "
+                      f"{verdict(cost <= 1.15)}")
     common.save_results("bench_mv_cost", {"collection": args.collection, "qps": qps,
                                           "ndcg10": quality, "mv_over_dense": ratio,
                                           "encode_docs_per_s": er, "encode_cost": cost})

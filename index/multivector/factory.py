@@ -8,7 +8,7 @@ from polyindex.config import index_memory_bytes
 from polyindex.types import MAX_VECTOR_DIMS
 
 DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
-            "special": "drop", "seed": 0, "niter": 10, "nprobe": 4, "ndocs": 1024}
+            "special": "drop", "seed": 0, "niter": 4, "nprobe": 4, "ndocs": 1024}
 
 
 def parse(body: str) -> dict:

@@ -5,7 +5,7 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=10][,nprobe=4][,ndocs=1024][,source=model|user][,dim=N]``.
+[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ndocs=1024][,source=model|user][,dim=N]``.
 ``source=user``: the token matrices come from the user (ColBERT/ColPali run elsewhere): each
 document carries ``tokens`` (n_tokens, d) (``polyindex.ingest.tokens``), queries carry
 ``query(tokens=...)``; the codebook (k-means codes + residuals) is trained on the user's
