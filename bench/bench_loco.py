@@ -245,10 +245,12 @@ def ltr_sets(eng, names):
     return sets
 
 
-def ltr_run(sets, train_on: list[str], score_on: str, tag: str) -> Path:
-    """The run of ``score_on`` by the general ranker trained on ``train_on`` (cached by name)."""
+def ltr_run(sets, train_on: list[str], score_on: str) -> Path:
+    """The run of ``score_on`` by the general ranker trained on ``train_on`` (cached, named by
+    the training collections)."""
     from polyindex.rerank.train import fit
-    path = RUNS / score_on / f"ltr.{tag}.trec"
+    tag = hashlib.sha1(",".join(sorted(train_on)).encode()).hexdigest()[:12]
+    path = RUNS / score_on / "ltr" / f"{tag}.trec"
     if path.exists():
         return path
     ranker = fit([sets[n][0] for n in train_on], [sets[n][1] for n in train_on],
@@ -283,7 +285,7 @@ def loco(eng, names: list[str], with_ltr: bool, nested: bool) -> dict:
     if with_ltr:
         sets = ltr_sets(eng, names)
         for f in names:  # held-out runs: trained on the other nine
-            p = ltr_run(sets, [n for n in names if n != f], f, "loco")
+            p = ltr_run(sets, [n for n in names if n != f], f)
             per_q[f]["ltr"] = nd10(p, qrels[f])
     mean = {n: {c: float(np.mean(list(v.values()))) for c, v in per_q[n].items()} for n in names}
     cands = [c for c in mean[names[0]] if c != REFERENCE]
@@ -294,7 +296,7 @@ def loco(eng, names: list[str], with_ltr: bool, nested: bool) -> dict:
         if with_ltr:
             if nested:  # ltr on each inner collection, trained on the other eight
                 scores["ltr"] = {j: float(np.mean(list(nd10(
-                    ltr_run(sets, [n for n in inner if n != j], j, f"without-{f}"),
+                    ltr_run(sets, [n for n in inner if n != j], j),
                     qrels[j]).values()))) for j in inner}
             else:
                 scores["ltr"] = {n: mean[n]["ltr"] for n in inner}
@@ -384,12 +386,19 @@ def main() -> int:
     ap.add_argument("--speed-profile", default="", help="candidate to time against hybrid "
                                                         "(default: the shipped choice)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--prepare", action="store_true",
+                    help="only the runs and the ranker's windows (e.g. while the cache fills)")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
     import polyindex
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     eng = polyindex.open(DATA_DIR)
+    if args.prepare:
+        for name in common.parse_list(args.collections):
+            if make_runs(eng, name) is not None and not args.no_ltr:
+                ltr_candidates(eng, name)
+        return 0
     res = loco(eng, common.parse_list(args.collections), not args.no_ltr, not args.flat_ltr)
     report(res)
     payload = {"loco": res, "grid": {"rrf_k": RRF_K, "rrf_w": RRF_W, "cvx_a": CVX_A,
