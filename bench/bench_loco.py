@@ -52,12 +52,13 @@ ALL = ["adi", "time", "medline", "cranfield", "cisi", "cacm", "nfcorpus", "lisa"
 LOCO = WORK / "loco"
 DATA_DIR = LOCO / "data"
 RUNS = LOCO / "runs"
+BUILD = LOCO / "build"  # `polyindex index ... --data bench/.work/loco/build` (not the cache)
 CACHE_SRC = Path(os.environ.get("LOCO_CACHE", "/work/cache/base"))
 DEPTH = 1000   # the legs' runs
 TOP = 100      # fused runs (a run of the top 100, as bench_ltr)
 RRF_K = (20, 60)
 RRF_W = (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)
-CVX_A = (0.3, 0.4, 0.5, 0.6, 0.7)
+CVX_A = (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8)
 LEX_DEPTH = (100, 1000)
 DENSE_DEPTH = (100, 1000)
 LTR_WINDOW = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100}],
@@ -74,7 +75,10 @@ def open_collection(eng, name: str):
     if not target.exists():
         src = CACHE_SRC / name
         DATA_DIR.mkdir(parents=True, exist_ok=True)
-        if (src / ".done").exists() or (CACHE_SRC / f"{name}.done").exists():
+        built = BUILD / name  # indexed here beforehand, while the shared cache was busy
+        if not (src / ".done").exists() and _complete(built):
+            src = built
+        if (src / ".done").exists() or src == built:
             tmp = DATA_DIR / f".{name}.copy"
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("LOCK", "buffer", ".done"))
@@ -84,9 +88,19 @@ def open_collection(eng, name: str):
             if folder is None:
                 return None
             console.print(f"[dim]indexing {name} with `polyindex index` ...[/dim]")
-            common.run_cli(["index", folder, "--data", DATA_DIR, "--collection", name,
+            common.run_cli(["index", folder, "--data", BUILD, "--collection", name,
                             "--no-progress", "--json"])
+            return open_collection(eng, name)
     return eng.collection(name)
+
+
+def _complete(folder: Path) -> bool:
+    """A collection whose bulk ingest finished (``polyindex index`` done, nothing writing)."""
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool((m.get("ingest") or {}).get("done"))
 
 
 def judged_queries(name: str):
@@ -176,15 +190,16 @@ def make_runs(eng, name: str) -> dict | None:
         console.print(f"[dim]{name}: {len(qs)} queries, engine runs in "
                       f"{time.perf_counter() - t0:.1f}s[/dim]")
     paths = dict(legs)
-    done = folder / ".fused"
+    done = folder / ".fused"  # holds the grid the fused runs were made for
+    grid = repr((RRF_K, RRF_W, CVX_A, LEX_DEPTH, DENSE_DEPTH, TOP))
     fused = None
-    if not done.exists():
+    if not done.exists() or done.read_text() != grid:
         fused = fused_runs(read_run(legs["lexical"]), read_run(legs["dense"]))
     for cand in candidate_names():
         paths[cand] = folder / f"{cand}.trec"
         if fused is not None:
             common.write_trec(paths[cand], fused[cand], cand)
-    done.touch()
+    done.write_text(grid)
     return paths
 
 
@@ -311,11 +326,30 @@ def loco(eng, names: list[str], with_ltr: bool, nested: bool) -> dict:
     ship = choose(all_scores, names)
     # the shipped candidate's own held-out-free reading: its plain score on each collection
     top = sorted(all_scores, key=lambda c: -np.mean(list(all_scores[c].values())))[:10]
+    engine = engine_check(eng, names, ship, mean, qrels)
     return {"folds": folds, "shipped": ship, "means": mean, "top10_on_all": top,
+            "engine_check": engine,
             "mean_chosen": float(np.mean([folds[f]["ndcg10"] for f in names])),
             "mean_hybrid": float(np.mean([folds[f]["hybrid"] for f in names])),
             "hybrid_offline_check": {n: (mean[n][REFERENCE], mean[n]["rrf-k60-w1.1-l1000-d100"])
                                      for n in names}}
+
+
+def engine_check(eng, names, cand: str, mean: dict, qrels: dict) -> dict:
+    """The shipped candidate run through the engine as a profile (``profile_of``): its nDCG@10
+    against the offline fusion's (the same but for ties and 6-decimal scores)."""
+    out = {}
+    for n in names:
+        coll = eng.collection(n)
+        qs, _ = judged_queries(n)
+        vectors = coll.encoder.encode([t for _, t in qs], chunk=256)
+        path = RUNS / n / "engine" / f"{cand}.trec"
+        common.write_trec(path, engine_run(coll, qs, vectors, profile_of(cand), TOP), cand)
+        got = float(np.mean(list(nd10(path, qrels[n]).values())))
+        out[n] = {"engine": got, "offline": mean[n][cand]}
+    worst = max(abs(v["engine"] - v["offline"]) for v in out.values())
+    console.print(f"engine check of {cand}: largest |engine - offline| nDCG@10 {worst:.4f}")
+    return out
 
 
 def report(res: dict) -> None:
@@ -393,7 +427,7 @@ def main() -> int:
     torch.set_num_threads(1)
     import polyindex
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    eng = polyindex.open(DATA_DIR)
+    eng = polyindex.open(DATA_DIR, readonly=True)  # collections are copied in, never written
     if args.prepare:
         for name in common.parse_list(args.collections):
             if make_runs(eng, name) is not None and not args.no_ltr:
