@@ -396,7 +396,7 @@ def speed(eng, name: str, profiles: dict, rounds: int) -> dict:
 
 def profile_of(cand: str) -> dict | str:
     """The engine profile of a candidate name."""
-    if cand in ("lexical", "dense", "ltr", REFERENCE):
+    if not cand.startswith(("rrf-", "cvx-")):  # a built-in profile's name (hybrid-convex)
         return cand
     method, *parts = cand.split("-")
     p = {x[0]: x[1:] for x in parts}
@@ -411,7 +411,9 @@ def profile_of(cand: str) -> dict | str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--collections", default=",".join(ALL))
+    ap.add_argument("--collections", default=",".join(ALL),
+                    help="the LOCO collections; '-' with --speed and --speed-profile: only the "
+                         "q/s check")
     ap.add_argument("--no-ltr", action="store_true", help="fusions and single kinds only")
     ap.add_argument("--flat-ltr", action="store_true",
                     help="a fold's choice reads ltr's LOCO-of-ten scores on the nine (their "
@@ -428,6 +430,12 @@ def main() -> int:
     import polyindex
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     eng = polyindex.open(DATA_DIR, readonly=True)  # collections are copied in, never written
+    if args.speed and args.speed_profile and args.collections == "-":  # the q/s check alone
+        res = speed(eng, args.speed, {REFERENCE: REFERENCE,
+                                      args.speed_profile: profile_of(args.speed_profile)},
+                    args.rounds)
+        common.save_results("bench_loco_speed", res)
+        return 0
     if args.prepare:
         for name in common.parse_list(args.collections):
             if make_runs(eng, name) is not None and not args.no_ltr:
