@@ -65,3 +65,8 @@ def test_default_falls_back_without_both_kinds():
     assert default_profile(["dense", "lexical"], {"hybrid": {}}) == "hybrid"
     kinds = ["lexical", "dense", "multivector"]
     assert default_profile(kinds, builtin_profiles(kinds)) == profiles.DEFAULT
+
+
+def test_demo_shows_the_default_last():
+    from polyindex.cli.demo import PROFILES
+    assert PROFILES[-1] == profiles.DEFAULT and "hybrid" in PROFILES

@@ -63,3 +63,17 @@ def test_eval_marks_in_sample_in_table_and_json(tmp_path, cli):
     assert p.returncode == 0, p.stderr
     assert "ltr (in-sample)" in p.stdout and "hybrid (in-sample)" not in p.stdout
     assert "is not a result" in p.stdout
+
+
+def test_query_without_profile_runs_the_default(tmp_path, cli):
+    from polyindex.query.profiles import DEFAULT
+    src = beir(tmp_path / "docs")
+    data = tmp_path / "data"
+    assert cli("index", src, "--data", data, "-c", "c", "--no-progress").returncode == 0
+    base = ("query", "heat flow in a supersonic wing", "--data", data, "-c", "c")
+    plain = cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    assert f"c · {DEFAULT} ·" in plain.stdout  # the table's title names the profile that ran
+    got = json.loads(cli(*base, "--json").stdout)
+    named = json.loads(cli(*base, "--profile", DEFAULT, "--json").stdout)
+    assert got == named and [h["id"] for h in got][0] == "d3"
