@@ -46,11 +46,10 @@ HYBRID_MV = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k
 # The default profile: chosen by leave-one-collection-out over the ten shared collections
 # (bench/bench_loco.py; docs/notes/default-profile.md): every fold picked a convex fusion on
 # its other collections (of RRF and convex fusions over weights and depths, lexical, dense,
-# and the general ranker), and this one is the choice made the same way on all of them (nine:
-# arguana's collection was not built in time). README's table of defaults states these
-# constants (tests/test_defaults.py).
-CONVEX_WEIGHTS = {"lexical": 0.5, "dense": 0.5}
-CONVEX_DEPTHS = {"lexical": 1000, "dense": 1000}
+# and the general ranker), and this one is the choice made the same way on all ten.
+# README's table of defaults states these constants (tests/test_defaults.py).
+CONVEX_WEIGHTS = {"lexical": 0.6, "dense": 0.4}
+CONVEX_DEPTHS = {"lexical": 1000, "dense": 100}
 HYBRID_CONVEX = {"retrieve": [{"index": k, "k": CONVEX_DEPTHS[k]} for k in ("lexical", "dense")],
                  "fuse": {"method": "weighted", "weights": dict(CONVEX_WEIGHTS)}}
 DEFAULT = "hybrid-convex"  # of a collection with lexical and dense (else hybrid, else its first kind)
