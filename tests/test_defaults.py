@@ -1,69 +1,72 @@
-"""Documented defaults equal the code's: what ``--index KIND`` alone builds.
-
-Each kind's default factory string is stated in three places: the defaults table of README.md,
-the defaults table of docs/ARCHITECTURE.md (rows ``| `kind` | `factory string` | ...``) and the
-kind's module docstring (``Default: ``factory string``.``). Each must equal
-``from_factory(kind).describe()``, the string ``polyindex info`` shows and the manifest stores,
-so the documentation and the code cannot drift apart again (issue 23: the sparse kind's docs
-said one configuration, the code built another).
-"""
-import importlib
+"""README's table of defaults (index kinds, the default profile, its stages and weights,
+hybrid's fusion) is what the code uses (issue 39): parsed from the README, compared with the
+constants and with the profile a query resolves when it names none."""
 import re
 from pathlib import Path
 
 import pytest
 
-from polyindex.index.registry import from_factory
+from polyindex.config import DEFAULT_INDEXES, CollectionConfig
+from polyindex.query import profiles
+from polyindex.query.profiles import builtin_profiles, default_profile, resolve_profile
 
-ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("lexical", "dense", "multivector", "sparse", "tree")
-TABLE_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|\s*`([^`]+)`\s*\|", re.MULTILINE)
-DOCSTRING = re.compile(r"Default: ``([^`]+)``")
-
-
-def table_defaults(path: Path) -> dict[str, list[str]]:
-    """kind -> every factory string the file's table rows give for it."""
-    found: dict[str, list[str]] = {}
-    for kind, factory in TABLE_ROW.findall(path.read_text(encoding="utf-8")):
-        if kind in KINDS:
-            found.setdefault(kind, []).append(factory)
-    return found
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def code_default(kind: str) -> str:
-    return from_factory(kind).describe()
+def rows() -> dict[str, str]:
+    text = README.read_text()
+    section = text.split("\n## Defaults\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 2 and not set(cells[0]) <= set("-"):
+            out[cells[0]] = cells[1]
+    return out
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/ARCHITECTURE.md"])
-def test_doc_tables_state_the_code_defaults(doc):
-    found = table_defaults(ROOT / doc)
-    assert sorted(found) == sorted(KINDS), f"{doc}: the defaults table misses a kind"
-    for kind in KINDS:
-        assert found[kind] == [code_default(kind)], (
-            f"{doc} says --index {kind} is {found[kind]}, the code builds {code_default(kind)!r}")
+def numbers(text: str, after: str) -> float:
+    m = re.search(re.escape(after) + r"\s+(?:weighted\s+)?([0-9.]+)", text)
+    assert m, f"README defaults: no number after {after!r} in {text!r}"
+    return float(m.group(1))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_module_docstring_states_the_code_default(kind):
-    doc = importlib.import_module(f"polyindex.index.{kind}.kind").__doc__ or ""
-    stated = DOCSTRING.findall(doc)
-    assert stated == [code_default(kind)], (
-        f"index/{kind}/kind.py's docstring says the default is {stated}, the code builds "
-        f"{code_default(kind)!r}")
+def test_readme_defaults_table_is_what_the_code_uses():
+    table = rows()
+    kinds = re.findall(r"`([^`]+)`", table["index kinds"])
+    assert tuple(kinds) == DEFAULT_INDEXES == tuple(CollectionConfig("c").indexes)
+
+    name = re.findall(r"`([^`]+)`", table["profile of a text query"])[0]
+    assert name == profiles.DEFAULT
+    assert default_profile(list(kinds), builtin_profiles(list(kinds))) == name
+    prof = resolve_profile(None, list(kinds), {})  # a query naming no profile
+    assert prof.name == name and prof.rerank is None
+
+    stages = table["its retrieve stages"]
+    assert [s.index for s in prof.retrieve] == ["lexical", "dense"]
+    for st in prof.retrieve:
+        assert numbers(stages, f"{st.index} top") == st.k == profiles.CONVEX_DEPTHS[st.index]
+
+    fusion = table["its fusion"]
+    assert fusion.startswith(prof.fuse["method"])
+    for kind, w in prof.fuse["weights"].items():
+        assert numbers(fusion, f"{kind}") == pytest.approx(w) == profiles.CONVEX_WEIGHTS[kind]
+    assert set(prof.fuse["weights"]) == {"lexical", "dense"}
+
+    hybrid = table["`hybrid` (the reference)"]
+    h = resolve_profile("hybrid", list(kinds), {})
+    assert h.fuse["method"] == "rrf" and numbers(hybrid, "RRF k") == h.fuse["k"]
+    assert {st.index: st.k for st in h.retrieve} == {
+        "lexical": numbers(hybrid, "lexical top"), "dense": numbers(hybrid, "dense top")}
+    assert numbers(hybrid, "dense") == profiles.NEURAL_WEIGHT == h.fuse["weights"]["dense"]
 
 
-def test_default_strings_are_normal_forms():
-    """A documented default read back by the parser describes itself unchanged, so what the
-    docs show is also what a user can paste."""
-    for kind in KINDS:
-        text = code_default(kind)
-        assert text.partition(":")[0] == kind
-        assert from_factory(text).describe() == text
+def test_default_falls_back_without_both_kinds():
+    assert default_profile(["lexical"], builtin_profiles(["lexical"])) == "lexical"
+    assert default_profile(["dense", "lexical"], {"hybrid": {}}) == "hybrid"
+    kinds = ["lexical", "dense", "multivector"]
+    assert default_profile(kinds, builtin_profiles(kinds)) == profiles.DEFAULT
 
 
-def test_the_parser_would_see_drift(tmp_path):
-    """The check can fail: a table row that disagrees with the code is found as such."""
-    doc = tmp_path / "x.md"
-    doc.write_text("| kind | default |\n|---|---|\n| `sparse` | `sparse:UHD16384,k=64` | x |\n")
-    assert table_defaults(doc) == {"sparse": ["sparse:UHD16384,k=64"]}
-    assert table_defaults(doc)["sparse"] != [code_default("sparse")]
+def test_demo_shows_the_default_last():
+    from polyindex.cli.demo import PROFILES
+    assert PROFILES[-1] == profiles.DEFAULT and "hybrid" in PROFILES

@@ -44,10 +44,14 @@ def paired_tests(per_query: dict[str, dict[str, dict[str, float]]]) -> dict[str,
 
 
 def render(out: Console, title: str, first: str, results: dict[str, dict[str, float]],
-           latency: dict[str, float] | None, tests: dict[str, dict]) -> None:
+           latency: dict[str, float] | None, tests: dict[str, dict],
+           in_sample: dict[str, dict] | None = None) -> None:
     """The means (a row per entry, its latency last), then, with a baseline, a table of the
     paired tests' p-values and the queries won and lost against it; a mean whose p is below
-    ``ALPHA`` is marked ``*``."""
+    ``ALPHA`` is marked ``*``; an entry of ``in_sample`` (its shipped ranker was trained on
+    this collection) is labelled so, and a line says which model."""
+    in_sample = in_sample or {}
+    label = {e: f"{e} (in-sample)" if e in in_sample else e for e in results}
     table = Table(title=title)
     table.add_column(first)
     names = list(next(iter(results.values())))
@@ -58,12 +62,16 @@ def render(out: Console, title: str, first: str, results: dict[str, dict[str, fl
     for entry, r in results.items():
         marks = {n: "*" if tests.get(entry, {}).get(n, {}).get("p", 1.0) < ALPHA else ""
                  for n in names}
-        table.add_row(entry, *(f"{r[n]:.4f}{marks[n]}" for n in names),
+        table.add_row(label[entry], *(f"{r[n]:.4f}{marks[n]}" for n in names),
                       *([f"{latency[entry]:.1f}"] if latency else []))
     out.print(table)
     if latency:
         out.print("ms/query: the run's wall time per query (queries in batches of 64)",
                   highlight=False)
+    for entry, why in in_sample.items():
+        out.print(f"in-sample: {entry}'s shipped ranker {why['model']!r} was trained on the "
+                  f"judgements of {', '.join(why['trained_on'])}, this collection among them: "
+                  f"its score here is not a result", highlight=False)
     if not tests:
         return
     base = next(iter(results))
@@ -73,6 +81,6 @@ def render(out: Console, title: str, first: str, results: dict[str, dict[str, fl
     for n in names:
         sig.add_column(n, justify="right")
     for entry, by_measure in tests.items():
-        sig.add_row(entry, *(f"{by_measure[n]['p']:.3f} (+{by_measure[n]['wins']}/"
+        sig.add_row(label[entry], *(f"{by_measure[n]['p']:.3f} (+{by_measure[n]['wins']}/"
                              f"-{by_measure[n]['losses']})" for n in names))
     out.print(sig)

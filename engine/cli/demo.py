@@ -7,11 +7,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from polyindex.config import DEFAULT_INDEXES
+from polyindex.query.profiles import DEFAULT
+
 DEMO_DATA = Path(__file__).parent / "demo_data" / "cranfield"
 QUERIES = ["what similarity laws must be obeyed when constructing aeroelastic models of heated "
            "high speed aircraft", "boundary layer transition at hypersonic speeds",
            "heat transfer to a blunt body in supersonic flow"]
-PROFILES = ("lexical", "dense", "hybrid")
+PROFILES = ("lexical", "dense", "hybrid", DEFAULT)  # the default last: it is what a query gets
 
 
 def run_demo(data: Path, k: int, out: Console) -> None:
@@ -19,7 +22,7 @@ def run_demo(data: Path, k: int, out: Console) -> None:
     from polyindex.engine import Engine
     from polyindex.ingest.sources import read_qrels, read_queries
     eng = Engine(data)
-    coll = eng.create_collection("cranfield", ["lexical", "dense"], exist_ok=True)
+    coll = eng.create_collection("cranfield", list(DEFAULT_INDEXES), exist_ok=True)
     report = coll.index(DEMO_DATA, progress=True)
     out.print(f"[bold]cranfield[/bold]: {coll.count():,} documents "
               f"({'already indexed' if report.already_indexed else f'{report.indexed:,} indexed'}) "

@@ -45,7 +45,7 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
         from polyindex.console.plot import check_target
         check_target(plot)  # before any query runs
     qrel = read_qrels(qrels)
-    values, latency = {}, {}
+    values, latency, inside = {}, {}, {}
     if run:
         if data is not None or collection is not None or queries is not None:
             raise InvalidArgument("--run scores existing run files; --data, --collection and "
@@ -61,6 +61,8 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
                                   "(to score a run)")
         coll = open_engine(data, readonly=True).collection(collection)
         profile = expand(profile, coll)
+        from polyindex.cli.in_sample import in_sample
+        inside = in_sample(coll, profile)
         qs = [(qid, t) for qid, t in read_queries(queries) if qid in qrel]
         if not qs:
             raise InvalidArgument(f"no query in {queries} has judgements in {qrels}")
@@ -85,8 +87,9 @@ def eval_cmd(qrels: Path = typer.Option(..., "--qrels", help="Judgements: BEIR q
                    {"collection": collection, "queries": len(qs), "latency_ms": latency})
         print(json.dumps({**payload, "results": results,
                           **({"baseline": next(iter(results)), "paired_t_test": tests}
-                             if tests else {}), **({"plot": str(plot)} if plot else {})}))
+                             if tests else {}), **({"in_sample": inside} if inside else {}),
+                          **({"plot": str(plot)} if plot else {})}))
         return
-    render(out, title, "run" if run else "profile", results, latency, tests)
+    render(out, title, "run" if run else "profile", results, latency, tests, inside)
     if plot is not None:
         out.print(f"wrote the charts to {plot}")

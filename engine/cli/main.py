@@ -20,7 +20,7 @@ from polyindex.cli.adapt_cmd import RecipeOpt as _adapt_recipe, parse_recipe, ru
 from polyindex.cli.disk_full import reported
 from polyindex.cli.options import (PROFILES_HELP, CollOpt, DataOpt, DeviceOpt, JsonOpt,
                                    open_engine as _engine)
-from polyindex.config import check_declared
+from polyindex.config import DEFAULT_INDEXES, check_declared
 from polyindex.errors import InvalidArgument, PolyindexError
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--json`, not `--json <bool>`
@@ -128,7 +128,7 @@ def index(src: Path = typer.Argument(..., help="BEIR folder, .jsonl[.gz], .parqu
     else:
         from polyindex.cli.file_metric import indexes_for_new
         fields = dict(_parse_field(f) for f in field or [])
-        indexes = indexes_for_new(src, index or ["lexical", "dense"], _say)
+        indexes = indexes_for_new(src, index or list(DEFAULT_INDEXES), _say)
         coll = eng.create_collection(collection, indexes, fields=fields,
                                      **_create_options(model, dtype, segment_size))
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polyindex.config import check_declared
+from polyindex.config import DEFAULT_INDEXES, check_declared
 from polyindex.errors import AlreadyExists, InputError, PolyindexError
 
 BATCH = 1000  # documents per Upsert call: each call is all or nothing, and acknowledged
@@ -42,7 +42,7 @@ def index_via_server(address: str, name: str, source, *, indexes, fields, token=
         created = False
         if name not in client.list_collections():
             try:
-                client.create_collection(name, indexes or ["lexical", "dense"], fields=fields,
+                client.create_collection(name, indexes or list(DEFAULT_INDEXES), fields=fields,
                                          **(create or {}))
                 created = True
             except AlreadyExists:

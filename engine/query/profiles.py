@@ -10,7 +10,10 @@ Every index kind of a collection gets a single-stage profile of its own name; ``
 fuses lexical top-1000 and dense top-100 with reciprocal rank fusion (k=60, the dense leg
 weighted 1.1); ``hybrid-sparse`` and ``hybrid-tree`` fuse lexical top-1000 with sparse or tree
 top-100 the same way; ``hybrid-mv`` fuses lexical top-1000, dense top-100 and multivector
-top-100 (equal weights). ``lexical-prf`` is lexical with
+top-100 (equal weights). ``hybrid-convex`` (the default of a text query on a lexical + dense
+collection) is the convex fusion of lexical and dense: min-max normalized scores, weighted
+``CONVEX_WEIGHTS``, over lexical top ``CONVEX_DEPTHS["lexical"]`` and dense top
+``CONVEX_DEPTHS["dense"]``. ``lexical-prf`` is lexical with
 RM3 pseudo-relevance feedback (``prf=rm3``), ``dense-prf`` dense with Rocchio feedback
 (``prf=rocchio``), and ``hybrid-prf`` fuses the two like ``hybrid``.
 """
@@ -39,6 +42,17 @@ HYBRID_TREE = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "tree", "
 HYBRID_MV = {"retrieve": [{"index": "lexical", "k": 1000}, {"index": "dense", "k": 100},
                           {"index": "multivector", "k": 100}],
              "fuse": {"method": "rrf", "k": 60}}
+
+# The default profile: chosen by leave-one-collection-out over the ten shared collections
+# (bench/bench_loco.py; docs/notes/default-profile.md): every fold picked a convex fusion on
+# its other collections (of RRF and convex fusions over weights and depths, lexical, dense,
+# and the general ranker), and this one is the choice made the same way on all ten.
+# README's table of defaults states these constants (tests/test_defaults.py).
+CONVEX_WEIGHTS = {"lexical": 0.6, "dense": 0.4}
+CONVEX_DEPTHS = {"lexical": 1000, "dense": 100}
+HYBRID_CONVEX = {"retrieve": [{"index": k, "k": CONVEX_DEPTHS[k]} for k in ("lexical", "dense")],
+                 "fuse": {"method": "weighted", "weights": dict(CONVEX_WEIGHTS)}}
+DEFAULT = "hybrid-convex"  # of a collection with lexical and dense (else hybrid, else its first kind)
 
 # Pseudo-relevance feedback (polyindex.index.prf): RM3 on lexical, Rocchio on dense.
 LEXICAL_PRF = {"retrieve": [{"index": "lexical", "k": SINGLE_STAGE_K, "params": "prf=rm3"}]}
@@ -134,6 +148,7 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
     out = {kind: {"retrieve": [{"index": kind, "k": SINGLE_STAGE_K}]} for kind in kinds}
     if "lexical" in kinds and "dense" in kinds:
         out["hybrid"] = HYBRID
+        out["hybrid-convex"] = HYBRID_CONVEX
         out["ltr"] = LTR
     if "lexical" in kinds and "sparse" in kinds:
         out["hybrid-sparse"] = HYBRID_SPARSE
@@ -151,8 +166,12 @@ def builtin_profiles(kinds: list[str]) -> dict[str, dict]:
 
 
 def default_profile(kinds: list[str], profiles: dict) -> str:
-    """The profile a text query runs when it names none."""
-    return "hybrid" if "hybrid" in profiles else kinds[0]
+    """The profile a text query runs when it names none: ``DEFAULT`` where the collection has
+    it (lexical and dense), else ``hybrid``, else its first kind."""
+    for name in (DEFAULT, "hybrid"):
+        if name in profiles:
+            return name
+    return kinds[0]
 
 
 def resolve_profile(name_or_data, kinds: list[str], user: dict[str, dict]) -> Profile:
