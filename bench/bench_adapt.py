@@ -32,7 +32,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-CACHE = Path("/work/cache/base")
 ORDER = ["adi", "time", "medline", "cranfield", "cisi", "cacm", "nfcorpus", "lisa", "arguana", "npl"]
 # The collections the recipe was chosen on (at most three; reported apart). None so far: the
 # recipe was fixed before any nDCG was measured (docs/notes/adapt.md); a retune names its own.
@@ -57,8 +56,8 @@ class Progress:
         print(f"  {self.label} {phase}: {done}/{total}  {rate:.2f}/s  ETA {eta:.0f}s", flush=True)
 
 
-def collection_copy(name: str, work: Path) -> Path | None:
-    src, dst = CACHE / name, work / "data" / name
+def collection_copy(name: str, work: Path, cache: Path) -> Path | None:
+    src, dst = cache / name, work / "data" / name
     if (dst / ".copied").exists():
         return dst
     if not (src / ".done").exists():
@@ -138,7 +137,7 @@ def one(name: str, args, work: Path) -> dict | None:
     from polyindex.encode.text import get_encoder
     from polyindex.engine import Engine
     folder = common.collection_folder(name)
-    coll_dir = collection_copy(name, work) if folder else None
+    coll_dir = collection_copy(name, work, Path(args.cache)) if folder else None
     if coll_dir is None:
         return None
     ids, titles, texts = common.read_corpus(folder)
@@ -243,7 +242,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collections", default=",".join(ORDER))
     ap.add_argument("--dev", default=",".join(DEV), help="collections used to choose the recipe")
-    ap.add_argument("--work", default="/tmp/h-alearn/bench")
+    ap.add_argument("--cache", default=str(common.WORK / "base"),
+                    help="prebuilt lexical + dense collections (polyindex index --data DIR -c NAME "
+                         "SOURCE), each with a .done file once finished")
+    ap.add_argument("--work", default=str(common.WORK / "adapt"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force-small", action="store_true", help="learn below min_docs too")
     ap.add_argument("--dtype-check", action="store_true")
