@@ -51,9 +51,12 @@ class Progress:
         if now - self.last < self.every and done != total:
             return
         self.last = now
-        rate = done / (now - t0) if now > t0 else 0.0
-        eta = (total - done) / rate if rate else float("nan")
-        print(f"  {self.label} {phase}: {done}/{total}  {rate:.2f}/s  ETA {eta:.0f}s", flush=True)
+        if now > t0 and done:
+            rate = done / (now - t0)
+            pace = f"{rate:.2f}/s  ETA {(total - done) / rate:.0f}s"
+        else:  # the phase's first report: no rate yet
+            pace = "rate -  ETA -"
+        print(f"  {self.label} {phase}: {done}/{total}  {pace}", flush=True)
 
 
 def collection_copy(name: str, work: Path, cache: Path) -> Path | None:
