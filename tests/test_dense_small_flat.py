@@ -74,21 +74,33 @@ def test_ties_in_id_order_and_a_tie_at_the_kth_place_goes_to_faiss(tied, monkeyp
     assert plan.small is plan_of(coll).small  # kept on the segment, not remade
 
 
-def test_row_kernel_gives_faiss_search_bits():
+@pytest.mark.parametrize("dim", [small_flat.MIN_DIM, 16, 17, 32, 100, 384, 768])
+def test_row_kernel_gives_faiss_search_bits(dim):
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((300, 384)).astype(np.float32)
-    index = faiss.IndexFlatIP(384)
-    index.add(x)
-    for q in rng.standard_normal((5, 384)).astype(np.float32):
-        d, i = index.search(q[None], 300)
-        out = np.empty(300, np.float32)
-        small_flat._ny(small_flat._ptr(out), small_flat._ptr(q), small_flat._ptr(x), 384, 300)
-        assert out[i[0]].tobytes() == d[0].tobytes()
+    for n in (10, 300, 5000):
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        index = faiss.IndexFlatIP(dim)
+        index.add(x)
+        for q in rng.standard_normal((3, dim)).astype(np.float32):
+            d, i = index.search(q[None], n)
+            out = np.empty(n, np.float32)
+            small_flat._ny(small_flat._ptr(out), small_flat._ptr(q), small_flat._ptr(x), dim, n)
+            assert out[i[0]].tobytes() == d[0].tobytes(), (dim, n)
+
+
+def test_small_dimensions_keep_faiss_search(eng):
+    """d=8: faiss's search scores with a kernel of its own (other float32 bits), so such a
+    segment is not taken (answers must not change when segments merge)."""
+    rng = np.random.default_rng(6)
+    coll = eng.create_collection("d8", ["dense"], model=None)
+    coll.add([{"id": f"d{i}", "vector": v} for i, v in
+              enumerate(rng.standard_normal((50, 8)).astype(np.float32))])
+    assert plan_of(coll).small is None
 
 
 def test_what_the_small_part_does_not_take(eng):
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((50, 8)).astype(np.float32)
+    x = rng.standard_normal((50, 16)).astype(np.float32)
     for factory in ("dense:metric=l2,Flat", "dense:metric=cosine,Flat", "dense:HNSW16,Flat"):
         coll = eng.create_collection(factory.replace(":", "_").replace(",", "_")
                                      .replace("=", "_"), [factory], model=None)
@@ -106,14 +118,14 @@ def test_what_the_small_part_does_not_take(eng):
 
 
 def test_unusual_vectors_get_the_general_errors(eng):
-    x = np.random.default_rng(7).standard_normal((30, 8)).astype(np.float32)
+    x = np.random.default_rng(7).standard_normal((30, 16)).astype(np.float32)
     coll = eng.create_collection("v", ["dense"], model=None)
     coll.add([{"id": f"d{i}", "vector": x[i]} for i in range(30)])
     assert plan_of(coll).small is not None
-    zero = np.zeros(8, np.float32)  # inner product takes it: the general path answers
+    zero = np.zeros(16, np.float32)  # inner product takes it: the general path answers
     assert key(coll.query(vector=zero, k=5, profile="dense")) == key(general(coll, zero, 5))
-    for bad in (np.full(8, np.nan, np.float32),
-                np.array([np.inf] + [0.0] * 7, np.float32), np.full(8, 1e30, np.float32)):
+    for bad in (np.full(16, np.nan, np.float32),
+                np.array([np.inf] + [0.0] * 15, np.float32), np.full(16, 1e30, np.float32)):
         with pytest.raises(InvalidArgument):
             coll.query(vector=bad, k=5, profile="dense")
 
@@ -121,13 +133,13 @@ def test_unusual_vectors_get_the_general_errors(eng):
 def test_partition_path_for_large_k(eng, monkeypatch):
     """Past ``INSERT_K`` the top k is found by a partition: the same hits, and a tie run
     across the k-th place (rows 140..160 score alike, places 141..161) goes to faiss."""
-    x = np.zeros((300, 8), np.float32)
+    x = np.zeros((300, 16), np.float32)
     x[:, 0] = -np.arange(300, dtype=np.float32)
     x[:, 1] = 1.0
     x[140:161, 0] = -140.0
     coll = eng.create_collection("v", ["dense"], model=None)
     coll.add([{"id": f"d{(i * 7919) % 300:03d}", "vector": x[i]} for i in range(300)])
-    q = np.eye(8, dtype=np.float32)[0]
+    q = np.eye(16, dtype=np.float32)[0]
     calls = []
     real = small_flat.SmallFlat.search
     monkeypatch.setattr(small_flat.SmallFlat, "search", lambda self, v, k, mx: calls.append(

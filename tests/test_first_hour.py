@@ -205,8 +205,10 @@ def test_9_small_codebooks_train_without_faiss_warnings_and_say_their_k(capfd):
     kind = MultivectorKind("residual=OPQ8")
     assert kind.describe() == "multivector:KMeans4096,residual=OPQ8"
     kind.train(BuildBatch([str(i) for i in range(60)], [""] * 60, [""] * 60, None, docs))
-    assert kind.codebook.k == 3000 // 4 and kind.codebook.meta["k_asked"] == 4096
-    assert kind.describe() == "multivector:KMeans750,residual=OPQ8"
+    # 3,000 tokens: PLAID's size, 2^floor(log2(16 sqrt(3000))) = 512 (below a quarter of them)
+    assert codec.codebook_size(4096, 3000) == 512
+    assert kind.codebook.k == 512 and kind.codebook.meta["k_asked"] == 4096
+    assert kind.describe() == "multivector:KMeans512,residual=OPQ8"
     codec.train(rng.standard_normal((2000, 32)).astype(np.float32), 64, 8, opq=True)
     assert "WARNING clustering" not in capfd.readouterr().err
 

@@ -25,6 +25,10 @@ _ptr = getattr(_C, "swig_ptr", faiss.swig_ptr)
 _ny = getattr(_C, "fvec_inner_products_ny", faiss.fvec_inner_products_ny)
 SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search is as good
 INSERT_K = 128  # up to this k the top k is kept by insertion in one pass; past it, a partition
+# faiss's flat search scores vectors of these few dimensions with special kernels whose float32
+# bits differ from ``fvec_inner_products_ny``'s (measured: 2, 4, 8, 12 differ, 1-32 and common
+# model sizes do not), so their segments keep faiss's search: answers never change with the path
+MIN_DIM = 13
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,6 +151,6 @@ class SmallFlat:
 def eligible(seg) -> bool:
     """May ``seg`` (its part plain: every row live, no params, no HNSW) use ``SmallFlat``?"""
     from polyindex.index.dense.shards import flat
-    return 0 < seg.n_rows <= SMALL_FLAT and flat(seg) and \
-        faiss.downcast_index(seg.index).metric_type == faiss.METRIC_INNER_PRODUCT and \
-        getattr(seg, "_docs", None) is not None
+    base = faiss.downcast_index(seg.index) if flat(seg) else None
+    return 0 < seg.n_rows <= SMALL_FLAT and base is not None and base.d >= MIN_DIM and \
+        base.metric_type == faiss.METRIC_INNER_PRODUCT and getattr(seg, "_docs", None) is not None
