@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -27,26 +26,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import WORK, console, save_results, synthetic_vectors, table  # noqa: E402
 
-MEASURE = r'''
-import json, statistics, sys, time
-import numpy as np
-import polyindex
-path, n_q, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# What both measuring scripts share: /proc/self/status in MB, and one timed query of each
+# profile (a 3-word text from the generated vocabulary, a random unit vector) into ``lat``.
+COMMON = r"""
 def status_mb(key):
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
-def rss_mb():
-    return status_mb("VmRSS")
-base = rss_mb()
-coll = polyindex.open(path, readonly=True).collection("c")
-coll.count()
-opened = rss_mb()
-rng = np.random.default_rng(3)
 vocab = [f"w{i}" for i in range(2000)]
-lat = {"lexical": [], "dense": [], "hybrid": []}
-for i in range(n_q):
+def query_round(coll, rng, dim, lat):
     text = " ".join(rng.choice(vocab, 3))
     vec = rng.standard_normal(dim).astype(np.float32)
     vec /= np.linalg.norm(vec)
@@ -59,6 +48,24 @@ for i in range(n_q):
         else:
             coll.query(text, vector=vec, k=10, profile=p)
         lat[p].append((time.perf_counter() - t0) * 1e3)
+"""
+
+MEASURE = r'''
+import json, statistics, sys, time
+import numpy as np
+import polyindex
+path, n_q, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+''' + COMMON + r'''
+def rss_mb():
+    return status_mb("VmRSS")
+base = rss_mb()
+coll = polyindex.open(path, readonly=True).collection("c")
+coll.count()
+opened = rss_mb()
+rng = np.random.default_rng(3)
+lat = {"lexical": [], "dense": [], "hybrid": []}
+for i in range(n_q):
+    query_round(coll, rng, dim, lat)
 # VmHWM, not ru_maxrss: after fork + exec Linux reports the parent's high-water mark there
 peak = status_mb("VmHWM")
 def rss_by_file():
@@ -109,15 +116,10 @@ import numpy as np
 from polyindex.engine import Engine
 path, n_q, dim, n_docs, seconds, batch = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
                                           int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]))
-def status_mb(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
+""" + COMMON + r"""
 eng = Engine(path, online=True)
 coll = eng.collection("c")
 rng = np.random.default_rng(7)
-vocab = [f"w{i}" for i in range(2000)]
 wrote, stop, failed, wlat = [0], threading.Event(), [], []
 def writer():
     try:
@@ -141,18 +143,7 @@ t0w = time.monotonic()
 t.start()
 i = 0
 while t.is_alive() and i < n_q * 50:
-    text = " ".join(rng.choice(vocab, 3))
-    vec = rng.standard_normal(dim).astype(np.float32)
-    vec /= np.linalg.norm(vec)
-    for p in lat:
-        t0 = time.perf_counter()
-        if p == "lexical":
-            coll.query(text, k=10, profile=p)
-        elif p == "dense":
-            coll.query(vector=vec, k=10, profile=p)
-        else:
-            coll.query(text, vector=vec, k=10, profile=p)
-        lat[p].append((time.perf_counter() - t0) * 1e3)
+    query_round(coll, rng, dim, lat)
     i += 1
 stop.set()
 t.join()
