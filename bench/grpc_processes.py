@@ -137,9 +137,9 @@ def _cpu_one(pid: int) -> float:
         return 0.0
 
 
-def _waited(pids) -> float:
-    """Seconds the processes' threads have spent runnable but waiting for a CPU (the
-    scheduler's run-queue delay, /proc/PID/task/TID/schedstat's second field)."""
+def _per_thread(pids, name: str, read) -> int:
+    """The sum of ``read(text)`` over /proc/PID/task/TID/``name`` of every thread of the
+    processes (threads or processes gone meanwhile are skipped)."""
     total = 0
     for pid in pids:
         try:
@@ -148,29 +148,24 @@ def _waited(pids) -> float:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    total += read(f.read())
             except (OSError, IndexError, ValueError):
                 continue
-    return total / 1e9
+    return total
+
+
+def _waited(pids) -> float:
+    """Seconds the processes' threads have spent runnable but waiting for a CPU (the
+    scheduler's run-queue delay, schedstat's second field)."""
+    return _per_thread(pids, "schedstat", lambda text: int(text.split()[1])) / 1e9
 
 
 def _switches(pids) -> int:
     """Context switches (voluntary and not) of every thread of the processes so far: a call
     that waits for the GIL or for another thread's poll shows here."""
-    total = 0
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/status") as f:
-                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-            except (OSError, IndexError, ValueError):
-                continue
-    return total
+    return _per_thread(pids, "status", lambda text: sum(
+        int(line.split()[1]) for line in text.splitlines() if "ctxt_switches" in line))
 
 
 def _machine() -> dict[str, tuple[float, float]]:
