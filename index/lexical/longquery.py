@@ -47,6 +47,30 @@ _PROBE = 8  # a list over this many postings per candidate is probed, not scanne
 
 
 @numba.njit(cache=True, nogil=True)
+def _probe(P, offsets, last, t, cand, n, tfs, doclen, w, k1p1, c1, c2, out, by_row):
+    """Add term ``t``'s BM25 part (weight ``w``) of each of the ``n`` ascending candidates
+    found in its list, found by a search inside the block that may hold it (blocks skipped
+    by their last row), to ``out[row]`` (``by_row``) or ``out[candidate's place]``."""
+    boff = P[0]
+    start, stop = offsets[t], offsets[t + 1]
+    bi = boff[t]
+    pos = start
+    for c in range(n):
+        d = cand[c]
+        while bi < boff[t + 1] and last[bi] < d:
+            bi += 1
+        if bi == boff[t + 1]:
+            break
+        bs = start + (bi - boff[t]) * BLOCK
+        j = find(P, offsets, t, d, max(pos, bs), min(bs + BLOCK, stop))
+        pos = j
+        if j < stop and doc_at(P, offsets, t, j) == d:
+            tf = np.float64(tfs[j])
+            out[d if by_row else c] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
+            pos = j + 1
+
+
+@numba.njit(cache=True, nogil=True)
 def _kth(acc, cand, n, k, heap):
     """The k-th largest of ``acc[cand[:n]]`` (n >= k; ``heap``: scratch of k floats)."""
     for j in range(k):
@@ -168,21 +192,7 @@ def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights, k1p1,
             if not ascending:
                 cand[:n].sort()
                 ascending = True
-            bi = boff[t]
-            pos = start
-            for c in range(n):
-                d = cand[c]
-                while bi < boff[t + 1] and last[bi] < d:
-                    bi += 1
-                if bi == boff[t + 1]:
-                    break
-                bs = start + (bi - boff[t]) * BLOCK
-                j = find(P, offsets, t, d, max(pos, bs), min(bs + BLOCK, stop))
-                pos = j
-                if j < stop and doc_at(P, offsets, t, j) == d:
-                    tf = np.float64(tfs[j])
-                    acc[d] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
-                    pos = j + 1
+            _probe(P, offsets, last, t, cand, n, tfs, doclen, w, k1p1, c1, c2, acc, True)
         p += 1
         if n >= k:
             theta = _kth(acc, cand, n, k, heap)
@@ -220,21 +230,7 @@ def _query(offsets, P, tfs, doclen, last, max_tf, min_len, terms, weights, k1p1,
                         tf = np.float64(tfs[j])
                         exact[c] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
         else:
-            bi = boff[t]
-            pos = start
-            for c in range(n):
-                d = cand[c]
-                while bi < boff[t + 1] and last[bi] < d:
-                    bi += 1
-                if bi == boff[t + 1]:
-                    break
-                bs = start + (bi - boff[t]) * BLOCK
-                j = find(P, offsets, t, d, max(pos, bs), min(bs + BLOCK, stop))
-                pos = j
-                if j < stop and doc_at(P, offsets, t, j) == d:
-                    tf = np.float64(tfs[j])
-                    exact[c] += w * tf * k1p1 / (tf + c1 + c2 * doclen[d])
-                    pos = j + 1
+            _probe(P, offsets, last, t, cand, n, tfs, doclen, w, k1p1, c1, c2, exact, False)
     size = min(k, n)
     for c in range(size):
         out_s[c] = exact[c]
