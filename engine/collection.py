@@ -246,7 +246,7 @@ class Collection:
         prof, snap = self._profile(profile), self.view()
         # encoded by the encoder that made the snapshot's vectors (an adapt may commit now)
         self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds),
-                                   current=encoders.model_of(self.folder, snap.manifest))
+                                   current=lambda: encoders.model_of(self.folder, snap.manifest))
         return run(snap, queries, prof, k, self._filter(filter), explain, with_text,
                    with_metadata, fields)
 

@@ -83,13 +83,14 @@ class Encoding:
         """Encode the texts of the queries that lack what the profile reads, with one forward
         pass per query: the dense vector (``q.vector``) and, when ``tokens``, the model's
         query tokens (``q.extra["tokens"]``, which the multivector kind takes as given).
-        ``current``: the searched snapshot's encoder (default: the writes' one)."""
+        ``current``: a callable giving the searched snapshot's encoder (default: the writes'
+        one), called only when something is encoded."""
         need = [i for i, q in enumerate(queries) if q.text and (
             (vectors and q.vector is None) or (tokens and "tokens" not in q.extra))]
         if not need:
             return
         texts = [queries[i].text for i in need]
-        encoder = self.encoder if current is None else self.encoder_of(current)
+        encoder = self.encoder if current is None else self.encoder_of(current())
         if tokens:
             from polyindex.encode.tokens import token_encoder_for
             vecs, toks = token_encoder_for(encoder).encode_queries_both(texts)
