@@ -1,7 +1,8 @@
 """polyindex beside the peers a user would otherwise pick, in one process pinned to one core.
 
 Lexical: ``coll.query(text, k=k, profile="lexical")`` (a lexical-only collection, one segment,
-default ``lexical:bm25,k1=1.5,b=0.75``) beside
+default ``lexical:bm25,k1=1.5,b=0.75``), and ``coll.query_ids`` (the same answer as arrays, no
+``Hit`` objects: the ``ids`` columns), beside
 
 - bm25s (``BM25(k1=1.5, b=0.75, method="lucene")``, PyStemmer english, the engine's English
   stop words): ``retrieve(bm25s.tokenize(text, ...), k=k)`` per query;
@@ -11,7 +12,7 @@ default ``lexical:bm25,k1=1.5,b=0.75``) beside
   lets tantivy prune (block-max WAND); its hits are doc addresses, not ids (no stored-field
   read): the strictest comparison, since polyindex's hits carry ids.
 
-Dense (``--parts dense``): ``coll.query(vector=v, k=k, profile="dense")`` beside raw FAISS
+Dense (``--parts dense``): ``coll.query(vector=v, k=k, profile="dense")`` (and ``query_ids``) beside raw FAISS
 ``IndexFlatIP.search`` on the same stored embeddings (query encoding excluded), and
 ``coll.query(text, profile="dense")`` beside ``model.encode`` + ``IndexFlatIP.search``
 (encoding included: the collection's own query encoder, the one ``coll.query(text)`` runs, on
@@ -145,11 +146,16 @@ def part_lexical(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
         queries = [t for _, t in common.read_queries(folder) if usable(t)][:max_queries]
         n_terms = sum(len(coll_terms(t)) for t in queries) / len(queries)
         for k in ks:
+            # each answer dropped before the next query, as a server or a query loop does
             systems = {
-                "polyindex": (lambda k=k: [coll.query(t, k=k, profile="lexical")
-                                           for t in queries], len(queries)),
-                "bm25s": (lambda k=k: [bm_search(t, k) for t in queries], len(queries)),
-                "tantivy": (lambda k=k: [tv_search(t, k) for t in queries], len(queries)),
+                "polyindex": (lambda k=k: _each(
+                    lambda t: coll.query(t, k=k, profile="lexical"), queries), len(queries)),
+                "polyindex_ids": (lambda k=k: _each(
+                    lambda t: coll.query_ids(t, k=k, profile="lexical"), queries),
+                    len(queries)),
+                "bm25s": (lambda k=k: _each(lambda t: bm_search(t, k), queries), len(queries)),
+                "tantivy": (lambda k=k: _each(lambda t: tv_search(t, k), queries),
+                            len(queries)),
             }
             for fn, _ in systems.values():  # warm-up (JIT, caches)
                 fn()
@@ -160,11 +166,15 @@ def part_lexical(names, ks, rounds: int, max_queries: int, work: Path) -> dict:
                    "segments": len(coll.view().segments),
                    "tantivy_segments": tv_segments, "qps": qps,
                    "vs_bm25s": qps["polyindex"] / qps["bm25s"],
-                   "vs_tantivy": qps["polyindex"] / qps["tantivy"]}
+                   "vs_tantivy": qps["polyindex"] / qps["tantivy"],
+                   "ids_vs_bm25s": qps["polyindex_ids"] / qps["bm25s"],
+                   "ids_vs_tantivy": qps["polyindex_ids"] / qps["tantivy"]}
             out[f"{name}@{k}"] = row
-            console.print(f"{name:10s} k={k:<4d} polyindex {qps['polyindex']:8.0f}  bm25s "
-                          f"{qps['bm25s']:8.0f}  tantivy {qps['tantivy']:8.0f} q/s  "
-                          f"vs bm25s {row['vs_bm25s']:.2f}x  vs tantivy {row['vs_tantivy']:.2f}x")
+            console.print(f"{name:10s} k={k:<4d} polyindex {qps['polyindex']:8.0f} (ids "
+                          f"{qps['polyindex_ids']:6.0f})  bm25s {qps['bm25s']:8.0f}  tantivy "
+                          f"{qps['tantivy']:8.0f} q/s  vs bm25s {row['vs_bm25s']:.2f}x "
+                          f"({row['ids_vs_bm25s']:.2f}x)  vs tantivy {row['vs_tantivy']:.2f}x "
+                          f"({row['ids_vs_tantivy']:.2f}x)")
     return out
 
 
@@ -223,6 +233,8 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path,
             bare = {
                 "polyindex": (lambda k=kk: _each(
                     lambda v: coll.query(vector=v, k=k, profile="dense"), vecs), len(vecs)),
+                "polyindex_ids": (lambda k=kk: _each(
+                    lambda v: coll.query_ids(vector=v, k=k, profile="dense"), vecs), len(vecs)),
                 "faiss": (lambda k=kk: _each(lambda r: flat.search(r, k), rows), len(rows)),
             }
             encoded = {
@@ -241,10 +253,12 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path,
             row = {"docs": len(emb), "queries": len(queries), "qps": qps, "wall_qps": wall,
                    "segments": len(coll.view().segments), "dtype": coll.config.dtype,
                    "vs_faiss": qps["polyindex"] / qps["faiss"],
+                   "ids_vs_faiss": qps["polyindex_ids"] / qps["faiss"],
                    "vs_faiss_with_encoding": qps["polyindex_text"] / qps["encode_faiss"]}
             out[f"{name}@{k}"] = row
             console.print(f"{name:10s} k={k:<4d} polyindex {qps['polyindex']:8.0f}  faiss "
-                          f"{qps['faiss']:8.0f} q/s ({row['vs_faiss']:.2f}x); with encoding "
+                          f"{qps['faiss']:8.0f} q/s ({row['vs_faiss']:.2f}x, ids "
+                          f"{row['ids_vs_faiss']:.2f}x); with encoding "
                           f"{qps['polyindex_text']:6.0f} vs {qps['encode_faiss']:6.0f} "
                           f"({row['vs_faiss_with_encoding']:.2f}x)")
     return out
@@ -303,21 +317,25 @@ def main() -> None:
         lex = payload["lexical"] = part_lexical(names, ks, args.rounds, args.max_queries,
                                                 args.work)
         console.print(table("lexical q/s by CPU time (best of rounds, one core, interleaved)",
-                            ["collection@k", "docs", "terms/q", "polyindex", "bm25s", "tantivy",
-                             "vs bm25s", "vs tantivy", "wall: vs bm25s", "vs tantivy"],
+                            ["collection@k", "docs", "terms/q", "query", "query_ids", "bm25s",
+                             "tantivy", "vs bm25s", "vs tantivy", "ids: vs bm25s",
+                             "vs tantivy"],
                             [(key, r["docs"], f"{r['terms_per_query']:.1f}",
-                              f"{r['qps']['polyindex']:.0f}", f"{r['qps']['bm25s']:.0f}",
-                              f"{r['qps']['tantivy']:.0f}", f"{r['vs_bm25s']:.2f}x",
-                              f"{r['vs_tantivy']:.2f}x", f"{r['wall_vs_bm25s']:.2f}x",
-                              f"{r['wall_vs_tantivy']:.2f}x") for key, r in lex.items()]))
+                              f"{r['qps']['polyindex']:.0f}", f"{r['qps']['polyindex_ids']:.0f}",
+                              f"{r['qps']['bm25s']:.0f}", f"{r['qps']['tantivy']:.0f}",
+                              f"{r['vs_bm25s']:.2f}x", f"{r['vs_tantivy']:.2f}x",
+                              f"{r['ids_vs_bm25s']:.2f}x", f"{r['ids_vs_tantivy']:.2f}x")
+                             for key, r in lex.items()]))
     if "dense" in parts:
         den = payload["dense"] = part_dense(names, ks, args.rounds, args.max_queries, args.work,
                                                args.data)
         console.print(table("dense q/s by CPU time (best of rounds, one core, interleaved)",
-                            ["collection@k", "docs", "polyindex", "faiss flat", "ratio",
-                             "polyindex+enc", "encode+faiss", "ratio"],
+                            ["collection@k", "docs", "query", "query_ids", "faiss flat",
+                             "ratio", "ids ratio", "query+enc", "encode+faiss", "ratio"],
                             [(key, r["docs"], f"{r['qps']['polyindex']:.0f}",
+                              f"{r['qps']['polyindex_ids']:.0f}",
                               f"{r['qps']['faiss']:.0f}", f"{r['vs_faiss']:.2f}x",
+                              f"{r['ids_vs_faiss']:.2f}x",
                               f"{r['qps']['polyindex_text']:.0f}",
                               f"{r['qps']['encode_faiss']:.0f}",
                               f"{r['vs_faiss_with_encoding']:.2f}x") for key, r in den.items()]))

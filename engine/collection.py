@@ -21,7 +21,7 @@ from polyindex.query.profiles import builtin_profiles, model_inputs, resolve_pro
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.storage import compaction, encoders, gc
 from polyindex.storage.table import Table
-from polyindex.types import MAX_K, MAX_SCROLL, Document, Hit, Page, check_fields, select_fields
+from polyindex.types import MAX_K, MAX_SCROLL, Document, Hit, Page, Ranking, check_fields
 
 
 class Collection:
@@ -145,16 +145,8 @@ class Collection:
             fields: Sequence[str] | None = None) -> list[Document | None]:
         """Documents by id (None where absent); ``with_vectors``: with their stored vectors
         (by field: "dense" and the named ones); ``fields``: only these metadata fields."""
-        ids, fields = documents.check_ids(ids), check_fields(fields)
-        snap, out = self.view(), []
-        for loc in snap.find(ids):
-            doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
-            if doc is not None:
-                doc.metadata = select_fields(doc.metadata, fields)
-                if with_vectors:
-                    doc.vectors = scan.stored_vectors(snap.segments[loc[0]], loc[1], self.kinds)
-            out.append(doc)
-        return out
+        return scan.by_id(self.view(), documents.check_ids(ids), check_fields(fields),
+                          with_vectors, self.kinds)
 
     def _filter(self, spec: dict | None):
         return None if spec is None else compile_filter(spec, self.config.fields)
@@ -195,21 +187,27 @@ class Collection:
         (``fields``: only these fields, and metadata even without ``with_metadata``)."""
         vectors = None if vector is None else [vector]
         texts = None if text is None else [text]
-        takes = fields is None and vector_lane.plain_call(
-            texts, vectors, using, tokens, k, profile, filter, explain, with_text, with_metadata)
-        if takes:
-            # a plain call: the lane of a one-stage profile's kind (dense for a vector,
-            # lexical for a text): the general path's hits, a fraction of its Python
-            snap, plan = self._lane(profile, takes, texts, vectors)
-            if plan is not None:
-                hits = plan.search(snap, vector if takes == "vector" else text, k)
-                if hits is not None:
-                    return hits
-        return self.query_batch(None if text is None else [text], vectors=vectors, using=using,
+        got = vector_lane.answer(self, "search", texts, vectors, using, tokens, k, profile,
+                                 filter, explain, with_text, with_metadata, fields)
+        if got is not None:
+            return got
+        return self.query_batch(texts, vectors=vectors, using=using,
                                 tokens=None if tokens is None else [tokens],
                                 k=k, profile=profile, filter=filter, explain=explain,
                                 with_text=with_text, with_metadata=with_metadata,
                                 fields=fields)[0]
+
+    def query_ids(self, text: str | None = None, *, vector=None, using: str | None = None,
+                  tokens=None, k: int = 10, profile=None, filter: dict | None = None) -> Ranking:
+        """``query``'s ids and scores as arrays (``types.Ranking``), no ``Hit`` objects."""
+        vectors = None if vector is None else [vector]
+        texts = None if text is None else [text]
+        got = vector_lane.answer(self, "rank", texts, vectors, using, tokens, k, profile,
+                                 filter, False, False, False, None)
+        if got is not None:
+            return got
+        return self._run(texts, vectors, using, None if tokens is None else [tokens], k,
+                         profile, filter, ranking=True)[0]
 
     def _lane(self, profile, takes: str, texts, vectors):
         """(the snapshot, its lane plan for ``profile`` taking ``takes``, or None: the
@@ -227,19 +225,21 @@ class Collection:
                     with_text: bool = False, with_metadata: bool | None = None,
                     fields: Sequence[str] | None = None) -> list[list[Hit]]:
         """Run many queries through one profile; query-wide work is done once per batch."""
+        fields = check_fields(fields)
+        with_metadata = True if fields is not None else with_metadata
+        got = vector_lane.answer(self, "search_batch", texts, vectors, using, tokens, k,
+                                 profile, filter, explain, with_text, with_metadata, fields)
+        if got is not None:
+            return got
+        return self._run(texts, vectors, using, tokens, k, profile, filter, explain, with_text,
+                         with_metadata, fields)
+
+    def _run(self, texts, vectors, using, tokens, k, profile, filter, explain=False,
+             with_text=False, with_metadata=None, fields=None, ranking=False):
+        """The general path (``pipeline.run``) for a batch (a lane takes no bad ``k``)."""
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             raise (ResourceExhausted if isinstance(k, int) and k > MAX_K else InvalidArgument)(
                 f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        fields = check_fields(fields)
-        with_metadata = True if fields is not None else with_metadata
-        takes = fields is None and vector_lane.plain_call(
-            texts, vectors, using, tokens, k, profile, filter, explain, with_text, with_metadata)
-        if takes:
-            snap, plan = self._lane(profile, takes, texts, vectors)  # the lane, as in ``query``
-            if plan is not None:
-                hits = plan.search_batch(snap, vectors if takes == "vector" else texts, k)
-                if hits is not None:
-                    return hits
         queries = make_queries(texts, vectors, using, tokens)
         if profile is None:
             profile = default_vector_profile(queries, using, self.kinds)
@@ -248,7 +248,7 @@ class Collection:
         self.encoding.fill_queries(queries, *model_inputs(prof, self.kinds),
                                    current=lambda: encoders.model_of(self.folder, snap.manifest))
         return run(snap, queries, prof, k, self._filter(filter), explain, with_text,
-                   with_metadata, fields)
+                   with_metadata, fields, ranking)
 
     def info(self) -> dict:
         snap = self.view()

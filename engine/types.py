@@ -75,6 +75,29 @@ class Hit:
     metadata: dict[str, Any] | None = None  # with_metadata only: the stored metadata
 
 
+@dataclass(slots=True, frozen=True)
+class Ranking:
+    """A query's answer as arrays (``query_ids``): the ids best first and their scores (a
+    float64 numpy array, each equal to the ``Hit.score`` ``query`` gives), for a caller that
+    needs only the ranking (an evaluation loop, a retriever that fetches text elsewhere). It
+    makes no per-hit object: 100 ``Hit`` objects cost about as much as a short lexical
+    query's scoring."""
+    ids: list[str]
+    scores: Any
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def hits(self) -> list[Hit]:
+        """The same answer as ``Hit`` objects (ranks from 1)."""
+        return list(map(Hit, self.ids, self.scores.tolist(), range(1, len(self.ids) + 1)))
+
+    @classmethod
+    def of(cls, hits: Sequence[Hit]) -> "Ranking":
+        import numpy as np  # here: the client imports this module without numpy's cost
+        return cls([h.id for h in hits], np.array([h.score for h in hits], np.float64))
+
+
 @dataclass(slots=True)
 class Page:
     """One page of ``scroll``: documents in scroll order and the cursor of the next page
@@ -143,6 +166,11 @@ class CollectionAPI(Protocol):
                     filter: dict | None = None, explain: bool = False, with_text: bool = False,
                     with_metadata: bool | None = None,
                     fields: Sequence[str] | None = None) -> list[list[Hit]]: ...
+
+    # ``query``'s ids and scores only, as arrays (no ``Hit`` objects)
+    def query_ids(self, text: str | None = None, *, vector=None, using: str | None = None,
+                  tokens=None, k: int = 10, profile=None,
+                  filter: dict | None = None) -> Ranking: ...
 
     # A snapshot holding every write acknowledged before the call (issue 41): embedded, a
     # folder path; remote, a name under the server's ``--snapshot-root``; sharded: refused

@@ -188,8 +188,9 @@ class PlansDirectly(Protocol):
     (``segments``: the stage's segment indexes, in snapshot order) and returns a plan, or
     None when it cannot take that stage. A plan's ``search(snapshot, vector, k)`` and
     ``search_batch(snapshot, vectors, k)`` return the hits (a list of ``Hit``, or one list
-    per vector), bit for bit what the general path gives, or None to hand a query to it
-    (which then says what is wrong). ``query/vector_lane`` decides which calls may ask."""
+    per vector), and ``rank(snapshot, vector, k)`` the same as a ``Ranking`` (ids and
+    scores, no ``Hit`` objects), bit for bit what the general path gives, or None to hand a
+    query to it (which then says what is wrong). ``query/vector_lane`` decides which calls may ask."""
 
     def direct_plan(self, snapshot: Any, segments: Sequence["SegmentIndex"],
                     params: dict[str, str]) -> Any: ...

@@ -126,6 +126,36 @@ def test_lexical_query_filters_explain(eng):
     assert [ids(b) for b in batch] == [["chess"], ["pasta"]]
 
 
+def _same_ranking(ranking, hits):
+    """``query_ids``'s answer is ``query``'s: the ids, and the scores exactly, as float64."""
+    assert ranking.ids == ids(hits) and len(ranking) == len(hits)
+    assert ranking.scores.dtype == np.float64 and ranking.scores.tolist() == [h.score for h in hits]
+    assert ranking.hits() == hits
+
+
+def test_query_ids_is_the_query_ranking(eng):
+    """The arrays-only answer, through the lexical lane, a filter (the general path), a batch
+    of user vectors (the dense lane and a fused pair of fields), and its errors."""
+    coll = fresh(eng)
+    for text, kw in (("chocolate butter", {}), ("flow heat wing", {"k": 3}),
+                     ("transfer flow layer wing", {"filter": {"year": {"lt": 1966}}}),
+                     ("zzzunknown", {}), ("chess pawn", {"profile": "lexical", "k": 1})):
+        want = coll.query(text, **kw)
+        _same_ranking(coll.query_ids(text, **kw), want)
+    assert coll.query_ids("zzzunknown").ids == []
+    with pytest.raises(InvalidArgument, match="k must be an integer"):
+        coll.query_ids("chocolate", k=0)
+    with pytest.raises(ResourceExhausted, match="k must be an integer"):
+        coll.query_ids("chocolate", k=10_001)
+    img, cap = _unit(40, 8, 1), _unit(40, 5, 2)
+    vcoll = eng.create_collection(f"c{next(_names)}", ["dense@image:Flat", "dense:Flat"], model=None)
+    vcoll.add([{"id": f"d{i}", "vector": cap[i].tolist(), "vectors": {"image": img[i]}}
+               for i in range(40)])
+    for kw in ({"vector": cap[4], "k": 5, "profile": "dense"}, {"vector": img[3], "using": "image", "k": 40},
+               {"vector": {"image": img[5], "dense": cap[5]}, "k": 7}):
+        _same_ranking(vcoll.query_ids(**kw), vcoll.query(**kw))
+
+
 def test_delete(eng):
     coll = fresh(eng)
     assert coll.delete(["cake", "nope"]) == 1
@@ -232,6 +262,10 @@ def test_same_hits_embedded_and_client(dense_pair, profile):
     texts = ["wing flutter", "football goal", "energy in cells"]
     for a, b in zip(emb.query_batch(texts, profile=profile, k=3), cli.query_batch(texts, profile=profile, k=3)):
         _same(a, b)
+    for text in ("hypersonic heat flow", "wing flutter"):  # the arrays-only answer too
+        want = emb.query(text, profile=profile, k=5)
+        _same_ranking(emb.query_ids(text, profile=profile, k=5), want)
+        _same_ranking(cli.query_ids(text, profile=profile, k=5), want)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from polyindex.errors import InputError, InvalidArgument, ResourceExhausted
 from polyindex.ingest.records import document_from_record
 from polyindex.proto.polyindex.v1 import polyindex_pb2 as pb
 from polyindex.proto.polyindex.v1 import polyindex_pb2_grpc as pb_grpc
-from polyindex.types import MAX_K, Document, Hit, HitLists, Page, check_fields
+from polyindex.types import MAX_K, Document, Hit, HitLists, Page, Ranking, check_fields
 from polyindex.wire.convert import (
     MAX_MESSAGE_BYTES,
     doc_from_proto,
@@ -271,6 +271,20 @@ class RemoteCollection:
             _put_tokens(req, tokens, 0)
         resp = self.client._call("Query", req, timeout=timeout)
         return [hit_from_proto(h, self.fields) for h in resp.hits]
+
+    def query_ids(self, text: str | None = None, *, vector=None, using: str | None = None,
+                  tokens=None, k: int = 10, profile=None, filter: dict | None = None,
+                  timeout: float | None = None) -> Ranking:
+        """``query``'s ids and scores as arrays (``types.Ranking``), no ``Hit`` objects."""
+        req = self._request(k, profile, filter, False, False, False, using)
+        if text is not None:
+            req.text = _text(text, 0)
+        if vector is not None:
+            _put_vector(req, vector, 0)
+        if tokens is not None:
+            _put_tokens(req, tokens, 0)
+        hits = self.client._call("Query", req, timeout=timeout).hits
+        return Ranking([h.id for h in hits], np.array([h.score for h in hits], np.float64))
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10,

@@ -37,7 +37,7 @@ from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
 from polyindex.distributed import router_data
 from polyindex.distributed.backends import LOST
-from polyindex.types import (MAX_K, Hit, HitLists, Page, check_fields, document_text,
+from polyindex.types import (MAX_K, Hit, HitLists, Page, Ranking, check_fields, document_text,
                              select_fields)
 from polyindex.wire.grpc_errors import Unavailable
 
@@ -238,6 +238,12 @@ class ShardedCollection:
                                 profile=profile, filter=filter, explain=explain,
                                 with_text=with_text, with_metadata=with_metadata,
                                 fields=fields)[0]
+
+    def query_ids(self, text: str | None = None, *, vector=None, using: str | None = None,
+                  tokens=None, k: int = 10, profile=None, filter: dict | None = None) -> Ranking:
+        """``query``'s ids and scores as arrays (``types.Ranking``)."""
+        return Ranking.of(self.query(text, vector=vector, using=using, tokens=tokens, k=k,
+                                     profile=profile, filter=filter))
 
     def query_batch(self, texts: Sequence[str] | None = None, *, vectors=None,
                     using: str | None = None, tokens=None, k: int = 10, profile=None,

@@ -13,7 +13,7 @@ from polyindex.query.profiles import Profile
 from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow, may_abstain
 from polyindex.rerank import fusion
 from polyindex.storage.snapshot import Snapshot
-from polyindex.types import Hit, select_fields
+from polyindex.types import Hit, Ranking, select_fields
 
 
 def allow_masks(snapshot: Snapshot, filter_expr) -> list[np.ndarray | None]:
@@ -140,10 +140,12 @@ def _stack_prepared(snapshot, i, view, seg_indexes, allow):
 
 def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
         filter_expr=None, explain: bool = False, with_text: bool = False,
-        with_metadata: bool | None = None, fields: list[str] | None = None) -> list[list[Hit]]:
+        with_metadata: bool | None = None, fields: list[str] | None = None,
+        ranking: bool = False) -> list[list[Hit]] | list[Ranking]:
     """``with_text``: each hit's title and text; ``with_metadata``: its stored metadata
     (None: the same as ``with_text``, what ``Collection.query(with_text=True)`` gives), only
-    the names in ``fields`` when given."""
+    the names in ``fields`` when given. ``ranking``: each query's ``Ranking`` (ids and
+    scores, no ``Hit`` objects; nothing to explain or fill in)."""
     if with_metadata is None:
         with_metadata = with_text
     allow = allow_masks(snapshot, filter_expr)
@@ -171,6 +173,9 @@ def run(snapshot: Snapshot, queries: Sequence[Query], profile: Profile, k: int,
                               blind)
         per_query = [(lists, kk, sc) for (lists, _, _), (kk, sc, _) in zip(per_query, reranked)]
         extra = [details for _, _, details in reranked]
+    if ranking:
+        return [Ranking(snapshot.ids_of(keys[:k]), np.asarray(scores[:k], np.float64))
+                for _, keys, scores in per_query]
     return [_hits(snapshot, keys[:k], scores[:k], profile, lists if explain else None,
                   (with_text, with_metadata, fields), None if details is None else details[:k],
                   query)

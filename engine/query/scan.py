@@ -161,6 +161,20 @@ def stored_vectors(seg, row: int, kinds: dict) -> dict:
     return {f: v for f, v in vecs.items() if not np.isnan(v[:1]).any()}
 
 
+def by_id(snap: Snapshot, ids: list[str], fields: list[str] | None, with_vectors: bool,
+          kinds: dict) -> list:
+    """``Collection.get``: the documents of ``ids`` (None where absent)."""
+    out = []
+    for loc in snap.find(ids):
+        doc = None if loc is None else snap.segments[loc[0]].docs.documents([loc[1]])[0]
+        if doc is not None:
+            doc.metadata = select_fields(doc.metadata, fields)
+            if with_vectors:
+                doc.vectors = stored_vectors(snap.segments[loc[0]], loc[1], kinds)
+        out.append(doc)
+    return out
+
+
 def documents(snap: Snapshot, picked, fields: list[str] | None, with_vectors: bool) -> list:
     """The documents of ``page``'s rows: one Arrow ``take`` per segment they fall in, then
     one conversion to Python for the page (a page in hash order touches every segment; a

@@ -67,3 +67,19 @@ def plan(snapshot, key, resolve, takes: str = "vector"):
             plans[key] = _NONE if made is None else made
         return made
     return None if got is _NONE else got
+
+
+def answer(coll, how: str, texts, vectors, using, tokens, k, profile, filter, explain,
+           with_text, with_metadata, fields):
+    """A plain call's answer from its kind's lane (``how``: the plan's ``search``,
+    ``search_batch`` or ``rank``: ``Collection.query``, ``query_batch``, ``query_ids``); None:
+    the general path answers."""
+    takes = fields is None and plain_call(texts, vectors, using, tokens, k, profile, filter,
+                                          explain, with_text, with_metadata)
+    if not takes:
+        return None
+    snap, made = coll._lane(profile, takes, texts, vectors)
+    if made is None:
+        return None
+    given = vectors if takes == "vector" else texts
+    return getattr(made, how)(snap, given if how == "search_batch" else given[0], k)

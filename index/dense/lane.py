@@ -32,7 +32,7 @@ from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
 from polyindex.index.ties import order_ties
-from polyindex.types import MAX_VECTOR_NORM, Hit
+from polyindex.types import MAX_VECTOR_NORM, Hit, Ranking
 
 # a little under the general path's float64 limit: what the lane takes, that path takes too
 _MAX_SQ = (MAX_VECTOR_NORM * 0.999) ** 2
@@ -125,6 +125,19 @@ class Plan:
             lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
 
     def search(self, snapshot, vector, k: int) -> list[Hit] | None:
+        got = self._ranked(snapshot, vector, k)
+        if got is None:
+            return None
+        ids, scores = got
+        return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
+
+    def rank(self, snapshot, vector, k: int) -> Ranking | None:
+        """``search``'s answer as a ``Ranking`` (no ``Hit`` objects)."""
+        got = self._ranked(snapshot, vector, k)
+        return None if got is None else Ranking(got[0], got[1].astype(np.float64))
+
+    def _ranked(self, snapshot, vector, k: int):
+        """(ids, float32 scores) of a vector's top k; None: the general path answers."""
         small = self.small
         if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
                 and vector.shape == (self.dim,) and vector.flags.c_contiguous:
@@ -132,8 +145,7 @@ class Plan:
             got = small.search(vector, k, _MAX_SQ)
             if got is not None:  # equal scores in id order already
                 scores, rows = got
-                return list(map(Hit, small.ids[rows].tolist(), scores.tolist(),
-                                range(1, len(rows) + 1)))
+                return small.ids[rows].tolist(), scores
         if type(vector) is np.ndarray and vector.dtype == np.float32:
             v = vector
         else:
@@ -160,8 +172,7 @@ class Plan:
                               snapshot.id_ranks)
         row = keys[0]
         n = len(listed) if row[-1] >= 0 else int(np.count_nonzero(row >= 0))
-        ids = snapshot.ids_of(row[:n] if n < len(listed) else row)
-        return list(map(Hit, ids, listed, range(1, n + 1)))  # ids has n: map stops there
+        return snapshot.ids_of(row[:n] if n < len(listed) else row), scores[0][:n]
 
     def search_batch(self, snapshot, vectors, k: int) -> list[list[Hit]] | None:
         """``search`` for many vectors: one faiss call per segment for all of them."""

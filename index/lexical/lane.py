@@ -37,7 +37,7 @@ from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
 from polyindex.index.postings import (SELECT_KEYS_K, _bm25_add, _bm25_add_dense, _select,
                                       _select_dense, _select_keys, dense_pays, readonly)
-from polyindex.types import Hit
+from polyindex.types import Hit, Ranking
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
 _TERM_CACHE = 5_000_000  # term ids a plan keeps (terms x segments; cleared past this)
@@ -430,6 +430,19 @@ class Plan:
         return ids
 
     def search(self, snapshot, text, k: int) -> list[Hit] | None:
+        got = self._ranked(snapshot, text, k)
+        if got is None:
+            return None
+        ids, scores = got
+        return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
+
+    def rank(self, snapshot, text, k: int) -> Ranking | None:
+        """``search``'s answer as a ``Ranking`` (no ``Hit`` objects)."""
+        got = self._ranked(snapshot, text, k)
+        return None if got is None else Ranking(got[0], got[1].astype(np.float64))
+
+    def _ranked(self, snapshot, text, k: int):
+        """(ids, float32 scores) of a query's top k; None: the general path answers."""
         if snapshot.cache.get(self.kind.name) is not self.cache:
             return None  # a shard swapped in the collection-wide statistics since the plan
         weighed = self.weigh(text)
@@ -437,7 +450,7 @@ class Plan:
             return None
         scorer, qtids, qw = weighed
         if not len(qw):
-            return []
+            return [], np.zeros(0, np.float32)
         if not self.has_ids:  # ids not one plain string chunk somewhere: two steps
             scores, keys = self.top(*weighed, k)
             ids = self.ids(snapshot, scores, keys)
@@ -455,7 +468,7 @@ class Plan:
             ids = buf.tobytes().decode("utf-8").split(SEP) if ok and n else []
             if len(ids) != n:  # a key out of range, or an id holding SEP
                 ids = self.ids(snapshot, scores, out_i[:n])
-        return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
+        return ids, scores
 
     def search_batch(self, snapshot, texts, k: int) -> list[list[Hit]] | None:
         out = []
