@@ -75,7 +75,7 @@ class Hit:
     metadata: dict[str, Any] | None = None  # with_metadata only: the stored metadata
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs ~3x (object.__setattr__)
 class Ranking:
     """A query's answer as arrays (``query_ids``): the ids best first and their scores (a
     float64 numpy array, each equal to the ``Hit.score`` ``query`` gives), for a caller that
