@@ -18,9 +18,10 @@ The collection-level artifacts are one for every shard: the sparse projector and
 template are trained once, on the collection's first batch (``storage.shared_training``),
 so sparse and IVF at its default nprobe equal one node; the tree equals one node at its
 flat setting (``budget=0``: its trees are per segment, so a budgeted search follows how rows
-fell into segments, as an HNSW graph does). The document-quality language model is one for
-every shard (the router's first batch): checked below. Multivector still trains one codebook
-per shard (not compared here).
+fell into segments, as an HNSW graph does). The multivector codebook (the user's token
+matrices here, so no model runs) is trained once too, from a first batch of at least
+``SHARED_MIN_TOKENS`` tokens. The document-quality language model is one for every shard
+(the router's first batch): checked below.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ HNSW = "dense@hnsw:dim=384,metric=ip,HNSW8,Flat"
 IVF = "dense@ivf:dim=384,metric=ip,IVF4,Flat"
 SPARSE = "sparse:UHD4096,k=16,epochs=1"
 TREE = "tree:branch=4,leaf=8"
-KINDS = ["lexical", "dense:Flat", HNSW, IVF, SPARSE, TREE]
+# the user's token matrices (no model runs): its codebook is trained on the first batch
+MV = "multivector:KMeans16,residual=PQ4,source=user,dim=16"
+KINDS = ["lexical", "dense:Flat", HNSW, IVF, SPARSE, TREE, MV]
 DEEP = {  # the documented per-shard search depth: exact on this collection
     "dense-hnsw": {"retrieve": [{"index": "dense@hnsw", "k": 10, "params": "efSearch=2000"}]},
     "dense-ivf": {"retrieve": [{"index": "dense@ivf", "k": 10, "params": "nprobe=4"}]},
@@ -55,7 +58,8 @@ DEEP = {  # the documented per-shard search depth: exact on this collection
 PROFILES = {"lexical": "lexical", "dense": "dense", **DEEP,
             # IVF at its default nprobe: one template (centroids) for every segment and shard
             "dense-ivf-default": {"retrieve": [{"index": "dense@ivf", "k": 10}]},
-            "sparse": "sparse", "hybrid": "hybrid",
+            "sparse": "sparse", "hybrid": "hybrid", "multivector": "multivector",
+            "hybrid-mv": "hybrid-mv",
             "ltr": {**LTR, "rerank": {"model": "trees", "window": 100}}}
 
 pytestmark = pytest.mark.skipif(not CACM.is_dir(),
@@ -67,7 +71,19 @@ def _unit(rng, n: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def _cacm(n: int):
+def _tokens(rng, n: int) -> np.ndarray:
+    """A token matrix (n, 16) clustered around 24 topic directions, as real tokens are."""
+    x = _TOPICS[rng.integers(len(_TOPICS), size=n)] + 0.35 * rng.normal(size=(n, 16))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+_TOPICS = np.random.default_rng(16).normal(size=(24, 16))
+_TOPICS /= np.linalg.norm(_TOPICS, axis=1, keepdims=True)
+_QRNG = np.random.default_rng(17)
+QTOKENS = [_tokens(_QRNG, int(_QRNG.integers(4, 10))) for _ in range(12)]
+
+
+def _cacm(n: int, tokens: bool = False):
     docs = []
     with open(CACM / "corpus.jsonl") as f:
         for line in f:
@@ -81,6 +97,9 @@ def _cacm(n: int):
     emb = _unit(rng, len(docs))
     for d, v in zip(docs, emb):  # the named fields carry the same vectors as the default one
         d["vectors"] = {"hnsw": v.tolist(), "ivf": v.tolist()}
+    trng = np.random.default_rng(18)  # apart: the embeddings stay what they were
+    for d in docs if tokens else ():
+        d["tokens"] = _tokens(trng, int(trng.integers(8, 30)))  # ~19 a document
     return docs, emb, queries, list(_unit(rng, len(queries)))
 
 
@@ -96,7 +115,7 @@ def full_weight_ranker(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def deployments(tmp_path):
-    docs, emb, queries, qvecs = _cacm(N_BASE + N_STREAM)
+    docs, emb, queries, qvecs = _cacm(N_BASE + N_STREAM, tokens=True)
     one_engine = Engine(tmp_path / "one", online=True)
     one = one_engine.create_collection("c", KINDS, segment_size=100)
     sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
@@ -120,7 +139,8 @@ def _query(target, profile, queries, qvecs):
     if profile in USING:  # a named vector field's profile takes its query vectors
         return target.query_batch(vectors=qvecs, using=USING[profile], k=10,
                                   profile=PROFILES[profile])
-    return target.query_batch(queries, vectors=qvecs, k=10, profile=PROFILES[profile])
+    return target.query_batch(queries, vectors=qvecs, k=10, profile=PROFILES[profile],
+                              tokens=QTOKENS[:len(queries)])
 
 
 def _compare(one, routed, profile, queries, qvecs, where):

@@ -82,3 +82,27 @@ def test_install_keeps_a_collections_own_artifacts_and_refuses_bad_names(tmp_pat
             own = export(c.table)
             assert install(c.table, blobs) == []
             assert export(c.table) == own != blobs
+
+
+def test_a_multivector_codebook_waits_for_a_first_batch_with_enough_tokens(tmp_path):
+    """The codebook is sized to what it trains on: an online writer's first upsert of a few
+    tokens does not fix it (the first seal trains it, as before); a first batch of at least
+    ``SHARED_MIN_TOKENS`` tokens does, before any seal."""
+    from polyindex.index.multivector.kind import SHARED_MIN_TOKENS
+    rng = np.random.default_rng(5)
+
+    def docs(lo, n, per):
+        return [{"id": f"d{i}", "text": f"t{i}", "tokens": rng.normal(size=(per, 8)).astype(
+            np.float32)} for i in range(lo, lo + n)]
+    mv = "multivector:KMeans8,residual=none,source=user,dim=8"
+    with Engine(tmp_path / "e", online=True) as eng:
+        small = eng.create_collection("small", ["lexical", mv], model=None)
+        small.add(docs(0, 2, 10))  # 20 tokens
+        assert not _manifest(tmp_path / "e" / "small")["artifacts"].get("multivector")
+        small.add(docs(2, 40, 10))
+        small.seal()  # the seal trains it, on what was buffered
+        assert _manifest(tmp_path / "e" / "small")["artifacts"].get("multivector")
+        assert len(small.query(tokens=rng.normal(size=(3, 8)).astype(np.float32), k=5)) == 5
+        big = eng.create_collection("big", ["lexical", mv], model=None)
+        big.add(docs(0, SHARED_MIN_TOKENS // 16, 16))
+        assert _manifest(tmp_path / "e" / "big")["artifacts"].get("multivector")

@@ -4,7 +4,8 @@ segment and every shard (issue 43 part 1).
 Kinds that train something collection-level (the sparse UHD projector, an IVF/PQ template)
 train it once and every later segment uses it. Which documents train it must not depend on
 how rows fall into segments or shards, so the rule is: **the first write batch of the
-collection** from which a kind can train (an embedded ``add`` is one segment, so its first
+collection** from which a kind can train (a multivector codebook: one of at least
+``SHARED_MIN_TOKENS`` tokens; an embedded ``add`` is one segment, so its first
 segment; an online writer trains at its first upsert, before the WAL append, not at its
 first seal, which holds whatever was buffered; a sharded router sends its first batch, whole,
 to shard 0, which trains and commits, and installs the same files, byte for byte, in every
@@ -25,10 +26,9 @@ from polyindex.errors import Corrupt
 from polyindex.storage.writer import batch_of
 from polyindex.types import Document
 
-# The kinds trained from the first batch. Not multivector yet: its codebook trains on token
-# vectors the writer computes at seal (and its training is being changed: issue 43's last
-# step); a sharded multivector collection still trains one codebook per shard.
-SHARED_KINDS = ("sparse", "dense")
+# The kinds trained from the first batch. Multivector's codebook only from a batch it
+# ``trains_from`` (enough tokens; the kind encodes a model's tokens itself for it).
+SHARED_KINDS = ("sparse", "dense", "multivector")
 
 
 def untrained(kinds: dict) -> list[str]:
@@ -54,6 +54,8 @@ def train_first(table, docs: Sequence[Document], embeddings: np.ndarray | None,
         files = {}
         for name in untrained(table.kinds):
             kind = table.kinds[name]
+            if not getattr(kind, "trains_from", lambda _b: True)(batch):
+                continue  # too small to fix this kind's artifact: a later batch or seal
             kind.train(batch)
             art = table.folder / "artifacts" / kind.artifact_name
             art.mkdir(parents=True, exist_ok=True)

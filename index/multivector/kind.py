@@ -238,6 +238,9 @@ def _keep_top(salience: np.ndarray, lengths: np.ndarray, frac: float) -> np.ndar
     return keep
 
 
+SHARED_MIN_TOKENS = 2048  # ``trains_from``: tokens a first batch needs to fix the codebook
+
+
 class MultivectorKind(IndexKind):
     kind = "multivector"
     needs_tokens = True
@@ -340,6 +343,18 @@ class MultivectorKind(IndexKind):
     # -- collection-level training -----------------------------------------------------------
     def needs_training(self) -> bool:
         return self.codebook is None or not self._saved
+
+    def trains_from(self, batch: BuildBatch) -> bool:
+        """May a collection's first write batch train the codebook (``storage.shared_training``)?
+        Only one of at least ``SHARED_MIN_TOKENS`` tokens (the user's rows, or about a token
+        a word of text, counted before any encoding): the codebook is sized to what it
+        trains on, so a first upsert of one document would fix a tiny one for good; a
+        smaller batch leaves it to the first seal (or the next batch)."""
+        if batch.tokens is not None:
+            n = sum(len(t.vectors) for t in batch.tokens)
+        else:
+            n = sum(len(x.split()) + len(t.split()) for t, x in zip(batch.titles, batch.texts))
+        return n >= SHARED_MIN_TOKENS
 
     def train(self, sample: BuildBatch) -> None:
         if self.codebook is not None:  # a fallback codebook: segments already use it
