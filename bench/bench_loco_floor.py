@@ -286,9 +286,35 @@ def report(res: dict) -> None:
                               f"{v['wins']}/{v['losses']}"] for f, v in folds.items()]))
 
 
+SHIPPED = "hybrid-adaptive"  # the engine's profile of the best shippable trade-off
+TWIN = "qdpk-a0.55-b0.15-d1000"  # its offline twin here
+
+
+def engine_check(eng, names: list[str], offline: dict) -> dict:
+    """``hybrid-adaptive`` run by the engine (a TREC run, ir-measures) against its offline twin."""
+    out = {}
+    for n in names:
+        coll = BL.open_collection(eng, n)
+        qs, qrels = BL.judged_queries(n)
+        vectors = coll.encoder.encode([t for _, t in qs], chunk=256)
+        path = BL.RUNS / n / "engine" / f"{SHIPPED}.trec"
+        common.write_trec(path, BL.engine_run(coll, qs, vectors, SHIPPED, TOP), SHIPPED)
+        out[n] = {"engine": float(np.mean(list(BL.nd10(path, qrels).values()))),
+                  "offline": offline[n]}
+    worst = max(abs(v["engine"] - v["offline"]) for v in out.values())
+    console.print(f"engine check of {SHIPPED} (offline twin {TWIN}): largest |engine - offline| "
+                  f"nDCG@10 {worst:.4f}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--collections", default=",".join(BL.ALL))
+    ap.add_argument("--engine-check", action="store_true",
+                    help=f"run {SHIPPED} through the engine and compare with {TWIN}")
+    ap.add_argument("--speed", default="", help=f"collection for the q/s check of {SHIPPED} "
+                                                f"against hybrid (e.g. npl)")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -308,6 +334,11 @@ def main() -> int:
     res["best"] = best_tradeoff(res["grid"], shippable=True)
     res["best_any"] = best_tradeoff(res["grid"], shippable=False)
     report(res)
+    if args.engine_check:
+        res["engine_check"] = engine_check(eng, names, {n: res["means"][n][TWIN] for n in names})
+    if args.speed:
+        res["speed"] = BL.speed(eng, args.speed, {BL.REFERENCE: BL.REFERENCE, SHIPPED: SHIPPED},
+                                args.rounds)
     res.pop("means")
     common.save_results("bench_loco_floor", {"collections": names, **res,
                                              "grid_params": {"a": A_GRID, "d": D_GRID,
