@@ -14,6 +14,8 @@ Families (lexical top 1000 each; the two legs' runs are bench_loco's engine runs
   dense weight A, dense top D;
 - ``z-a{A}-d{D}``: the same over z-scores shifted to 0 at each list's last score (absent = 0);
 - ``rrf-k{K}-w{W}``: RRF (``rerank.fusion.rrf``), dense top 100 weighted W;
+- ``rrf2-kl{KL}-kd{KD}-w{W}``: RRF with its own k per leg (lexical KL, dense KD);
+- ``rank-a{A}-d{D}``: convex over ranks (a leg's score 1 - (rank - 1) / its depth);
 - ``q{F}-a{A}-b{B}-d{D}`` (query-adaptive): the convex fusion with each query's dense weight
   ``clip(A + B * (f - c), 0.05, 0.95)``, f a feature of that query's own two lists or text:
   ``ov10`` overlap of the two top 10s, ``lpk``/``dpk`` the mean min-max normalized score of a
@@ -54,6 +56,7 @@ A_GRID = (0.4, 0.45, 0.5, 0.55, 0.6)
 D_GRID = (100, 300, 1000)
 RRF_K = (20, 60)
 RRF_W = (0.67, 0.8, 1.0, 1.1, 1.25)
+RRF2_K = (10, 30, 60, 100)
 Q_FEATS = {"ov10": 0.35, "lpk": 0.72, "dpk": 0.7, "len": 1.8}  # fixed centres (not fitted)
 Q_A = (0.45, 0.5, 0.55)
 Q_B = (-0.3, -0.15, 0.15, 0.3)
@@ -161,6 +164,17 @@ def collection_runs(name: str, stats: dict) -> dict[str, dict[str, float]]:
         for k in RRF_K:
             for w in RRF_W:
                 add(f"rrf-k{k}-w{w}", q, back, *rrf([lk, dk[:100]], k, [1.0, w]))
+        for kl in RRF2_K:  # RRF with its own k per leg
+            for kd in RRF2_K:
+                for w in (1.0, 1.1):
+                    add(f"rrf2-kl{kl}-kd{kd}-w{w}", q, back, *_sum_by_key(
+                        [lk, dk[:100]], [1.0 / (kl + np.arange(1, len(lk) + 1)),
+                                         w / (kd + np.arange(1, len(dk[:100]) + 1))]))
+        for d in D_GRID:  # convex over ranks: a leg's score 1 - (rank - 1) / its depth
+            for a in A_GRID:
+                add(f"rank-a{a}-d{d}", q, back, *_sum_by_key(
+                    [lk, dk[:d]], [(1 - a) * (1 - np.arange(len(lk)) / 1000),
+                                   a * (1 - np.arange(len(dk[:d])) / d)]))
         for feat, centre in Q_FEATS.items():
             for a in Q_A:
                 for b in Q_B:
@@ -212,7 +226,9 @@ def study(per_q: dict, stats: dict, names: list[str]) -> dict:
     families = {"cvx": [c for c in base if c.startswith("cvx-")],
                 "z": [c for c in base if c.startswith("z-")],
                 "rrf": [c for c in base if c.startswith("rrf-")],
-                "cvx+z+rrf": [c for c in base if not c.startswith("q")]}
+                "rrf2": [c for c in base if c.startswith("rrf2-")],
+                "rank": [c for c in base if c.startswith("rank-")],
+                "all per-query-fixed": [c for c in base if not c.startswith("q")]}
     for feat in Q_FEATS:
         families[f"q{feat}"] = [c for c in base if c.startswith(f"q{feat}-")] + families["cvx"]
     # corpus-adaptive: a candidate's score on collection n is its snapped cvx's there
@@ -307,6 +323,40 @@ def engine_check(eng, names: list[str], offline: dict) -> dict:
     return out
 
 
+def speed(eng, name: str, profiles: list[str], rounds: int) -> dict:
+    """q/s one query at a time (query encoding included), interleaved rounds in one process,
+    by wall time and by this process's CPU time (the machine is shared)."""
+    coll = BL.open_collection(eng, name)
+    qs = [t for _, t in BL.judged_queries(name)[0]]
+    for p in profiles:
+        coll.query_batch(qs[:8], k=10, profile=p)
+    wall = {p: 0.0 for p in profiles}
+    cpu = {p: 0.0 for p in profiles}
+    count = 0
+    for rep in range(rounds):
+        for i, text in enumerate(qs):
+            shift = (i + rep) % len(profiles)
+            for p in profiles[shift:] + profiles[:shift]:
+                t0, c0 = time.perf_counter(), time.process_time()
+                coll.query(text, k=10, profile=p)
+                wall[p] += time.perf_counter() - t0
+                cpu[p] += time.process_time() - c0
+            count += 1
+    ref = profiles[0]
+    out = {"collection": name, "queries": count,
+           "qps_wall": {p: count / wall[p] for p in profiles},
+           "qps_cpu": {p: count / cpu[p] for p in profiles},
+           "ratio_wall": {p: wall[ref] / wall[p] for p in profiles},
+           "ratio_cpu": {p: cpu[ref] / cpu[p] for p in profiles}}
+    console.print(table(f"{name}: q/s one query at a time ({count} queries each, interleaved)",
+                        ["profile", "q/s (wall)", "q/s (CPU)", f"vs {ref} (wall)",
+                         f"vs {ref} (CPU)"],
+                        [[p, f"{out['qps_wall'][p]:.1f}", f"{out['qps_cpu'][p]:.1f}",
+                          f"{out['ratio_wall'][p]:.3f}", f"{out['ratio_cpu'][p]:.3f}"]
+                         for p in profiles]))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--collections", default=",".join(BL.ALL))
@@ -337,8 +387,7 @@ def main() -> int:
     if args.engine_check:
         res["engine_check"] = engine_check(eng, names, {n: res["means"][n][TWIN] for n in names})
     if args.speed:
-        res["speed"] = BL.speed(eng, args.speed, {BL.REFERENCE: BL.REFERENCE, SHIPPED: SHIPPED},
-                                args.rounds)
+        res["speed"] = speed(eng, args.speed, [BL.REFERENCE, SHIPPED], args.rounds)
     res.pop("means")
     common.save_results("bench_loco_floor", {"collections": names, **res,
                                              "grid_params": {"a": A_GRID, "d": D_GRID,
