@@ -269,7 +269,8 @@ def study(per_q: dict, stats: dict, names: list[str]) -> dict:
     for key, folds in detail.items():  # paired t-tests of every fold's choice against hybrid
         for f, r in folds.items():
             t = common.paired(per_q[f][BL.REFERENCE], per_query(r["chosen"], f))
-            r.update(t_p=t["t_p"], wins=t["wins"], losses=t["losses"], queries=len(per_q[f][BL.REFERENCE]))
+            r.update(t_p=t["t_p"], wins=t["wins"], losses=t["losses"],
+                     queries=len(per_q[f][BL.REFERENCE]))
     return {"grid": grid, "folds": detail, "means": mean, "stats": stats,
             "corpus_candidates": corpus}
 

@@ -61,7 +61,8 @@ HYBRID_CONVEX = {"retrieve": [{"index": k, "k": CONVEX_DEPTHS[k]} for k in ("lex
 ADAPTIVE_WEIGHTS = {"lexical": 0.45, "dense": 0.55}
 ADAPTIVE_DEPTHS = {"lexical": 1000, "dense": 1000}
 ADAPTIVE = {"index": "dense", "slope": 0.15, "centre": 0.7}
-HYBRID_ADAPTIVE = {"retrieve": [{"index": k, "k": ADAPTIVE_DEPTHS[k]} for k in ("lexical", "dense")],
+HYBRID_ADAPTIVE = {"retrieve": [{"index": k, "k": ADAPTIVE_DEPTHS[k]}
+                                for k in ("lexical", "dense")],
                    "fuse": {"method": "weighted", "weights": dict(ADAPTIVE_WEIGHTS),
                             "adapt": dict(ADAPTIVE)}}
 DEFAULT = "hybrid-convex"  # of a collection with lexical and dense (else hybrid, else its first kind)
