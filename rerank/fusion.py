@@ -48,6 +48,36 @@ def weighted(keys_per_list: list[np.ndarray], scores_per_list: list[np.ndarray],
     return _sum_by_key(all_keys, all_scores, None, rescale)
 
 
+def adapted_weights(weights: list[float], at: int, scores: np.ndarray, slope: float,
+                    centre: float) -> list[float]:
+    """One query's weights of a convex fusion, moved by how peaked list ``at`` is (``scores``:
+    its valid scores, best first): its weight becomes ``w + slope * (peak(scores) - centre)``,
+    clipped to [0.05, 0.95] of the total, and the other lists share the rest in their
+    proportions (the total is kept). A dense list whose top stands out from the rest earns
+    it more say (bench/bench_loco_floor.py, docs/notes/default-profile.md)."""
+    total = float(sum(weights))
+    if total <= 0:
+        return list(weights)
+    w_at = float(np.clip(weights[at] + slope * (peak(scores) - centre),
+                         0.05 * total, 0.95 * total))
+    rest = total - weights[at]
+    scale = (total - w_at) / rest if rest > 0 else 0.0
+    return [w_at if i == at else float(w) * scale for i, w in enumerate(weights)]
+
+
+PEAK_TOP, PEAK_OVER = 10, 100
+
+
+def peak(scores: np.ndarray) -> float:
+    """The mean of a ranked list's top ``PEAK_TOP`` scores, min-max normalized over its first
+    ``PEAK_OVER`` (1: the top stands far above the rest; an empty list: 0)."""
+    s = np.asarray(scores, np.float64)[:PEAK_OVER]
+    if not len(s):
+        return 0.0
+    lo, hi = s.min(), s.max()
+    return float(((s[:PEAK_TOP] - lo) / (hi - lo)).mean()) if hi > lo else 1.0
+
+
 def _sum_by_key(all_keys, all_scores, all_ranks=None,
                 rescale=None) -> tuple[np.ndarray, np.ndarray]:
     """Unique keys and their summed scores, best first. Equal sums (common in RRF: rank r in

@@ -65,6 +65,31 @@ def test_weighted_user_profile(coll):
     assert 0 < hits[0].score <= 1.0 + 1e-9
 
 
+def test_hybrid_adaptive_weighs_each_query_by_its_dense_list(coll):
+    """``hybrid-adaptive``: min-max normalized lexical and dense scores, the dense weight moved
+    by how peaked that query's own dense list is (``fusion.adapted_weights``)."""
+    from polyindex.rerank import fusion
+    seen = set()
+    for text in ("hypersonic heat flow", "chocolate cake recipe", "sport"):
+        lex = coll.query(text, profile="lexical", k=1000)
+        dense = coll.query(text, profile="dense", k=1000)
+        w_lex, w_dense = fusion.adapted_weights([0.45, 0.55], 1,
+                                                np.array([h.score for h in dense]), 0.15, 0.7)
+        seen.add(round(w_dense, 6))
+
+        def norm(hits):
+            s = np.array([h.score for h in hits], np.float64)
+            lo, hi = (s.min(), s.max()) if len(s) else (0, 0)
+            return {h.id: ((v - lo) / (hi - lo) if hi > lo else 1.0) for h, v in zip(hits, s)}
+        nl, nd = norm(lex), norm(dense)
+        want = {d: w_lex * nl.get(d, 0.0) + w_dense * nd.get(d, 0.0) for d in nl.keys() | nd.keys()}
+        hits = coll.query(text, profile="hybrid-adaptive", k=len(DOCS))
+        assert [h.id for h in hits] == sorted(want, key=lambda d: -want[d])
+        for h in hits:
+            assert math.isclose(h.score, want[h.id], rel_tol=1e-6, abs_tol=1e-9)
+    assert len(seen) > 1  # the queries were fused with weights of their own
+
+
 def test_filters(coll):
     old = coll.query("transfer flow layer wing", profile="hybrid", k=10, filter={"year": {"lt": 1966}})
     assert set(ids(old)) <= {"wing", "heat"} and "heat" in ids(old)

@@ -207,6 +207,12 @@ def fuse(profile: Profile, lists, keep: int, blind=None) -> tuple[np.ndarray, np
         return keys[:n][:keep], scores[:n][:keep]
     w = profile.fuse.get("weights", {})  # per retrieved kind, 1 when not named
     weights = [float(w.get(st.index, 1.0)) for st in profile.retrieve]
+    adapt = profile.fuse.get("adapt")
+    if adapt is not None:  # this query's weights, from how peaked one leg's list is
+        at = next(i for i, st in enumerate(profile.retrieve) if st.index == adapt["index"])
+        s, kk = lists[at]
+        weights = fusion.adapted_weights(weights, at, s[kk >= 0], float(adapt["slope"]),
+                                         float(adapt["centre"]))
     rescale = None
     if blind is not None:
         seeing = sum(wt for wt, b in zip(weights, blind[1]) if not b)
