@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ import pytest
 
 from polyindex.distributed.serving import ShardedEngine
 from polyindex.engine import Engine
-from polyindex.query.profiles import LTR
+from polyindex.query.profiles import HYBRID_MV, LTR
 
 from test_shards import _same, trees_models
 
@@ -55,11 +56,18 @@ DEEP = {  # the documented per-shard search depth: exact on this collection
     # the tree's flat search (every leaf, exact similarity): its trees are per segment
     "tree-flat": {"retrieve": [{"index": "tree", "k": 10, "params": "budget=0"}]},
 }
+MV_ALL = {"retrieve": [{"index": "multivector", "k": 10,
+                        "params": "exhaustive=1,ndocs=100000"}]}
 PROFILES = {"lexical": "lexical", "dense": "dense", **DEEP,
             # IVF at its default nprobe: one template (centroids) for every segment and shard
             "dense-ivf-default": {"retrieve": [{"index": "dense@ivf", "k": 10}]},
-            "sparse": "sparse", "hybrid": "hybrid", "multivector": "multivector",
-            "hybrid-mv": "hybrid-mv",
+            "sparse": "sparse", "hybrid": "hybrid",
+            # every row to the final MaxSim (``exhaustive=1``, ``ndocs`` past the collection):
+            # at default depths the final pass takes ``ndocs`` candidates of the whole
+            # collection on one node, of a shard's here
+            "multivector-exhaustive": MV_ALL,
+            "hybrid-mv-exhaustive": {**HYBRID_MV, "retrieve": HYBRID_MV["retrieve"][:2] + [
+                {**MV_ALL["retrieve"][0], "k": 100}]},
             "ltr": {**LTR, "rerank": {"model": "trees", "window": 100}}}
 
 pytestmark = pytest.mark.skipif(not CACM.is_dir(),
@@ -113,25 +121,50 @@ def full_weight_ranker(tmp_path_factory, monkeypatch):
     registry.clear_cache()
 
 
-@pytest.fixture
-def deployments(tmp_path):
-    docs, emb, queries, qvecs = _cacm(N_BASE + N_STREAM, tokens=True)
+@contextmanager
+def _deployments(tmp_path, n_docs: int):
+    docs, emb, queries, qvecs = _cacm(n_docs, tokens=True)
     one_engine = Engine(tmp_path / "one", online=True)
     one = one_engine.create_collection("c", KINDS, segment_size=100)
     sharded = ShardedEngine.in_process(tmp_path / "sharded", shards=2, replicas=2)
     routed = sharded.create_collection("c", KINDS, segment_size=100)
-    for lo in range(0, N_BASE, 250):
-        for target in (one, routed):
-            target.add(docs[lo:lo + 250], embeddings=emb[lo:lo + 250])
-    gone = [docs[i]["id"] for i in range(3, N_BASE, 29)]
-    one.delete(gone)
-    routed.delete(gone)
-    routed.catch_up()
-    yield one, routed, sharded, (docs, emb, queries, qvecs)
-    sharded.close()
-    one_engine.close()
+    try:
+        for lo in range(0, N_BASE, 250):
+            for target in (one, routed):
+                target.add(docs[lo:lo + 250], embeddings=emb[lo:lo + 250])
+        gone = [docs[i]["id"] for i in range(3, N_BASE, 29)]
+        one.delete(gone)
+        routed.delete(gone)
+        routed.catch_up()
+        yield one, routed, sharded, (docs, emb, queries, qvecs), iter(range(N_BASE, n_docs,
+                                                                            N_STREAM))
+    finally:
+        sharded.close()
+        one_engine.close()
 
 
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory):
+    """Both deployments, built once for the module (~15 s); each profile's test streams its
+    own next ``N_STREAM`` documents into both."""
+    with _deployments(tmp_path_factory.mktemp("deployments"),
+                      N_BASE + N_STREAM * len(PROFILES)) as made:
+        yield made
+
+
+@pytest.fixture
+def fresh_deployments(tmp_path):
+    """Both deployments new, for a profile compared on the first ``N_BASE + N_STREAM``
+    documents only (``FRESH``)."""
+    with _deployments(tmp_path, N_BASE + N_STREAM) as made:
+        yield made
+
+
+# ltr on the module's deployments, once ~1,600 documents had streamed in, gave one of 12
+# queries other scores at a quiet point (features of the tree's budgeted search or the
+# collection statistics under deletes, not yet found: a script with the same writes did not
+# reproduce it); compared on new deployments, as before the module fixture
+FRESH = {"ltr"}
 USING = {"dense-hnsw": "hnsw", "dense-ivf": "ivf", "dense-ivf-default": "ivf"}
 
 
@@ -150,10 +183,11 @@ def _compare(one, routed, profile, queries, qvecs, where):
         _same(x, y, f"{profile}, {where}, query {qi}")
 
 
-@pytest.mark.slow  # 10-20 s each: two deployments built, a stream written into both
+@pytest.mark.slow  # ~10 s each (the deployments, ~15 s, built once): a stream into both
 @pytest.mark.parametrize("profile", list(PROFILES))
-def test_profile_equals_one_node_quiet_and_under_a_streaming_writer(deployments, profile):
-    one, routed, sharded, (docs, emb, queries, qvecs) = deployments
+def test_profile_equals_one_node_quiet_and_under_a_streaming_writer(request, profile):
+    one, routed, sharded, (docs, emb, queries, qvecs), starts = request.getfixturevalue(
+        "fresh_deployments" if profile in FRESH else "deployments")
     assert sharded.backend.n_replicas == 2
     _compare(one, routed, profile, queries, qvecs, "quiet")
 
@@ -161,9 +195,11 @@ def test_profile_equals_one_node_quiet_and_under_a_streaming_writer(deployments,
     busy = threading.Event()  # a batch is in flight
     failed: list = []
 
+    start = next(starts)
+
     def stream():
         try:
-            for lo in range(N_BASE, N_BASE + N_STREAM, BATCH):
+            for lo in range(start, start + N_STREAM, BATCH):
                 busy.set()
                 part = slice(lo, lo + BATCH)
                 one.add(docs[part], embeddings=emb[part])
