@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,6 +71,27 @@ class BuiltMerge:
 def building() -> set[Path]:
     with _building_lock:
         return set(_building)
+
+
+class _Strings(Sequence):
+    """A string column as a sequence, made Python strings on first read."""
+
+    def __init__(self, column: pa.ChunkedArray):
+        self._column, self._items = column, None
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = self._column.to_pylist()
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._column)
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -210,8 +231,10 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
             writer.write_table(table)
     idindex.write(folder, *idindex.merged(
         [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
-    batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
-                       table.column("text").to_pylist(), embeddings,
+    # the texts as Python strings only for a kind that builds (~100 bytes a row per column):
+    # kinds that merge from their own data never read them
+    batch = BuildBatch(_Strings(table.column("id")), _Strings(table.column("title")),
+                       _Strings(table.column("text")), embeddings,
                        None if fresh is None else fresh[1], vectors, collection_rows, pruned)
     infos = {}
     for name, kind in kinds.items():
