@@ -47,7 +47,7 @@ def _build(path, old: bool, monkeypatch, deletes=()):
     monkeypatch.setattr(dense_kind, "POLYSEMOUS", old)
     monkeypatch.setattr(dense_kind, "MERGE_CODES", not old)
     eng = polyindex.open(path)
-    coll = eng.create_collection("c", ["lexical", "dense:IVF16,PQ8"], model=None)
+    coll = eng.create_collection("c", ["lexical", "dense:IVF16,PQ4"], model=None)
     for s in range(0, 3000, 1000):
         coll.add(_docs(s, 1000))
     if deletes:
@@ -62,6 +62,7 @@ def _same(a, b):
         np.testing.assert_allclose(ls, ls2, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the old path trains polysemous codes: ~40 s a build
 @pytest.mark.parametrize("deletes", [(), tuple(f"d{i}" for i in range(0, 3000, 7))])
 def test_fast_path_top10_equals_old_path(tmp_path, monkeypatch, deletes):
     eng_old, old = _build(tmp_path / "old", True, monkeypatch, deletes)
@@ -111,3 +112,39 @@ def test_template_trained_without_polysemous(tmp_path, monkeypatch):
     assert not ivf.do_polysemous_training
     assert ivf.polysemous_ht == 0  # searches use the ADC tables either way
     eng.close()
+
+
+TEXTS = ["The cafés of Zürich", "", None, "a b c-d e_f GO go 42 x1 __ _a", "ÉCOLE école İstanbul ß",
+         "running runs RUNNER, ran; the And of", "snake_case and CamelCase2 9am", "\t\n  ",
+         "über-naïve coöperation", "Mixed ascii then ünïcode words here"] * 3
+
+
+def test_columns_analysis_equals_per_text():
+    from polyindex.index.lexical.analyzer import Analyzer
+    a = Analyzer()
+    terms, flat, lens = a.analyze_columns(TEXTS)
+    expect = a.analyze_many(t or "" for t in TEXTS)
+    assert lens.tolist() == [len(e) for e in expect]
+    assert terms == sorted({t for e in expect for t in e})
+    assert [terms[i] for i in flat] == [t for e in expect for t in e]
+
+
+def test_lexical_build_files_equal_per_text_build(tmp_path, monkeypatch):
+    import pyarrow as pa
+    from polyindex.index.lexical import kind as lexical
+    from polyindex.index.protocol import BuildBatch
+    rng = np.random.default_rng(5)
+    texts = [" ".join(rng.choice(VOCAB, 20)) + " " + (TEXTS[i % len(TEXTS)] or "") if i % 4 else None
+             for i in range(300)]
+    titles = [None if i % 3 else f"Title {i} {TEXTS[i % len(TEXTS)]}" for i in range(300)]
+    batch = BuildBatch([f"d{i}" for i in range(300)], titles, texts)
+    out = {}
+    for columns in (True, False):
+        monkeypatch.setattr(lexical, "ANALYZE_COLUMNS", columns)
+        folder = tmp_path / str(columns)
+        out[columns] = (lexical.LexicalKind("bm25").build(batch, folder), folder)
+    assert out[True][0] == out[False][0]
+    for name in out[True][0]["files"]:
+        a = pa.ipc.open_file(pa.memory_map(str(out[True][1] / name))).read_all()
+        b = pa.ipc.open_file(pa.memory_map(str(out[False][1] / name))).read_all()
+        assert a.equals(b), name

@@ -5,7 +5,8 @@ A merge has two halves. ``build_merge`` reads a snapshot (no lock held: queries 
 go on) and writes the merged segment into ``segments/.merge-<pid>-<n>.tmp``: the live rows'
 documents copied as Arrow, vectors copied (never re-encoded), and every kind's index built
 over them, or merged from the sources' own data where the kind declares ``Merges``
-(multivector copies its token codes). ``commit_merge`` runs under the writer: rows that died
+(multivector copies its token codes, lexical re-numbers its forward index, an IVF dense
+field copies its codes). ``commit_merge`` runs under the writer: rows that died
 since the snapshot (deleted, or replaced by a newer upsert) are tombstoned in the merged
 segment, the folder is renamed to the next ``seg-N`` and one manifest version replaces the
 sources with it. The sources' files are then garbage (``polyindex.storage.gc``).
@@ -92,6 +93,10 @@ class _Strings(Sequence):
 
     def __iter__(self):
         return iter(self._list())
+
+    def __arrow_array__(self, type=None):
+        col = self._column.combine_chunks()
+        return col if type is None else col.cast(type)
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -200,10 +205,11 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     # Documents without their vectors, then the vectors stored as a fresh build stores
     # them (columns only where no index keeps them); one chunk, so every reader's numpy
     # views of the columns stay zero-copy.
-    tables = [_take(seg.docs.table, rows) for seg, rows in parts]
-    tables = [t.drop_columns([c for c in t.column_names
-                              if c in ("embedding", QUALITY_COLUMN, PRUNED_COLUMN)
-                              or c.startswith("vector.")]) for t in tables]
+    # (dropped before the take: a take copies every column it is given)
+    tables = [_take(t.drop_columns([c for c in t.column_names
+                                    if c in ("embedding", QUALITY_COLUMN, PRUNED_COLUMN)
+                                    or c.startswith("vector.")]), rows)
+              for t, rows in ((seg.docs.table, rows) for seg, rows in parts)]
     table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
     # The quality column (NaN for rows of segments without one) and the pruned rows carried
     # row for row: a pruned document stays pruned, and stays out of every costly index.

@@ -70,6 +70,9 @@ GLOBAL = "lexical:global"
 
 # POLYINDEX_BLOCKMAX=0 scores every query term-at-a-time (same answer; for comparisons)
 BLOCKMAX = settings().blockmax
+# Builds analyze their texts as Arrow columns (``Analyzer.analyze_columns``: the same terms);
+# False: text by text (bench_bulk's reference path)
+ANALYZE_COLUMNS = True
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
 _PARAMS = bm25.KNOBS + prf.LEXICAL_KEYS
@@ -309,6 +312,19 @@ class LexicalKind(IndexKind):
         if len(titles) != n or len(texts) != n:
             raise InvalidArgument(f"lexical build: {n} ids but {len(titles)} titles and "
                                   f"{len(texts)} texts")
+        if not ANALYZE_COLUMNS:  # the per-text path (bench_bulk's reference)
+            return self._build_per_text(folder, titles, texts)
+        # "title text", as analyze_many's callers join them; analyzed as columns
+        title_col = pa.array(titles, pa.large_string()).fill_null("")
+        joined = pc.binary_join_element_wise(
+            title_col, pa.array(texts, pa.large_string()).fill_null(""),
+            pa.scalar(" ", pa.large_string()))
+        terms, flat, lens = self.analyzer.analyze_columns(joined)
+        title_len = self.analyzer.analyze_columns(title_col)[2].astype(np.int32)
+        return self._write(folder, terms, flat, lens, title_len)
+
+    def _build_per_text(self, folder: Path, titles, texts) -> dict:
+        n = len(titles)
         docs_terms = self.analyzer.analyze_many(
             f"{ti or ''} {te or ''}" for ti, te in zip(titles, texts))
         lens = np.fromiter(map(len, docs_terms), dtype=np.int64, count=n)
