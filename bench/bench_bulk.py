@@ -3,8 +3,9 @@
 ``--build``: bench_scale's generated documents (30 Zipf words, 384-d user vectors,
 ``lexical`` + ``dense:IVF1024,PQ48``, ``--model none``) built at ``--docs`` with ``add()``
 in 50,000-document chunks and ``compact()``, once the old way (IVF,PQ template trained with
-faiss's polysemous step, merges re-encoding every vector: ``index.dense.kind.POLYSEMOUS`` /
-``MERGE_CODES``) and once the new way, alternating for ``--rounds``, in this one process
+faiss's polysemous step, merges re-encoding every vector, texts analyzed one by one:
+``index.dense.kind.POLYSEMOUS`` / ``MERGE_CODES``, ``index.lexical.kind.ANALYZE_COLUMNS``)
+and once the new way, alternating for ``--rounds``, in this one process
 (merges in this process too: ``POLYINDEX_BUILD_WORKER=0``, so the CPU time counts them).
 Per build: wall seconds, CPU seconds (every thread of the process), documents/s, and the
 time by phase (wall and CPU of the functions that do the work, timed by wrappers).
@@ -75,7 +76,9 @@ def _phases():
 def build_round(path: Path, n: int, old: bool, totals: dict) -> dict:
     import bench_scale
     from polyindex.index.dense import kind as dense_kind
+    from polyindex.index.lexical import kind as lexical_kind
     dense_kind.POLYSEMOUS, dense_kind.MERGE_CODES = old, not old
+    lexical_kind.ANALYZE_COLUMNS = not old
     totals.clear()
     w0, c0 = time.perf_counter(), time.process_time()
     bench_scale.build(path, n, 384, "IVF1024,PQ48", False, True)
