@@ -125,7 +125,7 @@ def merge_rss(src: Path, work: Path, delete: int) -> list[dict]:
             ids = seg.docs.table.column("id")
             rows = np.random.default_rng(0).choice(len(ids), delete, replace=False)
             coll.delete(ids.take(rows).to_pylist())
-            seg_id, n_rows = seg.id, seg.docs.n_rows
+            seg_id, n_rows = seg.docs.id, seg.docs.n_rows
         run = subprocess.run([sys.executable, "-c", MERGE, str(dst), seg_id, path_kind],
                              capture_output=True, text=True, check=True,
                              env={**os.environ, "POLYINDEX_MERGE_EMBEDDED": "0"})

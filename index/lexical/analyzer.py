@@ -141,7 +141,8 @@ class Analyzer:
         flat = word_term[encoded.indices.to_numpy(zero_copy_only=False)]
         kept = flat >= 0
         # a stable order by owning text: the ASCII and other texts' words back in row order
-        by_row = np.argsort(owner[kept], kind="stable")
-        flat = flat[kept][by_row]
+        # (already so when every text took one path)
+        flat = flat[kept] if len(parts) == 1 else \
+            flat[kept][np.argsort(owner[kept], kind="stable")]
         lens = np.bincount(owner[kept], minlength=n).astype(np.int64)
         return terms, flat, lens

@@ -359,9 +359,14 @@ class LexicalKind(IndexKind):
             flats.append(to_merged[ids[concat_ranges(starts, ends)]])
             lens.append(ends - starts)
             title_len.append(titles[rows])
-        used, flat = np.unique(np.concatenate(flats), return_inverse=True)
+        # np.unique(return_inverse=True) without its sort: the ids are < len(vocab)
+        flat = np.concatenate(flats)
+        used = np.flatnonzero(np.bincount(flat, minlength=len(vocab)))
+        remap = np.zeros(len(vocab), np.int64)
+        remap[used] = np.arange(len(used))
+        flat = remap[flat]
         return self._write(Path(folder), vocab.take(pa.array(used)).to_pylist(),
-                           flat.astype(np.int64),
+                           flat,
                            np.concatenate(lens).astype(np.int64),
                            np.concatenate(title_len).astype(np.int32))
 
