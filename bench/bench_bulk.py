@@ -13,7 +13,9 @@ time by phase (wall and CPU of the functions that do the work, timed by wrappers
 ``--merge-rss COLLECTION_DIR``: the peak RSS of merging one segment. The collection is
 copied under ``--work``, ``--delete`` of the segment's rows are deleted (so the merge
 rewrites it), and ``merge`` runs in a fresh process per path (old, new), reporting RSS after
-opening and VmHWM after the merge. Writes bench/results/bench_bulk.json.
+opening, VmHWM after the merge and the peak of its private memory (RssAnon sampled every
+20 ms: VmHWM also counts the source files' mapped pages, which the kernel can drop).
+Writes bench/results/bench_bulk.json.
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def build_round(path: Path, n: int, old: bool, totals: dict) -> dict:
 
 
 MERGE = r"""
-import json, sys, time
+import json, sys, threading, time
 import polyindex
 from polyindex.index.dense import kind as dense_kind
 def mb(key):
@@ -103,9 +105,18 @@ eng = polyindex.open(path)
 coll = eng.collection("c")
 coll.count()
 opened = mb("VmRSS")
+# VmHWM counts the mapped pages of the source files too (page cache the kernel can drop):
+# the private part is sampled (RssAnon every 20 ms: its peak, to within a sample)
+anon, done = [mb("RssAnon")], threading.Event()
+def sample():
+    while not done.wait(0.02):
+        anon.append(mb("RssAnon"))
+threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
 report = coll.merge([seg])
+done.set()
 print(json.dumps({"rss_open_mb": opened, "rss_peak_mb": mb("VmHWM"),
+                  "anon_open_mb": anon[0], "anon_peak_mb": max(anon),
                   "seconds": time.perf_counter() - t0, "rows": report["rows"]}))
 eng.close()
 """
@@ -132,7 +143,8 @@ def merge_rss(src: Path, work: Path, delete: int) -> list[dict]:
         res = json.loads(run.stdout.strip().splitlines()[-1])
         res.update(path=path_kind, segment_rows=n_rows)
         console.print(f"  merge of {n_rows:,} rows ({path_kind}): peak RSS "
-                      f"{res['rss_peak_mb']:,.0f} MB (open {res['rss_open_mb']:,.0f} MB), "
+                      f"{res['rss_peak_mb']:,.0f} MB (open {res['rss_open_mb']:,.0f} MB), private "
+                      f"{res['anon_peak_mb']:,.0f} MB (open {res['anon_open_mb']:,.0f} MB), "
                       f"{res['seconds']:.1f} s", highlight=False)
         out.append(res)
         shutil.rmtree(dst, ignore_errors=True)
@@ -168,12 +180,14 @@ def main() -> None:
                             [[p, *(f"{sum(x[k] for x in v) / len(v):,.1f}"
                                    for k in ("wall_s", "cpu_s", "docs_per_s_wall",
                                              "docs_per_s_cpu"))] for p, v in by.items()]))
-        res["speedup_wall"] = sum(x["wall_s"] for x in by["old"]) / sum(x["wall_s"] for x in by["new"])
+        res["speedup_wall"] = (sum(x["wall_s"] for x in by["old"])
+                               / sum(x["wall_s"] for x in by["new"]))
         res["speedup_cpu"] = sum(x["cpu_s"] for x in by["old"]) / sum(x["cpu_s"] for x in by["new"])
         console.print(f"new / old: {res['speedup_wall']:.2f}x faster by wall time, "
                       f"{res['speedup_cpu']:.2f}x by CPU time", highlight=False)
     if args.merge_rss:
-        res["merges"] = [m for src in args.merge_rss for m in merge_rss(src, args.work, args.delete)]
+        res["merges"] = [m for src in args.merge_rss
+                         for m in merge_rss(src, args.work, args.delete)]
     save_results("bench_bulk", res)
 
 

@@ -64,8 +64,11 @@ def build_csr(term_ids: np.ndarray, docs: np.ndarray, weights: np.ndarray | None
     weights; with ``weights=None`` every triple counts 1 and ``vals`` are int32 counts (term
     frequencies).
     """
-    term_ids = np.asarray(term_ids, dtype=np.int64)
-    docs = np.asarray(docs, dtype=np.int64)
+    # int32 ids stay int32 (half the memory of a large build's sort arrays), others int64
+    term_ids = np.asarray(term_ids)
+    term_ids = term_ids if term_ids.dtype == np.int32 else term_ids.astype(np.int64)
+    docs = np.asarray(docs)
+    docs = docs if docs.dtype == np.int32 else docs.astype(np.int64)
     if term_ids.shape != docs.shape or term_ids.ndim != 1:
         raise ValueError("term_ids and docs must be 1-d arrays of the same length")
     offsets = np.zeros(n_terms + 1, dtype=np.int64)

@@ -85,7 +85,8 @@ def test_fast_path_top10_equals_old_path(tmp_path, monkeypatch, deletes):
 def test_merged_codes_equal_a_fresh_encoding(tmp_path, monkeypatch):
     """The merged IVF lists (codes copied) hold exactly the codes that encoding the merged
     rows' vectors into the template gives, in the same order."""
-    eng, coll = _build(tmp_path / "c", False, monkeypatch, tuple(f"d{i}" for i in range(0, 3000, 5)))
+    eng, coll = _build(tmp_path / "c", False, monkeypatch,
+                       tuple(f"d{i}" for i in range(0, 3000, 5)))
     coll.compact()
     seg = coll.view().segments[0]
     merged = seg.indexes["dense"].index
@@ -114,7 +115,8 @@ def test_template_trained_without_polysemous(tmp_path, monkeypatch):
     eng.close()
 
 
-TEXTS = ["The cafés of Zürich", "", None, "a b c-d e_f GO go 42 x1 __ _a", "ÉCOLE école İstanbul ß",
+TEXTS = ["The cafés of Zürich", "", None, "a b c-d e_f GO go 42 x1 __ _a",
+         "ÉCOLE école İstanbul ß",
          "running runs RUNNER, ran; the And of", "snake_case and CamelCase2 9am", "\t\n  ",
          "über-naïve coöperation", "Mixed ascii then ünïcode words here"] * 3
 
@@ -134,8 +136,8 @@ def test_lexical_build_files_equal_per_text_build(tmp_path, monkeypatch):
     from polyindex.index.lexical import kind as lexical
     from polyindex.index.protocol import BuildBatch
     rng = np.random.default_rng(5)
-    texts = [" ".join(rng.choice(VOCAB, 20)) + " " + (TEXTS[i % len(TEXTS)] or "") if i % 4 else None
-             for i in range(300)]
+    texts = [" ".join(rng.choice(VOCAB, 20)) + " " + (TEXTS[i % len(TEXTS)] or "")
+             if i % 4 else None for i in range(300)]
     titles = [None if i % 3 else f"Title {i} {TEXTS[i % len(TEXTS)]}" for i in range(300)]
     batch = BuildBatch([f"d{i}" for i in range(300)], titles, texts)
     out = {}

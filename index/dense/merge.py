@@ -31,7 +31,8 @@ def mergeable(template, parts: Sequence) -> bool:
         if index is None or getattr(seg, "on_gpu", True) or getattr(seg, "presence", 1) is not None:
             return False
         ivf = faiss.try_extract_index_ivf(index)
-        if (ivf is None or type(faiss.downcast_index(index)) is not type(faiss.downcast_index(template))
+        same_type = type(faiss.downcast_index(index)) is type(faiss.downcast_index(template))
+        if (ivf is None or not same_type
                 or ivf.nlist != ivf_t.nlist or ivf.code_size != ivf_t.code_size
                 or index.d != template.d or index.metric_type != template.metric_type):
             return False

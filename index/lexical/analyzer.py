@@ -92,10 +92,11 @@ class Analyzer:
                     out.append([t for t in terms if t is not None] if None in terms else terms)
         return out
 
-    def analyze_columns(self, texts: Sequence[str | None]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def analyze_columns(self, texts: Sequence[str | None]) \
+            -> tuple[list[str], np.ndarray, np.ndarray]:
         """Every text's terms at once, as a segment build wants them: ``(terms, flat, lens)``
         with ``terms`` the distinct terms sorted, ``flat`` each text's terms in order as ids
-        into ``terms`` (int64, texts concatenated) and ``lens`` the terms per text; equal to
+        into ``terms`` (int32, texts concatenated) and ``lens`` the terms per text; equal to
         ``analyze_many``'s lists (None reads as ""). Bulk builds spent most of their Python
         time in ``analyze_many``'s per-text and per-word loops (docs/SCALE.md); here ASCII texts
         are split, lowercased and dictionary-encoded by Arrow and only the distinct words
@@ -121,7 +122,7 @@ class Analyzer:
                                   pa.large_list(pa.large_string())))
             order.append(rows)
         if not n:
-            return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return [], np.zeros(0, np.int32), np.zeros(0, np.int64)
         lists = pa.concat_arrays([p.cast(pa.large_list(pa.large_string())) for p in parts])
         row_of_list = np.concatenate(order)  # the text each list of ``lists`` is from
         owner = row_of_list[pc.list_parent_indices(lists).to_numpy()]
@@ -137,7 +138,7 @@ class Analyzer:
         terms = sorted({s for w, s in zip(distinct, stems) if w not in stop})
         tid = {t: i for i, t in enumerate(terms)}
         word_term = np.fromiter((-1 if w in stop else tid[s] for w, s in zip(distinct, stems)),
-                                np.int64, count=len(distinct))
+                                np.int32, count=len(distinct))
         flat = word_term[encoded.indices.to_numpy(zero_copy_only=False)]
         kept = flat >= 0
         # a stable order by owning text: the ASCII and other texts' words back in row order

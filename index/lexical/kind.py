@@ -353,7 +353,7 @@ class LexicalKind(IndexKind):
         flats, lens, title_len = [], [], []
         for seg, rows in parts:
             to_merged = pc.index_in(seg.term_array(), value_set=vocab).to_numpy(
-                zero_copy_only=False).astype(np.int64)
+                zero_copy_only=False).astype(np.int32)
             row_ptr, titles, ids = seg.forward
             starts, ends = row_ptr[rows], row_ptr[rows + 1]
             flats.append(to_merged[ids[concat_ranges(starts, ends)]])
@@ -362,7 +362,7 @@ class LexicalKind(IndexKind):
         # np.unique(return_inverse=True) without its sort: the ids are < len(vocab)
         flat = np.concatenate(flats)
         used = np.flatnonzero(np.bincount(flat, minlength=len(vocab)))
-        remap = np.zeros(len(vocab), np.int64)
+        remap = np.zeros(len(vocab), np.int32)
         remap[used] = np.arange(len(used))
         flat = remap[flat]
         return self._write(Path(folder), vocab.take(pa.array(used)).to_pylist(),
@@ -375,7 +375,10 @@ class LexicalKind(IndexKind):
         """A segment's files from its rows' term ids (``flat``, ids into the sorted ``terms``,
         ``lens`` per row) and their title lengths."""
         n = len(lens)
-        row_of = np.repeat(np.arange(n, dtype=np.int64), lens)
+        # int32 term ids and rows (a segment holds under 2^31 of each): half the memory of
+        # the postings' sort at merge time
+        flat = flat.astype(np.int32, copy=False)
+        row_of = np.repeat(np.arange(n, dtype=np.int32), lens)
         offsets, docs, tfs = postings.build_csr(flat, row_of, None, len(terms))
         folder.mkdir(parents=True, exist_ok=True)
         postings.write_arrow(folder / VOCAB_FILE, {
@@ -390,7 +393,7 @@ class LexicalKind(IndexKind):
         row_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         postings.write_arrow(folder / FORWARD_FILE, {
             "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
-                                                   pa.array(flat.astype(np.int32))),
+                                                   pa.array(flat.astype(np.int32, copy=False))),
             "title_len": title_len})
         last, max_tf, min_len = blockmax.build_blocks(offsets, docs, tfs, lens.astype(np.int32))
         postings.write_arrow(folder / BLOCKS_FILE, {"last": last, "max_tf": max_tf,
