@@ -85,9 +85,14 @@ def test_fast_path_top10_equals_old_path(tmp_path, monkeypatch, deletes):
 def test_merged_codes_equal_a_fresh_encoding(tmp_path, monkeypatch):
     """The merged IVF lists (codes copied) hold exactly the codes that encoding the merged
     rows' vectors into the template gives, in the same order."""
+    from polyindex.index.dense import merge as dense_merge
     eng, coll = _build(tmp_path / "c", False, monkeypatch,
                        tuple(f"d{i}" for i in range(0, 3000, 5)))
+    copied = []
+    real = dense_merge.merge_codes
+    monkeypatch.setattr(dense_merge, "merge_codes", lambda *a: copied.append(1) or real(*a))
     coll.compact()
+    assert copied  # the merge copied codes (not the re-encoding fallback)
     seg = coll.view().segments[0]
     merged = seg.indexes["dense"].index
     kind = coll.table.kinds["dense"]
