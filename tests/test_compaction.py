@@ -372,6 +372,7 @@ def test_lexical_merges_its_postings_without_analyzing_again(tmp_path, monkeypat
             raise AssertionError("a merge analyzed text")
         with monkeypatch.context() as m:
             m.setattr(lexical.Analyzer, "analyze_many", no_analysis)
+            m.setattr(lexical.Analyzer, "analyze_columns", no_analysis)
             coll.compact(max_segments=1)
         (seg,) = coll.view().segments
         order = seg.docs.ids.tolist()

@@ -5,7 +5,8 @@ A merge has two halves. ``build_merge`` reads a snapshot (no lock held: queries 
 go on) and writes the merged segment into ``segments/.merge-<pid>-<n>.tmp``: the live rows'
 documents copied as Arrow, vectors copied (never re-encoded), and every kind's index built
 over them, or merged from the sources' own data where the kind declares ``Merges``
-(multivector copies its token codes). ``commit_merge`` runs under the writer: rows that died
+(multivector copies its token codes, lexical re-numbers its forward index, an IVF dense
+field copies its codes). ``commit_merge`` runs under the writer: rows that died
 since the snapshot (deleted, or replaced by a newer upsert) are tombstoned in the merged
 segment, the folder is renamed to the next ``seg-N`` and one manifest version replaces the
 sources with it. The sources' files are then garbage (``polyindex.storage.gc``).
@@ -24,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,6 +72,31 @@ class BuiltMerge:
 def building() -> set[Path]:
     with _building_lock:
         return set(_building)
+
+
+class _Strings(Sequence):
+    """A string column as a sequence, made Python strings on first read."""
+
+    def __init__(self, column: pa.ChunkedArray):
+        self._column, self._items = column, None
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = self._column.to_pylist()
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._column)
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __arrow_array__(self, type=None):
+        col = self._column.combine_chunks()
+        return col if type is None else col.cast(type)
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -179,10 +205,11 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
     # Documents without their vectors, then the vectors stored as a fresh build stores
     # them (columns only where no index keeps them); one chunk, so every reader's numpy
     # views of the columns stay zero-copy.
-    tables = [_take(seg.docs.table, rows) for seg, rows in parts]
-    tables = [t.drop_columns([c for c in t.column_names
-                              if c in ("embedding", QUALITY_COLUMN, PRUNED_COLUMN)
-                              or c.startswith("vector.")]) for t in tables]
+    # (dropped before the take: a take copies every column it is given)
+    tables = [_take(t.drop_columns([c for c in t.column_names
+                                    if c in ("embedding", QUALITY_COLUMN, PRUNED_COLUMN)
+                                    or c.startswith("vector.")]), rows)
+              for t, rows in ((seg.docs.table, rows) for seg, rows in parts)]
     table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
     # The quality column (NaN for rows of segments without one) and the pruned rows carried
     # row for row: a pruned document stays pruned, and stays out of every costly index.
@@ -210,8 +237,10 @@ def write_merged(folder: Path, sources: list, kinds: dict, spec_fields: dict,
             writer.write_table(table)
     idindex.write(folder, *idindex.merged(
         [(seg.docs.id_entries(), rows, seg.docs.n_rows) for seg, rows in parts]))
-    batch = BuildBatch(table.column("id").to_pylist(), table.column("title").to_pylist(),
-                       table.column("text").to_pylist(), embeddings,
+    # the texts as Python strings only for a kind that builds (~100 bytes a row per column):
+    # kinds that merge from their own data never read them
+    batch = BuildBatch(_Strings(table.column("id")), _Strings(table.column("title")),
+                       _Strings(table.column("text")), embeddings,
                        None if fresh is None else fresh[1], vectors, collection_rows, pruned)
     infos = {}
     for name, kind in kinds.items():

@@ -35,6 +35,7 @@ from polyindex.errors import Corrupt, InvalidArgument
 from polyindex.index import prf
 from polyindex.index.dense import compact as dense_compact
 from polyindex.index.dense import faiss_factory, lane
+from polyindex.index.dense import merge as dense_merge
 from polyindex.index.dense import filtered as dense_filtered
 from polyindex.index.dense import presence as dense_presence
 from polyindex.index.protocol import (
@@ -72,6 +73,15 @@ SOURCES = ("model", "user")
 OPTIONS = ("dim", "metric", "source")
 FLAGS = ("optional",)  # options without a value
 MAX_DIM = MAX_VECTOR_DIMS
+# faiss's factory turns on polysemous training for IVF..,PQ: a search of the codes by Hamming
+# distance, which nothing here asks for (polysemous_ht stays 0). It only relabels each PQ
+# sub-quantizer's centroids (the same centroids, the same ADC scores) and was most of the
+# training: 172 s of a 10k-vector IVF256,PQ48 train against 76 without (docs/SCALE.md).
+# True restores it (bench_bulk's reference path).
+POLYSEMOUS = False
+# Merged IVF segments copy their sources' codes (``index/dense/merge``) instead of encoding
+# every vector again; False re-encodes (bench_bulk's reference path).
+MERGE_CODES = True
 UNNAMED = "dense"  # the field name of the unnamed field (a top-level "vector")
 _FIELD_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -456,6 +466,9 @@ class DenseKind(IndexKind):
             return
         self._plan_for(x.shape[1], len(x))
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None and hasattr(faiss.downcast_index(ivf), "do_polysemous_training"):
+            faiss.downcast_index(ivf).do_polysemous_training = POLYSEMOUS
         if _trains(index, x):  # else too few vectors yet: trained by a later commit's sample
             self.template = index
 
@@ -514,6 +527,21 @@ class DenseKind(IndexKind):
             info["files"].append(dense_presence.write(folder, self.index_file, ~missing))
             info["missing"] = int(missing.sum())
             info["compact"] = True
+        return info
+
+    def merge(self, parts, batch: BuildBatch, folder: Path) -> dict:
+        """An IVF field's merged segment from its sources' codes (``index/dense/merge``: no
+        vector encoded again); anything else (Flat, HNSW, optional or pruned rows, a GPU
+        index, no template) is built from the merged vectors as before."""
+        if not (MERGE_CODES and self.template is not None and batch.pruned is None
+                and dense_merge.mergeable(self.template, parts)):
+            return self.build(batch, folder)
+        index = dense_merge.merge_codes(self.template, parts)
+        faiss.write_index(index, str(Path(folder) / self.index_file))
+        info = {"factory": self.factory, "dim": int(index.d), "n_rows": int(index.ntotal),
+                "files": [self.index_file]}
+        if self.field != UNNAMED or self.metric != "ip":
+            info.update(field=self.field, metric=self.metric)
         return info
 
     def open(self, folder: Path, info: dict, docs=None) -> DenseSegment:

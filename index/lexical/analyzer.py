@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Iterable
+from typing import Iterable, Sequence
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import Stemmer
 
 from polyindex.index.lexical.stopwords import STOPWORDS_EN
@@ -88,3 +91,59 @@ class Analyzer:
                 else:
                     out.append([t for t in terms if t is not None] if None in terms else terms)
         return out
+
+    def analyze_columns(self, texts: Sequence[str | None]) \
+            -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Every text's terms at once, as a segment build wants them: ``(terms, flat, lens)``
+        with ``terms`` the distinct terms sorted, ``flat`` each text's terms in order as ids
+        into ``terms`` (int32, texts concatenated) and ``lens`` the terms per text; equal to
+        ``analyze_many``'s lists (None reads as ""). Bulk builds spent most of their Python
+        time in ``analyze_many``'s per-text and per-word loops (docs/SCALE.md); here ASCII texts
+        are split, lowercased and dictionary-encoded by Arrow and only the distinct words
+        reach Python (stopwords, the stemmer). For ASCII, Python's ``\\w`` is
+        ``[A-Za-z0-9_]`` and ``lower`` is ASCII's, so a run of ``[a-z0-9_]`` of length 2 or more
+        is exactly a ``\\w\\w+`` match; other texts are split by the same regex in Python."""
+        if isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks()
+        arr = (texts.cast(pa.large_string()) if isinstance(texts, pa.Array)
+               else pa.array(texts, pa.large_string())).fill_null("")
+        n = len(arr)
+        ascii_rows = pc.string_is_ascii(arr).to_numpy(zero_copy_only=False)
+        parts, order = [], []
+        if ascii_rows.any():
+            rows = np.flatnonzero(ascii_rows)
+            parts.append(pc.split_pattern_regex(pc.ascii_lower(arr.take(pa.array(rows))),
+                                                "[^a-z0-9_]+"))
+            order.append(rows)
+        if not ascii_rows.all():
+            rows = np.flatnonzero(~ascii_rows)
+            parts.append(pa.array([_WORD.findall(t.lower()) for t in
+                                   arr.take(pa.array(rows)).to_pylist()],
+                                  pa.large_list(pa.large_string())))
+            order.append(rows)
+        if not n:
+            return [], np.zeros(0, np.int32), np.zeros(0, np.int64)
+        lists = pa.concat_arrays([p.cast(pa.large_list(pa.large_string())) for p in parts])
+        row_of_list = np.concatenate(order)  # the text each list of ``lists`` is from
+        owner = row_of_list[pc.list_parent_indices(lists).to_numpy()]
+        words = pc.list_flatten(lists)
+        word_len = pc.utf8_length(words).to_numpy(zero_copy_only=False)
+        keep = word_len >= 2  # the ASCII split leaves empty and one-letter pieces
+        encoded = pc.dictionary_encode(words.filter(pa.array(keep)))
+        owner = owner[keep]
+        distinct = encoded.dictionary.to_pylist()
+        with self._lock:  # PyStemmer objects are not thread-safe
+            stems = self._stemmer.stemWords(distinct)
+        stop = self.stopwords
+        terms = sorted({s for w, s in zip(distinct, stems) if w not in stop})
+        tid = {t: i for i, t in enumerate(terms)}
+        word_term = np.fromiter((-1 if w in stop else tid[s] for w, s in zip(distinct, stems)),
+                                np.int32, count=len(distinct))
+        flat = word_term[encoded.indices.to_numpy(zero_copy_only=False)]
+        kept = flat >= 0
+        # a stable order by owning text: the ASCII and other texts' words back in row order
+        # (already so when every text took one path)
+        flat = flat[kept] if len(parts) == 1 else \
+            flat[kept][np.argsort(owner[kept], kind="stable")]
+        lens = np.bincount(owner[kept], minlength=n).astype(np.int64)
+        return terms, flat, lens

@@ -70,6 +70,9 @@ GLOBAL = "lexical:global"
 
 # POLYINDEX_BLOCKMAX=0 scores every query term-at-a-time (same answer; for comparisons)
 BLOCKMAX = settings().blockmax
+# Builds analyze their texts as Arrow columns (``Analyzer.analyze_columns``: the same terms);
+# False: text by text (bench_bulk's reference path)
+ANALYZE_COLUMNS = True
 
 _ANALYZER = Analyzer()  # shared: its word -> stem cache serves every lexical index
 _PARAMS = bm25.KNOBS + prf.LEXICAL_KEYS
@@ -309,6 +312,19 @@ class LexicalKind(IndexKind):
         if len(titles) != n or len(texts) != n:
             raise InvalidArgument(f"lexical build: {n} ids but {len(titles)} titles and "
                                   f"{len(texts)} texts")
+        if not ANALYZE_COLUMNS:  # the per-text path (bench_bulk's reference)
+            return self._build_per_text(folder, titles, texts)
+        # "title text", as analyze_many's callers join them; analyzed as columns
+        title_col = pa.array(titles, pa.large_string()).fill_null("")
+        joined = pc.binary_join_element_wise(
+            title_col, pa.array(texts, pa.large_string()).fill_null(""),
+            pa.scalar(" ", pa.large_string()))
+        terms, flat, lens = self.analyzer.analyze_columns(joined)
+        title_len = self.analyzer.analyze_columns(title_col)[2].astype(np.int32)
+        return self._write(folder, terms, flat, lens, title_len)
+
+    def _build_per_text(self, folder: Path, titles, texts) -> dict:
+        n = len(titles)
         docs_terms = self.analyzer.analyze_many(
             f"{ti or ''} {te or ''}" for ti, te in zip(titles, texts))
         lens = np.fromiter(map(len, docs_terms), dtype=np.int64, count=n)
@@ -337,15 +353,20 @@ class LexicalKind(IndexKind):
         flats, lens, title_len = [], [], []
         for seg, rows in parts:
             to_merged = pc.index_in(seg.term_array(), value_set=vocab).to_numpy(
-                zero_copy_only=False).astype(np.int64)
+                zero_copy_only=False).astype(np.int32)
             row_ptr, titles, ids = seg.forward
             starts, ends = row_ptr[rows], row_ptr[rows + 1]
             flats.append(to_merged[ids[concat_ranges(starts, ends)]])
             lens.append(ends - starts)
             title_len.append(titles[rows])
-        used, flat = np.unique(np.concatenate(flats), return_inverse=True)
+        # np.unique(return_inverse=True) without its sort: the ids are < len(vocab)
+        flat = np.concatenate(flats)
+        used = np.flatnonzero(np.bincount(flat, minlength=len(vocab)))
+        remap = np.zeros(len(vocab), np.int32)
+        remap[used] = np.arange(len(used))
+        flat = remap[flat]
         return self._write(Path(folder), vocab.take(pa.array(used)).to_pylist(),
-                           flat.astype(np.int64),
+                           flat,
                            np.concatenate(lens).astype(np.int64),
                            np.concatenate(title_len).astype(np.int32))
 
@@ -354,7 +375,10 @@ class LexicalKind(IndexKind):
         """A segment's files from its rows' term ids (``flat``, ids into the sorted ``terms``,
         ``lens`` per row) and their title lengths."""
         n = len(lens)
-        row_of = np.repeat(np.arange(n, dtype=np.int64), lens)
+        # int32 term ids and rows (a segment holds under 2^31 of each): half the memory of
+        # the postings' sort at merge time
+        flat = flat.astype(np.int32, copy=False)
+        row_of = np.repeat(np.arange(n, dtype=np.int32), lens)
         offsets, docs, tfs = postings.build_csr(flat, row_of, None, len(terms))
         folder.mkdir(parents=True, exist_ok=True)
         postings.write_arrow(folder / VOCAB_FILE, {
@@ -369,7 +393,7 @@ class LexicalKind(IndexKind):
         row_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         postings.write_arrow(folder / FORWARD_FILE, {
             "terms": pa.LargeListArray.from_arrays(pa.array(row_ptr),
-                                                   pa.array(flat.astype(np.int32))),
+                                                   pa.array(flat.astype(np.int32, copy=False))),
             "title_len": title_len})
         last, max_tf, min_len = blockmax.build_blocks(offsets, docs, tfs, lens.astype(np.int32))
         postings.write_arrow(folder / BLOCKS_FILE, {"last": last, "max_tf": max_tf,
