@@ -5,7 +5,8 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ndocs=1024][,source=model|user][,dim=N]``.
+[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ncandidates=256][,tcs=0.45][,ndocs=32]
+[,source=model|user][,dim=N]``.
 ``source=user``: the token matrices come from the user (ColBERT/ColPali run elsewhere): each
 document carries ``tokens`` (n_tokens, d) (``polyindex.ingest.tokens``), queries carry
 ``query(tokens=...)``; the codebook (k-means codes + residuals) is trained on the user's
@@ -22,14 +23,21 @@ else of the token's code).
 lookup table. ``special``: drop (default) or keep [CLS]/[SEP]-like tokens, for documents and
 queries alike.
 
-Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
-documents listed under them (per-segment inverted lists centroid -> documents); the first pass
-scores those candidates by MaxSim over their codes (LUT or Hamming); the collection's best
-``max(k, ndocs)`` (over every segment: ``MultivectorKind.search_snapshot``) go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
-code-only first pass is coarse, 256 survivors cost nfcorpus 0.8% nDCG@10). No query scores
-every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``,
-``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary
-rows (rerank mode).
+Search (end to end, PLAID-style; every cut keeps the collection's best over all segments,
+``MultivectorKind.search_snapshot``, ties to the lower global key, so results do not depend on
+how documents fell into segments): each query token's ``nprobe`` best centroids select the
+documents listed under them (per-segment inverted lists centroid -> documents); PLAID's
+centroid interaction with pruning scores them by MaxSim over their codes, reading only the
+centroids whose best score over the query's tokens is >= ``tcs`` (a pruned token offers 0),
+and keeps ``ncandidates`` (0: no pruned pass); the full centroid interaction (MaxSim over every
+code: LUT, or Hamming in binary mode) keeps ``max(k, ndocs)``; those get the final pass, MaxSim
+over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 256, ``tcs`` 0.45,
+``ndocs`` 32) were chosen on medline and cranfield and checked on held-out collections
+(docs/notes/multivector.md). No query scores every row unless the search param
+``exhaustive=1`` asks for it (every row is a candidate; the cuts still apply). Search params:
+``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is
+the final-pass MaxSim of arbitrary rows (rerank mode). One query's kernels (under
+``kernels.PARALLEL_MIN`` candidates) and tables run on the calling thread.
 
 Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
 uint16, uint8 when K <= 256; ``residual`` fixed_size_binary[M] and ``scale`` float16 unless
