@@ -11,7 +11,8 @@
   (``SentenceTokenEncoder.encode_documents``), interleaved (target <= 1.15x).
 
 Usage: ``python bench/bench_mv_cost.py --data DATA --collection NAME --source BEIR_FOLDER
-[--passes 3] [--queries 30] [--encode-docs 64 (0: none)] [--ndocs 1024,128]``; the collection must have lexical, dense and
+[--passes 3] [--queries 30] [--encode-docs 64 (0: none)] [--ndocs 1024,128]
+[--torch-threads N]``; the collection must have lexical, dense and
 multivector (e.g. ``polyindex index BEIR --index lexical --index dense --index multivector
 --dtype float32``).
 """
@@ -48,6 +49,10 @@ def main(argv=None) -> int:
     ap.add_argument("--encode-docs", type=int, default=64)
     ap.add_argument("--ndocs", default="", help="also time and score multivector@N and "
                     "hybrid-mv@N for these comma-separated N (the search param ndocs)")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="torch.set_num_threads(N) before timing (0: torch's default). With "
+                    "its default threads on a busy machine the encoder's idle threads spin, "
+                    "which CPU time counts: 1 shows the encoder's own cost")
     args = ap.parse_args(argv)
     profiles = {p: p for p in PROFILES}
     for n in common.parse_list(args.ndocs):
@@ -55,6 +60,9 @@ def main(argv=None) -> int:
     import polyindex
     from polyindex.encode.tokens import token_encoder_for
     coll = polyindex.open(args.data, readonly=True).collection(args.collection)
+    if args.torch_threads:
+        import torch
+        torch.set_num_threads(args.torch_threads)
     qrels = common.read_qrels(args.source)
     queries = common.judged(common.read_queries(args.source), qrels)
     timed = queries[:args.queries]
@@ -80,8 +88,8 @@ def main(argv=None) -> int:
     ratio = qps["multivector"] / qps["dense"]
     console.print(f"hybrid-mv q/s / hybrid q/s = {qps['hybrid-mv'] / qps['hybrid']:.2f}")
     console.print(table(f"{args.collection}: one query at a time ({len(timed)} queries x "
-                        f"{args.passes} passes, interleaved, CPU time)", ["profile", "q/s", "x dense",
-                                                                "nDCG@10"],
+                        f"{args.passes} passes, interleaved, CPU time)",
+                        ["profile", "q/s", "x dense", "nDCG@10"],
                         [(p, f"{qps[p]:.1f}", f"{qps[p] / qps['dense']:.2f}",
                           f"{quality[p]:.4f}") for p in profiles]))
     console.print(f"multivector q/s / dense q/s = {ratio:.2f} (target >= 0.8) "

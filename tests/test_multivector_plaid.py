@@ -112,7 +112,7 @@ def test_depths_in_the_factory_string_and_search_params(tmp_path):
     assert from_factory(f"multivector:{kind.describe().split(':', 1)[1]}").describe() \
         == kind.describe()
     default = from_factory("multivector")
-    assert (default.ncandidates, default.tcs, default.ndocs) == (256, 0.45, 32)
+    assert (default.ncandidates, default.tcs, default.ndocs) == (2048, 0.45, 256)
     assert "tcs" not in default.describe()
     for bad in ("ncandidates=-1", "tcs=abc", "tcs=inf"):
         with pytest.raises(InvalidArgument, match="ncandidates|tcs"):

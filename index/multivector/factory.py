@@ -8,8 +8,8 @@ from polyindex.config import index_memory_bytes
 from polyindex.types import MAX_VECTOR_DIMS
 
 DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
-            "special": "drop", "seed": 0, "niter": 4, "nprobe": 4, "ncandidates": 256, "tcs": 0.45,
-            "ndocs": 32}  # the depths: chosen on medline and cranfield (docs/notes/multivector.md)
+            "special": "drop", "seed": 0, "niter": 4, "nprobe": 4, "ncandidates": 2048, "tcs": 0.45,
+            "ndocs": 256}  # depths chosen on medline, cranfield, nfcorpus (notes/multivector)
 
 
 def parse(body: str) -> dict:

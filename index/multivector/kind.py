@@ -5,7 +5,7 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ncandidates=256][,tcs=0.45][,ndocs=32]
+[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ncandidates=2048][,tcs=0.45][,ndocs=256]
 [,source=model|user][,dim=N]``.
 ``source=user``: the token matrices come from the user (ColBERT/ColPali run elsewhere): each
 document carries ``tokens`` (n_tokens, d) (``polyindex.ingest.tokens``), queries carry
@@ -31,8 +31,8 @@ centroid interaction with pruning scores them by MaxSim over their codes, readin
 centroids whose best score over the query's tokens is >= ``tcs`` (a pruned token offers 0),
 and keeps ``ncandidates`` (0: no pruned pass); the full centroid interaction (MaxSim over every
 code: LUT, or Hamming in binary mode) keeps ``max(k, ndocs)``; those get the final pass, MaxSim
-over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 256, ``tcs`` 0.45,
-``ndocs`` 32) were chosen on medline and cranfield and checked on held-out collections
+over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 2048, ``tcs`` 0.45,
+``ndocs`` 256) were chosen on medline, cranfield and nfcorpus and checked on held-out ones
 (docs/notes/multivector.md). No query scores every row unless the search param
 ``exhaustive=1`` asks for it (every row is a candidate; the cuts still apply). Search params:
 ``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is
