@@ -191,6 +191,12 @@ class Kernels:
     def first_pass_lut_batch(self, luts, nqt, qid, offsets, codes, cand, out):
         self._run_batch(luts, None, self._seg(offsets, codes), qid, cand, out)
 
+    def first_pass_pruned_batch(self, luts, kept, nqt, qid, offsets, codes, cand, out):
+        """The numba kernel's definition: the first pass over tables whose pruned centroids'
+        rows are zero."""
+        zeroed = np.asarray(luts, np.float32) * (np.asarray(kept) != 0)[..., None]
+        self._run_batch(zeroed, None, self._seg(offsets, codes), qid, cand, out)
+
     def final_pass_pq_batch(self, luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand,
                             out):
         self._run_batch(luts, pqs, self._seg(offsets, codes, res, scale), qid, cand, out)

@@ -65,6 +65,7 @@ def segments(tmp_path, body, parts):
 
 
 @pytest.mark.parametrize("body", ["KMeans32,residual=OPQ8,ndocs=20",
+                                  "KMeans32,residual=OPQ8,ncandidates=40,tcs=0.2,ndocs=20",
                                   "KMeans32,residual=none,ndocs=20",
                                   "KMeans32,residual=PQ8,binary=32,ndocs=20"])
 @pytest.mark.parametrize("kernels", ["numba", "torch"])

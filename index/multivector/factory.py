@@ -8,7 +8,8 @@ from polyindex.config import index_memory_bytes
 from polyindex.types import MAX_VECTOR_DIMS
 
 DEFAULTS = {"k": 4096, "m": 32, "opq": True, "opq_dim": 0, "prune": 1.0, "bits": 0,
-            "special": "drop", "seed": 0, "niter": 4, "nprobe": 4, "ndocs": 1024}
+            "special": "drop", "seed": 0, "niter": 4, "nprobe": 4, "ncandidates": 2048, "tcs": 0.45,
+            "ndocs": 256}  # depths chosen on medline, cranfield, nfcorpus (notes/multivector)
 
 
 def parse(body: str) -> dict:
@@ -24,8 +25,8 @@ def parse(body: str) -> dict:
         parts.remove("binary")
         cfg["bits"] = 64
     opts = parse_options(",".join(parts), where=where)
-    known = {"residual", "prune", "binary", "special", "seed", "niter", "nprobe", "ndocs",
-             "source", "dim"}
+    known = {"residual", "prune", "binary", "special", "seed", "niter", "nprobe", "ncandidates",
+             "tcs", "ndocs", "source", "dim"}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise InvalidArgument(f"{where}: unknown option(s) {', '.join(unknown)}; the multivector "
@@ -44,8 +45,12 @@ def parse(body: str) -> dict:
                               f"got {opts['residual']!r}")
     cfg["prune"] = option(opts, "prune", float, 1.0, where=where)
     cfg["bits"] = option(opts, "binary", int, cfg["bits"], where=where)
-    for key in ("seed", "niter", "nprobe", "ndocs"):
+    for key in ("seed", "niter", "nprobe", "ncandidates", "ndocs"):
         cfg[key] = option(opts, key, int, cfg[key], where=where)
+    cfg["tcs"] = option(opts, "tcs", float, cfg["tcs"], where=where)
+    if not -1e6 < cfg["tcs"] < 1e6:
+        raise InvalidArgument(f"{where}: tcs (the pruned pass's centroid score threshold) must "
+                              f"be a finite number, got {cfg['tcs']}")
     cfg["special"] = opts.get("special", "drop")
     cfg["source"] = opts.get("source", "model")
     if cfg["source"] not in ("model", "user"):
@@ -57,7 +62,8 @@ def parse(body: str) -> dict:
         raise InvalidArgument(f"{where}: dim is for source=user (the model's tokens have the "
                               "model's dimension)")
     checks = (("k", 2, 65536), ("m", 0, 256), ("opq_dim", 0, MAX_VECTOR_DIMS), ("bits", 0, 64), ("seed", 0, 2**31 - 1),
-              ("niter", 1, 1000), ("nprobe", 1, 65536), ("ndocs", 1, 1_000_000))
+              ("niter", 1, 1000), ("nprobe", 1, 65536), ("ncandidates", 0, 10_000_000),
+              ("ndocs", 1, 1_000_000))
     for key, lo, hi in checks:
         if not lo <= cfg[key] <= hi:
             raise InvalidArgument(f"{where}: {key} must be in {lo}..{hi}, got {cfg[key]}")

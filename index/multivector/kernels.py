@@ -18,6 +18,7 @@ a document without tokens scores 0. Kernels run in parallel over blocks of candi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numba
@@ -25,6 +26,24 @@ import numpy as np
 from numba import prange
 
 BLOCK = 64  # candidates per parallel task (one scratch row per task)
+# Fewer candidates than this run on the calling thread: one query's few hundred candidates
+# cost 2-6 ms on one thread, 25 ms of CPU with the pool woken on 2 busy cores (issue 39)
+PARALLEL_MIN = 4096
+
+
+@contextlib.contextmanager
+def threads_for(n_candidates: int):
+    """numba's pool for a kernel call over ``n_candidates``, or only the calling thread for a
+    small one (``numba.set_num_threads`` is per calling thread; scores do not change)."""
+    if n_candidates >= PARALLEL_MIN:
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 @numba.njit(cache=True, inline="always")
@@ -154,6 +173,43 @@ def first_pass_lut_batch(luts, nqt, qid, offsets, codes, cand, out):
 
 
 @numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def first_pass_pruned_batch(luts, kept, nqt, qid, offsets, codes, cand, out):
+    """PLAID's centroid interaction with pruning: ``first_pass_lut_batch`` over a table whose
+    rows of centroids not ``kept[q]`` (their best score over the query's tokens below the
+    threshold) are zero. A pruned token only offers 0 to each max, so the row is not read:
+    a document costs one flag test per token plus the kept tokens' rows (2-4% of them)."""
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(luts.shape[2], np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            r, q = cand[i], qid[i]
+            n = nqt[q]
+            s, e = offsets[r], offsets[r + 1]
+            if e <= s:
+                out[i] = 0.0
+                continue
+            lut, keep = luts[q], kept[q]
+            for t in range(n):
+                best[t] = -np.inf
+            pruned = False
+            for p in range(s, e):
+                c = codes[p]
+                if keep[c] == 0:
+                    pruned = True
+                    continue
+                row = lut[c]
+                for t in range(n):
+                    best[t] = max(best[t], row[t])
+            if pruned:
+                for t in range(n):
+                    best[t] = max(best[t], np.float32(0.0))
+            acc = np.float32(0.0)
+            for t in range(n):
+                acc += best[t]
+            out[i] = acc
+
+
+@numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def final_pass_pq_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
     """``final_pass_pq`` of many queries in one call (``pqs`` (nq, M, 256, T); see
     ``first_pass_lut_batch``)."""
@@ -228,6 +284,7 @@ class CpuKernels:
     first_pass_hamming = staticmethod(first_pass_hamming)
     final_pass_pq = staticmethod(final_pass_pq)
     first_pass_lut_batch = staticmethod(first_pass_lut_batch)
+    first_pass_pruned_batch = staticmethod(first_pass_pruned_batch)
     final_pass_pq_batch = staticmethod(final_pass_pq_batch)
     gather_candidates = staticmethod(gather_candidates)
 

@@ -5,7 +5,8 @@ residual (PLAID); ``residual=none`` is HPC-ColPali's pure-code mode (codes only,
 document: a repeated code cannot change a MaxSim). Queries keep full-precision tokens.
 
 Factory: ``multivector[:KMeans<K>][,residual=OPQ<M>[_<D>]|PQ<M>|none][,prune=P][,binary[=B]]
-[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ndocs=1024][,source=model|user][,dim=N]``.
+[,special=drop|keep][,seed=0][,niter=4][,nprobe=4][,ncandidates=2048][,tcs=0.45][,ndocs=256]
+[,source=model|user][,dim=N]``.
 ``source=user``: the token matrices come from the user (ColBERT/ColPali run elsewhere): each
 document carries ``tokens`` (n_tokens, d) (``polyindex.ingest.tokens``), queries carry
 ``query(tokens=...)``; the codebook (k-means codes + residuals) is trained on the user's
@@ -22,14 +23,21 @@ else of the token's code).
 lookup table. ``special``: drop (default) or keep [CLS]/[SEP]-like tokens, for documents and
 queries alike.
 
-Search (end to end, PLAID-style): each query token's ``nprobe`` best centroids select the
-documents listed under them (per-segment inverted lists centroid -> documents); the first pass
-scores those candidates by MaxSim over their codes (LUT or Hamming); the collection's best
-``max(k, ndocs)`` (over every segment: ``MultivectorKind.search_snapshot``) go to the final pass, MaxSim over centroid + decoded residual (``ndocs`` 1024 by default: the
-code-only first pass is coarse, 256 survivors cost nfcorpus 0.8% nDCG@10). No query scores
-every row unless the search param ``exhaustive=1`` asks for it. Search params: ``nprobe``,
-``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is the final-pass MaxSim of arbitrary
-rows (rerank mode).
+Search (end to end, PLAID-style; every cut keeps the collection's best over all segments,
+``MultivectorKind.search_snapshot``, ties to the lower global key, so results do not depend on
+how documents fell into segments): each query token's ``nprobe`` best centroids select the
+documents listed under them (per-segment inverted lists centroid -> documents); PLAID's
+centroid interaction with pruning scores them by MaxSim over their codes, reading only the
+centroids whose best score over the query's tokens is >= ``tcs`` (a pruned token offers 0),
+and keeps ``ncandidates`` (0: no pruned pass); the full centroid interaction (MaxSim over every
+code: LUT, or Hamming in binary mode) keeps ``max(k, ndocs)``; those get the final pass, MaxSim
+over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 2048, ``tcs`` 0.45,
+``ndocs`` 256) were chosen on medline, cranfield and nfcorpus and checked on held-out ones
+(docs/notes/multivector.md). No query scores every row unless the search param
+``exhaustive=1`` asks for it (every row is a candidate; the cuts still apply). Search params:
+``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is
+the final-pass MaxSim of arbitrary rows (rerank mode). One query's kernels (under
+``kernels.PARALLEL_MIN`` candidates) and tables run on the calling thread.
 
 Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
 uint16, uint8 when K <= 256; ``residual`` fixed_size_binary[M] and ``scale`` float16 unless
@@ -63,7 +71,7 @@ from polyindex.index.multivector.files import (
 )
 from polyindex.index.multivector.factory import DEFAULTS, check_memory
 from polyindex.index.multivector.factory import parse as _parse
-from polyindex.index.multivector.kernels import backend
+from polyindex.index.multivector.kernels import backend, threads_for
 from polyindex.index.multivector.kernels import top as _top
 from polyindex.index.multivector.tables import QUERY_CHUNK, Tables
 from polyindex.index.protocol import (
@@ -80,7 +88,7 @@ from polyindex.index.postings import half_lut
 from polyindex.index.ranges import concat_ranges
 from polyindex.types import document_text
 
-_SEARCH_KNOBS = ("nprobe", "ndocs", "exhaustive")
+_SEARCH_KNOBS = ("nprobe", "ncandidates", "tcs", "ndocs", "exhaustive")
 _HALF = half_lut()
 _NO_SCALE = postings.readonly(np.zeros(0, np.uint16))  # as a mapped scale: one kernel type
 
@@ -92,6 +100,7 @@ class MVQuery:
     pq_t: np.ndarray | None  # (M, 256, nqt)
     qsig: np.ndarray | None  # (nqt,) uint64
     probes: np.ndarray  # int64 centroid ids
+    kept: np.ndarray | None = None  # (K,) uint8: centroids scoring >= tcs for some token
 
 
 @dataclass
@@ -100,6 +109,7 @@ class MVPrepared:
     nprobe: int
     ndocs: int
     exhaustive: bool
+    ncandidates: int = 0  # survivors of the pruned pass (0: no pruned pass)
     stats: dict = field(default_factory=lambda: {"candidates": 0, "final": 0})
 
 
@@ -119,6 +129,11 @@ class MultivectorSegment(SegmentIndex):
     def _pass(self, q: MVQuery, cand: np.ndarray, final: bool) -> np.ndarray:
         kern, cb = self.kind.kernels, self.kind.codebook
         out = np.empty(len(cand), np.float32)
+        with threads_for(len(cand)):
+            self._pass_into(kern, cb, q, cand, final, out)
+        return out
+
+    def _pass_into(self, kern, cb, q: MVQuery, cand, final: bool, out) -> None:
         if final and self.res is not None:
             kern.final_pass_pq(q.lut_t, q.pq_t, self.offsets, self.codes, self.res, self.scale,
                                _HALF, cand, out)
@@ -127,29 +142,36 @@ class MultivectorSegment(SegmentIndex):
                                     cand, out)
         else:
             kern.first_pass_lut(q.lut_t, self.offsets, self.codes, cand, out)
-        return out
 
     def _batch_pass(self, tables: Tables, which: list[int], cands: list[np.ndarray],
-                    final: bool) -> list[np.ndarray]:
-        """Scores of ``cands[i]`` for query ``which[i]`` of ``tables``, one kernel call for
-        all of them (a binary first pass: one call per query)."""
-        if not final and tables.queries[0].qsig is not None:
+                    stage: str) -> list[np.ndarray]:
+        """Scores of ``cands[i]`` for query ``which[i]`` of ``tables`` at ``stage`` (``pruned``:
+        centroid interaction over the kept centroids; ``first``: over every code; ``final``:
+        with the residuals), one kernel call for all of them (a binary first pass: one call
+        per query)."""
+        if stage == "first" and tables.queries[0].qsig is not None:
             return [self._pass(tables.queries[a], c, final=False) if len(c)
                     else np.zeros(0, np.float32) for a, c in zip(which, cands)]
         sizes = [len(c) for c in cands]
         cand = np.concatenate(cands) if cands else np.zeros(0, np.int64)
         out = np.empty(len(cand), np.float32)
         if len(cand):
-            qid = np.repeat(np.asarray(which, np.int64), sizes)
-            kern = self.kind.kernels
-            if final and self.res is not None:
-                kern.final_pass_pq_batch(tables.luts, tables.pqs(), tables.nqt, qid,
-                                         self.offsets, self.codes, self.res, self.scale,
-                                         _HALF, cand, out)
-            else:
-                kern.first_pass_lut_batch(tables.luts, tables.nqt, qid, self.offsets,
-                                          self.codes, cand, out)
+            with threads_for(len(cand)):
+                self._batch_into(tables, which, sizes, cand, stage, out)
         return np.split(out, np.cumsum(sizes)[:-1])
+
+    def _batch_into(self, tables: Tables, which, sizes, cand, stage: str, out) -> None:
+        qid = np.repeat(np.asarray(which, np.int64), sizes)
+        kern = self.kind.kernels
+        if stage == "final" and self.res is not None:
+            kern.final_pass_pq_batch(tables.luts, tables.pqs(), tables.nqt, qid, self.offsets,
+                                     self.codes, self.res, self.scale, _HALF, cand, out)
+        elif stage == "pruned":
+            kern.first_pass_pruned_batch(tables.luts, tables.kept(), tables.nqt, qid,
+                                         self.offsets, self.codes, cand, out)
+        else:
+            kern.first_pass_lut_batch(tables.luts, tables.nqt, qid, self.offsets, self.codes,
+                                      cand, out)
 
     def _candidates(self, q: MVQuery, prepared: MVPrepared, allow) -> np.ndarray:
         if prepared.exhaustive:
@@ -167,28 +189,9 @@ class MultivectorSegment(SegmentIndex):
         return out[:n]
 
     def search(self, prepared: MVPrepared, k, params, allow):
-        nq = len(prepared.queries)
-        if k < 0:
-            raise InvalidArgument(f"k must be >= 0, got {k}")
-        scores, rows = empty_result(nq, k)
-        if k == 0 or self.n_rows == 0:
-            return scores, rows
-        allow = self._check_allow(allow)
-        for qi, q in enumerate(prepared.queries):
-            if len(q.tokens) == 0:
-                continue
-            cand = self._candidates(q, prepared, allow)
-            prepared.stats["candidates"] += len(cand)
-            if len(cand) == 0:
-                continue
-            keep = max(k, prepared.ndocs)
-            if self.two_pass(q) and len(cand) > keep:  # the first pass picks the final's input
-                first = self._pass(q, cand, final=False)
-                _, cand = _top(first, cand, keep)
-            prepared.stats["final"] += len(cand)
-            s, r = _top(self._pass(q, cand, final=True), cand, k)
-            scores[qi, :len(s)], rows[qi, :len(r)] = s, r
-        return scores, rows
+        """This segment alone: the collection-wide search over one segment."""
+        return self.kind.search_snapshot(prepared, [self], np.zeros(1, np.int64), k, params,
+                                         [allow])
 
     def two_pass(self, q: MVQuery) -> bool:
         """Whether the first pass differs from the final one (else first == final)."""
@@ -251,6 +254,7 @@ class MultivectorKind(IndexKind):
         self.opq, self.opq_dim = cfg["opq"], cfg["opq_dim"]
         self.special, self.seed, self.niter = cfg["special"], cfg["seed"], cfg["niter"]
         self.nprobe, self.ndocs = cfg["nprobe"], cfg["ndocs"]
+        self.ncandidates, self.tcs = cfg["ncandidates"], cfg["tcs"]
         self.source, self.declared_dim = cfg["source"], cfg["dim"]
         # the user's tokens: the writer encodes nothing for this kind
         self.needs_tokens = self.source == "model"
@@ -265,9 +269,9 @@ class MultivectorKind(IndexKind):
             text += f",prune={self.prune:g}"
         if self.bits:
             text += ",binary" if self.bits == 64 else f",binary={self.bits}"
-        for key in ("special", "seed", "niter", "nprobe", "ndocs"):
+        for key in ("special", "seed", "niter", "nprobe", "ncandidates", "tcs", "ndocs"):
             if cfg[key] != DEFAULTS[key]:
-                text += f",{key}={cfg[key]}"
+                text += f",{key}={cfg[key]:g}" if key == "tcs" else f",{key}={cfg[key]}"
         if self.source == "user":
             text += ",source=user" + (f",dim={self.declared_dim}" if self.declared_dim else "")
         super().__init__(text)
@@ -529,35 +533,50 @@ class MultivectorKind(IndexKind):
                 if seg.n_rows]
         active = [qi for qi, q in enumerate(prepared.queries) if len(q.tokens)]
         keep = max(k, prepared.ndocs)
+        wide = max(keep, prepared.ncandidates)
         for c in range(0, len(active) if live else 0, QUERY_CHUNK):
             chunk = active[c:c + QUERY_CHUNK]
             qs = [prepared.queries[qi] for qi in chunk]
             tables = Tables(qs)
             # cands[j][a]: segment j's candidate rows for the chunk's a-th query
             cands = [[seg._candidates(q, prepared, m) for q in qs] for seg, m, _ in live]
-            totals = [sum(len(cs[a]) for cs in cands) for a in range(len(qs))]
-            prepared.stats["candidates"] += sum(totals)
-            first = [a for a in range(len(qs)) if totals[a] > keep
+
+            def count(a):
+                return sum(len(cs[a]) for cs in cands)
+            prepared.stats["candidates"] += sum(count(a) for a in range(len(qs)))
+            # PLAID's stages, each keeping the collection's best: centroid interaction over
+            # the kept centroids (to ``ncandidates``), then over every code (to ``ndocs``)
+            pruned = [a for a in range(len(qs)) if prepared.ncandidates and count(a) > wide
+                      and qs[a].kept is not None]
+            if pruned:
+                self._narrow(tables, live, cands, pruned, wide, "pruned")
+            first = [a for a in range(len(qs)) if count(a) > keep
                      and any(seg.two_pass(qs[a]) for seg, _, _ in live)]
-            if first:  # the first pass picks each query's final input
-                fs = [seg._batch_pass(tables, first, [cs[a] for a in first], final=False)
-                      for (seg, _, _), cs in zip(live, cands)]
-                for i, a in enumerate(first):
-                    glob = np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)])
-                    _, best = _top(np.concatenate([f[i] for f in fs]), glob, keep)
-                    for j, (seg, _, b) in enumerate(live):
-                        cands[j][a] = best[(best >= b) & (best < b + seg.n_rows)] - b
-            prepared.stats["final"] += sum(len(x) for cs in cands for x in cs)
+            if first:
+                self._narrow(tables, live, cands, first, keep, "first")
+            prepared.stats["final"] += sum(count(a) for a in range(len(qs)))
             every = list(range(len(qs)))
-            fin = [seg._batch_pass(tables, every, cs, final=True)
+            fin = [seg._batch_pass(tables, every, cs, "final")
                    for (seg, _, _), cs in zip(live, cands)]
             for a, qi in enumerate(chunk):
-                if not sum(len(cs[a]) for cs in cands):
+                if not count(a):
                     continue
                 s, r = _top(np.concatenate([f[a] for f in fin]),
                             np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)]), k)
                 scores[qi, :len(s)], keys[qi, :len(r)] = s, r
         return scores, keys
+
+    @staticmethod
+    def _narrow(tables: Tables, live, cands, which: list[int], keep: int, stage: str) -> None:
+        """Cut the candidates of queries ``which`` to their ``keep`` best at ``stage``, over
+        every segment at once (ties: the lower global key), in place."""
+        fs = [seg._batch_pass(tables, which, [cs[a] for a in which], stage)
+              for (seg, _, _), cs in zip(live, cands)]
+        for i, a in enumerate(which):
+            glob = np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)])
+            _, best = _top(np.concatenate([f[i] for f in fs]), glob, keep)
+            for j, (seg, _, b) in enumerate(live):
+                cands[j][a] = best[(best >= b) & (best < b + seg.n_rows)] - b
 
     def prepare(self, queries: Sequence[Query], segments, live, params, cache) -> MVPrepared:
         unknown = sorted(set(params) - set(_SEARCH_KNOBS))
@@ -567,23 +586,33 @@ class MultivectorKind(IndexKind):
         try:
             nprobe = int(params.get("nprobe", self.nprobe))
             ndocs = int(params.get("ndocs", self.ndocs))
+            ncand = int(params.get("ncandidates", self.ncandidates))
+            tcs = float(params.get("tcs", self.tcs))
         except ValueError:
-            raise InvalidArgument(f"multivector: nprobe and ndocs must be integers, got {params}") \
-                from None
+            raise InvalidArgument(f"multivector: nprobe, ncandidates and ndocs must be integers "
+                                  f"and tcs a number, got {params}") from None
         exhaustive = {"0": False, "1": True, "false": False, "true": True}.get(
             str(params.get("exhaustive", "0")).lower())
-        if exhaustive is None or nprobe < 1 or ndocs < 1:
-            raise InvalidArgument(f"multivector: nprobe and ndocs must be >= 1 and exhaustive "
-                                  f"0 or 1, got {params}")
+        if exhaustive is None or nprobe < 1 or ndocs < 1 or ncand < 0 or not np.isfinite(tcs):
+            raise InvalidArgument(f"multivector: nprobe and ndocs must be >= 1, ncandidates "
+                                  f">= 0, tcs finite and exhaustive 0 or 1, got {params}")
         cb = self.codebook
         if cb is None:
             if any(seg.n_rows for seg in segments):
                 raise Corrupt("multivector: segments exist but the collection has no codebook")
             empty = np.zeros((0, 0), np.float32)
             return MVPrepared([MVQuery(empty, empty, None, None, np.zeros(0, np.int64))
-                               for _ in queries], nprobe, ndocs, exhaustive)
+                               for _ in queries], nprobe, ndocs, exhaustive, ncand)
+        tokens = self._query_tokens(queries)  # may run the model: outside the BLAS limit
+        with codec.one_blas_thread():
+            return MVPrepared(self._tables(tokens, nprobe, tcs, ncand), nprobe, ndocs,
+                              exhaustive, ncand)
+
+    def _tables(self, tokens: list[np.ndarray], nprobe: int, tcs: float, ncand: int):
+        """Each query's ``MVQuery``: its tables, probes and (``ncand``) kept centroids."""
+        cb = self.codebook
         out = []
-        for i, q in enumerate(self._query_tokens(queries)):
+        for i, q in enumerate(tokens):
             if len(q) and q.shape[1] != cb.d:
                 raise InvalidArgument(f"query {i}: query tokens have dimension {q.shape[1]}, the "
                                       f"multivector index has {cb.d}")
@@ -591,11 +620,12 @@ class MultivectorKind(IndexKind):
                 empty = np.zeros((cb.k, 0), np.float32)
                 out.append(MVQuery(q.reshape(0, cb.d), empty, None, None, np.zeros(0, np.int64)))
                 continue
-            lut_t = cb.lut(q)
+            lut = cb.scores(q)  # (nqt, K): the probes' partition runs along contiguous rows
             npb = min(nprobe, cb.k)
-            probes = np.unique(np.argpartition(-lut_t, npb - 1, axis=0)[:npb]) if npb < cb.k \
+            probes = np.unique(np.argpartition(-lut, npb - 1, axis=1)[:, :npb]) if npb < cb.k \
                 else np.arange(cb.k)
-            out.append(MVQuery(q, lut_t, cb.pq_tables(q) if cb.m else None,
+            out.append(MVQuery(q, np.ascontiguousarray(lut.T), cb.pq_tables(q) if cb.m else None,
                                cb.signature(q) if self.bits and cb.bits else None,
-                               probes.astype(np.int64)))
-        return MVPrepared(out, nprobe, ndocs, exhaustive)
+                               probes.astype(np.int64),
+                               (lut.max(0) >= tcs).view(np.uint8) if ncand else None))
+        return out

@@ -17,6 +17,7 @@ class Tables:
         self.nqt = np.array([q.lut_t.shape[1] for q in queries], np.int64)
         self.luts = self._stack([q.lut_t for q in queries])
         self._pqs = None
+        self._kept = None
 
     @staticmethod
     def _stack(tabs: list[np.ndarray]) -> np.ndarray:
@@ -27,6 +28,12 @@ class Tables:
         for i, x in enumerate(tabs):
             out[i, ..., :x.shape[-1]] = x
         return out
+
+    def kept(self) -> np.ndarray:
+        """(nq, K) uint8: the centroids each query's pruned first pass reads."""
+        if self._kept is None:
+            self._kept = np.stack([q.kept for q in self.queries])
+        return self._kept
 
     def pqs(self) -> np.ndarray:
         if self._pqs is None:

@@ -1,0 +1,123 @@
+"""PLAID-style multivector search (issue 39 part 2, third pass): the pruned centroid
+interaction (``first_pass_pruned_batch``) is the first pass over a table whose pruned
+centroids' rows are zero, bit for bit, alone or batched, on one thread or the pool; its torch
+twin agrees; the depths (``ncandidates``, ``tcs``, ``ndocs``) are collection-wide cuts, so the
+same documents in one segment or in several give the same top 10."""
+import numpy as np
+import pytest
+
+from polyindex import InvalidArgument
+from polyindex.index.multivector import kernels as mk
+from polyindex.index.registry import from_factory
+
+from test_multivector import clustered_tokens, queries
+from test_multivector_batch import segments
+
+
+def corpus(rng, k=64, n=400):
+    lens = rng.integers(0, 30, n)
+    lens[:3] = 0
+    off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return off, rng.integers(0, k, int(off[-1])).astype(np.uint16)
+
+
+def test_pruned_pass_is_the_first_pass_over_a_zeroed_table(monkeypatch):
+    rng = np.random.default_rng(3)
+    k = 64
+    off, codes = corpus(rng, k)
+    nqts = [4, 9, 1]
+    T = max(nqts)
+    L = np.zeros((len(nqts), k, T), np.float32)
+    for i, t in enumerate(nqts):
+        L[i, :, :t] = rng.uniform(-0.3, 0.9, (k, t))
+    kept = (L.max(2) >= 0.6).astype(np.uint8)
+    assert 0 < kept.mean() < 1
+    cands = [rng.choice(400, size=s, replace=False).astype(np.int64) for s in (300, 50, 7)]
+    cand, qid = np.concatenate(cands), np.repeat(np.arange(3), [len(c) for c in cands])
+    nqt = np.array(nqts, np.int64)
+    got = np.empty(len(cand), np.float32)
+    mk.first_pass_pruned_batch(L, kept, nqt, qid, off, codes, cand, got)
+    ref = np.empty(len(cand), np.float32)
+    mk.first_pass_lut_batch(L * kept[..., None], nqt, qid, off, codes, cand, ref)
+    assert np.array_equal(got, ref)
+    assert not np.array_equal(got[qid == 0], np.zeros((qid == 0).sum()))
+    at = 0  # one query per call: the same bits as its slice of the batch
+    for i, c in enumerate(cands):
+        one = np.empty(len(c), np.float32)
+        mk.first_pass_pruned_batch(L[i:i + 1, :, :nqts[i]], kept[i:i + 1], nqt[i:i + 1],
+                                   np.zeros(len(c), np.int64), off, codes, c, one)
+        assert np.array_equal(one, got[at:at + len(c)])
+        at += len(c)
+    # the calling thread alone (a query's few candidates) or the pool: the same bits
+    for low in (0, 10**9):
+        monkeypatch.setattr(mk, "PARALLEL_MIN", low)
+        with mk.threads_for(len(cand)):
+            again = np.empty(len(cand), np.float32)
+            mk.first_pass_pruned_batch(L, kept, nqt, qid, off, codes, cand, again)
+        assert np.array_equal(again, got)
+
+
+def test_torch_twin_of_the_pruned_pass():
+    pytest.importorskip("torch")
+    from polyindex.cuda.multivector import Kernels
+    from polyindex.index.postings import half_lut
+    rng = np.random.default_rng(4)
+    k = 64
+    off, codes = corpus(rng, k)
+    L = rng.uniform(-0.3, 0.9, (2, k, 6)).astype(np.float32)
+    kept = (L.max(2) >= 0.6).astype(np.uint8)
+    cand = np.arange(400, dtype=np.int64)
+    qid = (cand % 2).astype(np.int64)
+    nqt = np.array([6, 6], np.int64)
+    want, got = np.empty(400, np.float32), np.empty(400, np.float32)
+    mk.first_pass_pruned_batch(L, kept, nqt, qid, off, codes, cand, want)
+    Kernels("cpu", half_lut()).first_pass_pruned_batch(L, kept, nqt, qid, off, codes, cand, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+BODY = "KMeans32,residual=OPQ8,ncandidates=40,tcs=0.2,ndocs=12"
+
+
+@pytest.mark.parametrize("kernels", ["numba", "torch"])
+def test_one_segment_or_several_give_the_same_top_10(tmp_path, setting, kernels):
+    if kernels == "torch":
+        setting("POLYINDEX_KERNELS", "torch")
+    docs = clustered_tokens(240, seed=7)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one = segments(tmp_path / "one", BODY, [docs])
+    many = segments(tmp_path / "many", BODY, [docs[:50], docs[50:170], docs[170:]])
+    qs = queries(12)
+    out = []
+    for kind, segs, bases in (one, many):
+        prep = kind.prepare(qs, segs, [None] * len(segs), {}, {})
+        s, keys = kind.search_snapshot(prep, segs, bases, 10, {}, [None] * len(segs))
+        # every stage ran: the pruned pass cut 240 candidates to 40, the first pass to 12
+        assert prep.stats["final"] == 12 * len(qs) < prep.stats["candidates"]
+        out.append((s, keys))
+    assert out[0][1].tolist() == out[1][1].tolist()
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-6)
+    # the pruning changes what survives: no pruned pass (ncandidates=0) ranks differently
+    # somewhere, else this test would not exercise it
+    kind, segs, bases = one
+    prep = kind.prepare(qs, segs, [None], {"ncandidates": "0"}, {})
+    _, plain = kind.search_snapshot(prep, segs, bases, 10, {}, [None])
+    assert plain.tolist() != out[0][1].tolist()
+
+
+def test_depths_in_the_factory_string_and_search_params(tmp_path):
+    kind = from_factory("multivector:KMeans32,ncandidates=100,tcs=0.3,ndocs=16")
+    assert (kind.ncandidates, kind.tcs, kind.ndocs) == (100, 0.3, 16)
+    assert "ncandidates=100" in kind.describe() and "tcs=0.3" in kind.describe()
+    assert from_factory(f"multivector:{kind.describe().split(':', 1)[1]}").describe() \
+        == kind.describe()
+    default = from_factory("multivector")
+    assert (default.ncandidates, default.tcs, default.ndocs) == (2048, 0.45, 256)
+    assert "tcs" not in default.describe()
+    for bad in ("ncandidates=-1", "tcs=abc", "tcs=inf"):
+        with pytest.raises(InvalidArgument, match="ncandidates|tcs"):
+            from_factory(f"multivector:KMeans32,{bad}")
+    kind, segs, bases = segments(tmp_path, "KMeans32,residual=PQ8", [clustered_tokens(40)])
+    for params in ({"tcs": "x"}, {"ncandidates": "-2"}):
+        with pytest.raises(InvalidArgument, match="ncandidates"):
+            kind.prepare(queries(1), segs, [None], params, {})
