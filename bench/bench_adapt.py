@@ -36,6 +36,7 @@ ORDER = ["adi", "time", "medline", "cranfield", "cisi", "cacm", "nfcorpus", "lis
 # The collections the recipe was chosen on (at most three; reported apart). None so far: the
 # recipe was fixed before any nDCG was measured (docs/notes/adapt.md); a retune names its own.
 DEV: list[str] = []
+RUN_TAG = "default"  # the recipe's name in run files (main() sets it from --recipe)
 NEURAL_WEIGHT = 1.1  # polyindex.query.profiles.NEURAL_WEIGHT, the shipped hybrid's dense weight
 
 
@@ -113,9 +114,23 @@ def hybrid(lex: list[np.ndarray], dense: np.ndarray) -> list[np.ndarray]:
 def score(name: str, tag: str, qids, rows, ids, qrels, work: Path) -> dict[str, float]:
     run = {q: [(ids[r], float(len(rr) - i)) for i, r in enumerate(rr[:100])]
            for q, rr in zip(qids, rows)}
-    path = work / "runs" / f"{name}.{tag}.trec"
+    path = work / "runs" / f"{name}.{tag}.{RUN_TAG}.trec"
     common.write_trec(path, run, tag)
     return common.per_query_trec(path, qrels)["nDCG@10"]
+
+
+def recipe_arg(args):
+    """The recipe: DEFAULT with ``--recipe K=V,...`` replaced (a milder variant), or DEFAULT."""
+    import dataclasses
+
+    from polyindex.adapt.recipe import DEFAULT
+    if not args.recipe:
+        return DEFAULT
+    values = {}
+    for item in args.recipe.split(","):
+        k, _, v = item.partition("=")
+        values[k] = json.loads(v)
+    return dataclasses.replace(DEFAULT, **values)
 
 
 def learn_child(args) -> None:
@@ -130,8 +145,9 @@ def learn_child(args) -> None:
     ids, titles, texts = common.read_corpus(folder)
     report = learn([common.doc_text(t, x) for t, x in zip(titles, texts)],
                    collection_teacher(coll, ids, "hybrid"), coll.config.model,
-                   Path(args.out), progress=Progress(coll_dir.name), seed=args.seed,
-                   titles=titles)
+                   Path(args.out), recipe=recipe_arg(args), progress=Progress(coll_dir.name),
+                   seed=args.seed, titles=titles,
+                   lexical=collection_teacher(coll, ids, "lexical"))
     eng.close()
     print("REPORT " + json.dumps(report), flush=True)
 
@@ -148,11 +164,12 @@ def one(name: str, args, work: Path) -> dict | None:
         return {"collection": name, "documents": len(ids), "refused": True,
                 "note": "below the recipe's min_docs: refused, the collection keeps its encoder "
                         "(adapted = unadapted)"}
-    student = work / "students" / name
+    student = work / "students" / (name + (f".{args.recipe}" if args.recipe else ""))
     print(f"{name}: learn on {len(ids)} documents", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--learn-child", str(coll_dir), "--out",
-                             str(student), "--seed", str(args.seed)],
+                             str(student), "--seed", str(args.seed)]
+                            + (["--recipe", args.recipe] if args.recipe else []),
                             stdout=subprocess.PIPE, text=True)
     line = []
     for out in proc.stdout:  # the child's progress lines as they come
@@ -200,13 +217,25 @@ def one(name: str, args, work: Path) -> dict | None:
            "hybrid_ratio": mean["hybrid_adapted"] / mean["hybrid"] if mean["hybrid"] else None,
            "dense_test": common.paired(per["dense"], per["dense_adapted"]),
            "hybrid_test": common.paired(per["hybrid"], per["hybrid_adapted"]),
+           "recipe": args.recipe or "default", "guard": learned.get("guard"),
            "learn": learned, "learn_wall_s": round(wall, 1),
            "learn_wall_s_per_10k": round(wall * 10_000 / len(ids), 1),
            "learn_cpu_s_per_10k": round(learned["cpu_seconds"] * 10_000 / len(ids), 1),
            "encode_corpus_s": round(encode_s, 1)}
-    print(json.dumps({k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
-                                          "hybrid_ratio")}), flush=True)
+    g = res["guard"] or {}
+    print(json.dumps({**{k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
+                                             "hybrid_ratio")},
+                      "guard": {k: g.get(k) for k in ("passed", "reason", "dense", "fused")}},
+                     default=float), flush=True)
     return res
+
+
+def guard_cell(g: dict | None) -> str:
+    if not g:
+        return "-"
+    ratios = " / ".join(f"{g[s]['ratio']:.3f}" if g.get(s) and g[s]["ratio"] else "-"
+                        for s in ("dense", "fused"))
+    return f"{ratios}: {'commit' if g['passed'] else 'refuse'}"
 
 
 def dtype_check(args) -> None:
@@ -253,6 +282,8 @@ def main() -> None:
     ap.add_argument("--force-small", action="store_true", help="learn below min_docs too")
     ap.add_argument("--dtype-check", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--recipe", default="", help="K=V[,K=V]: the recipe's fields replaced "
+                    "(a variant tried on the --dev collections)")
     ap.add_argument("--learn-child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -261,6 +292,8 @@ def main() -> None:
     if args.dtype_check:
         return dtype_check(args)
     args.dev = common.parse_list(args.dev)
+    global RUN_TAG
+    RUN_TAG = args.recipe.replace("=", "").replace(",", "_") or "default"
     work = Path(args.work)
     results = []
     for name in common.parse_list(args.collections):
@@ -281,24 +314,25 @@ def main() -> None:
     for r in results:
         if "ndcg10" not in r:
             rows.append([r["collection"], r["documents"], r.get("note") or r.get("error"), "", "",
-                         "", "", "", "", "", ""])
+                         "", "", "", "", "", "", ""])
             continue
         n, learned = r["ndcg10"], r["learn"]
         rows.append([r["collection"] + (" (dev)" if r["used_to_choose"] else ""), r["documents"],
                      f"{n['dense']:.4f}", f"{n['dense_adapted']:.4f}", f"{r['dense_ratio']:.3f}",
                      f"{r['dense_test']['t_p']:.3g}", f"{n['hybrid']:.4f} ({n['hybrid_engine']:.4f})",
                      f"{n['hybrid_adapted']:.4f}", f"{r['hybrid_ratio']:.3f}",
-                     f"{r['hybrid_test']['t_p']:.3g}",
+                     f"{r['hybrid_test']['t_p']:.3g}", guard_cell(r["guard"]),
                      f"{r['learn_wall_s_per_10k'] / 60:.1f} / {r['learn_cpu_s_per_10k'] / 60:.1f} / "
                      f"{learned['peak_rss_mb']:.0f}"])
     common.console.print(common.table(
         "adapt: nDCG@10 unadapted vs adapted (hybrid: RRF as shipped; engine's own in brackets)",
         ["collection", "docs", "dense", "dense ad.", "ratio", "t p", "hybrid", "hybrid ad.",
-         "ratio", "t p", "learn min/10k wall / CPU / peak MB"], rows))
+         "ratio", "t p", "guard MRR ratio dense / fused: decision",
+         "learn min/10k wall / CPU / peak MB"], rows))
     common.console.print(json.dumps(summary, indent=1))
-    common.save_results("bench_adapt", {"results": results, "summary": summary,
-                                        "recipe": __import__("polyindex.adapt.recipe",
-                                                             fromlist=["DEFAULT"]).DEFAULT.to_json()})
+    common.save_results("bench_adapt" + (f"_{RUN_TAG}" if args.recipe else ""),
+                        {"results": results, "summary": summary,
+                                        "recipe": recipe_arg(args).to_json()})
 
 
 if __name__ == "__main__":

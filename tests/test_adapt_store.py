@@ -34,7 +34,7 @@ def corpus(n=60):
 
 
 def perturb_learner(texts, teacher, base_model, out_dir, recipe=None, progress=None,
-                    device="cpu", seed=0, titles=None):
+                    device="cpu", seed=0, titles=None, lexical=None):
     """``adapt.learn.learn``'s signature: asks the teacher, then saves the base model with
     one layer moved by seeded noise (a different, deterministic, real encoder)."""
     import torch
