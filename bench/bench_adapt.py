@@ -143,6 +143,8 @@ def learn_child(args) -> None:
     coll = eng.collection(coll_dir.name)
     folder = common.collection_folder(coll_dir.name)
     ids, titles, texts = common.read_corpus(folder)
+    if args.from_student:
+        return reuse_child(args, coll, ids, titles, texts, eng)
     report = learn([common.doc_text(t, x) for t, x in zip(titles, texts)],
                    collection_teacher(coll, ids, "hybrid"), coll.config.model,
                    Path(args.out), recipe=recipe_arg(args), progress=Progress(coll_dir.name),
@@ -150,6 +152,38 @@ def learn_child(args) -> None:
                    lexical=collection_teacher(coll, ids, "lexical"))
     eng.close()
     print("REPORT " + json.dumps(report), flush=True)
+
+
+def reuse_child(args, coll, ids, titles, texts, eng) -> None:
+    """A student already learnt (``--from-students``) made into this recipe's (its
+    ``average`` with the base) and judged by the guard on the same held-back queries learn
+    held back: a variant that needs no second training."""
+    import resource
+
+    from polyindex.adapt import guard, student as st
+    from polyindex.adapt.learn import judge
+    from polyindex.adapt.synth import make_queries
+    from polyindex.adapt.teacher import collection_teacher
+    from polyindex.encode.text import resolve_model
+    c0 = time.process_time()
+    recipe = recipe_arg(args)
+    docs = [common.doc_text(t, x) for t, x in zip(titles, texts)]
+    _, held, _ = guard.hold_back(make_queries(docs, recipe, seed=args.seed, titles=titles),
+                                 recipe, args.seed)
+    model = st.load(args.from_student, "cpu")
+    old = st.load(resolve_model(coll.config.model), "cpu")
+    old.max_seq_length = model.max_seq_length
+    if recipe.average:
+        st.average(model, old, recipe.average)
+    st.save(model, Path(args.out))
+    verdict = judge(old, model, docs, held, recipe, args.seed,
+                    collection_teacher(coll, ids, "lexical"), "cpu")
+    eng.close()
+    print("REPORT " + json.dumps({
+        "reused_from": args.from_student, "guard": verdict,
+        "cpu_seconds": round(time.process_time() - c0, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}),
+        flush=True)
 
 
 def one(name: str, args, work: Path) -> dict | None:
@@ -169,7 +203,9 @@ def one(name: str, args, work: Path) -> dict | None:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--learn-child", str(coll_dir), "--out",
                              str(student), "--seed", str(args.seed)]
-                            + (["--recipe", args.recipe] if args.recipe else []),
+                            + (["--recipe", args.recipe] if args.recipe else [])
+                            + (["--from-student", str(Path(args.from_students) / name)]
+                               if args.from_students else []),
                             stdout=subprocess.PIPE, text=True)
     line = []
     for out in proc.stdout:  # the child's progress lines as they come
@@ -284,6 +320,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--recipe", default="", help="K=V[,K=V]: the recipe's fields replaced "
                     "(a variant tried on the --dev collections)")
+    ap.add_argument("--from-students", default="", help="DIR of students already learnt "
+                    "(DIR/NAME): apply --recipe's average to them instead of learning again")
+    ap.add_argument("--from-student", help=argparse.SUPPRESS)
     ap.add_argument("--learn-child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -91,25 +91,34 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
             report["rounds"][-1]["relabel_seconds"] = round(time.perf_counter() - t0, 1)
 
     model.max_seq_length = served_len  # trained on shorter inputs, served as the base was
-    out_dir = Path(out_dir)
-    student_mod.save(model, out_dir)
-    t0 = time.perf_counter()
     old = student_mod.load(resolve_model(base_model), device)
     old.max_seq_length = served_len
-    report["guard"] = guard.evaluate(
-        lambda xs: student_mod.encode(old, xs, device),
-        lambda xs: student_mod.encode(model, xs, device), texts, held, recipe, seed, lexical)
-    report["guard"]["seconds"] = round(time.perf_counter() - t0, 1)
+    if recipe.average:  # a weight-space average with the base: a milder step
+        student_mod.average(model, old, recipe.average)
+    out_dir = Path(out_dir)
+    student_mod.save(model, out_dir)
+    report["guard"] = judge(old, model, texts, held, recipe, seed, lexical, device)
     del old
     tick("guard", 1, 1)
     last = report["rounds"][-1]
-    report.update(queries=len(queries) + len(held), held_back=len(held), pairs=last["kept"], steps=sum(r["steps"] for r in
-                                                                     report["rounds"]),
+    report.update(queries=len(queries) + len(held), held_back=len(held), pairs=last["kept"],
+                  steps=sum(r["steps"] for r in report["rounds"]),
                   seconds=round(time.perf_counter() - t_start, 1),
                   cpu_seconds=round(time.process_time() - cpu_start, 1),
                   peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   max_seq_length=served_len, out_dir=str(out_dir))
     return report
+
+
+def judge(old, model, texts: Sequence[str], held, recipe: Recipe, seed: int, lexical,
+          device: str) -> dict:
+    """The guard's verdict (``guard.evaluate``) on the student ``model`` against ``old``."""
+    t0 = time.perf_counter()
+    out = guard.evaluate(lambda xs: student_mod.encode(old, xs, device),
+                         lambda xs: student_mod.encode(model, xs, device), texts, held, recipe,
+                         seed, lexical)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
 
 
 def _student_ranks(model, texts: Sequence[str], queries: Sequence[str], depth: int,
