@@ -9,8 +9,13 @@ student, and score (ir-measures, test qrels, judged queries):
 - hybrid nDCG@10: RRF (k=60, dense weighted 1.1: the shipped ``hybrid``) of BM25 top 1000 and
   dense top 100, unadapted vs adapted; the engine's own ``hybrid`` profile is scored too, as a
   check of the reimplemented fusion;
+- the guard's verdict (``adapt.guard``: held-back synthetic queries, MRR of the source
+  document, current encoder vs student) beside the real nDCG, to see whether it tracks it;
 - paired t-tests per collection (scipy ttest_rel), means over collections, the collections used
   to choose the recipe (``--dev``) reported apart. adapt never reads qrels; only this script does.
+
+``--recipe K=V,...`` learns with a variant of the recipe; with ``--from-students DIR`` a
+variant's ``average`` is applied to students learnt before (no second training).
 
 ``--dtype-check`` instead times training steps in float32 vs bf16 autocast (interleaved rounds,
 CPU seconds: the machine is shared) on one collection.
