@@ -9,8 +9,13 @@ student, and score (ir-measures, test qrels, judged queries):
 - hybrid nDCG@10: RRF (k=60, dense weighted 1.1: the shipped ``hybrid``) of BM25 top 1000 and
   dense top 100, unadapted vs adapted; the engine's own ``hybrid`` profile is scored too, as a
   check of the reimplemented fusion;
+- the guard's verdict (``adapt.guard``: held-back synthetic queries, MRR of the source
+  document, current encoder vs student) beside the real nDCG, to see whether it tracks it;
 - paired t-tests per collection (scipy ttest_rel), means over collections, the collections used
   to choose the recipe (``--dev``) reported apart. adapt never reads qrels; only this script does.
+
+``--recipe K=V,...`` learns with a variant of the recipe; with ``--from-students DIR`` a
+variant's ``average`` is applied to students learnt before (no second training).
 
 ``--dtype-check`` instead times training steps in float32 vs bf16 autocast (interleaved rounds,
 CPU seconds: the machine is shared) on one collection.
@@ -36,6 +41,7 @@ ORDER = ["adi", "time", "medline", "cranfield", "cisi", "cacm", "nfcorpus", "lis
 # The collections the recipe was chosen on (at most three; reported apart). None so far: the
 # recipe was fixed before any nDCG was measured (docs/notes/adapt.md); a retune names its own.
 DEV: list[str] = []
+RUN_TAG = "default"  # the recipe's name in run files (main() sets it from --recipe)
 NEURAL_WEIGHT = 1.1  # polyindex.query.profiles.NEURAL_WEIGHT, the shipped hybrid's dense weight
 
 
@@ -113,9 +119,23 @@ def hybrid(lex: list[np.ndarray], dense: np.ndarray) -> list[np.ndarray]:
 def score(name: str, tag: str, qids, rows, ids, qrels, work: Path) -> dict[str, float]:
     run = {q: [(ids[r], float(len(rr) - i)) for i, r in enumerate(rr[:100])]
            for q, rr in zip(qids, rows)}
-    path = work / "runs" / f"{name}.{tag}.trec"
+    path = work / "runs" / f"{name}.{tag}.{RUN_TAG}.trec"
     common.write_trec(path, run, tag)
     return common.per_query_trec(path, qrels)["nDCG@10"]
+
+
+def recipe_arg(args):
+    """The recipe: DEFAULT with ``--recipe K=V,...`` replaced (a milder variant), or DEFAULT."""
+    import dataclasses
+
+    from polyindex.adapt.recipe import DEFAULT
+    if not args.recipe:
+        return DEFAULT
+    values = {}
+    for item in args.recipe.split(","):
+        k, _, v = item.partition("=")
+        values[k] = json.loads(v)
+    return dataclasses.replace(DEFAULT, **values)
 
 
 def learn_child(args) -> None:
@@ -128,12 +148,47 @@ def learn_child(args) -> None:
     coll = eng.collection(coll_dir.name)
     folder = common.collection_folder(coll_dir.name)
     ids, titles, texts = common.read_corpus(folder)
+    if args.from_student:
+        return reuse_child(args, coll, ids, titles, texts, eng)
     report = learn([common.doc_text(t, x) for t, x in zip(titles, texts)],
                    collection_teacher(coll, ids, "hybrid"), coll.config.model,
-                   Path(args.out), progress=Progress(coll_dir.name), seed=args.seed,
-                   titles=titles)
+                   Path(args.out), recipe=recipe_arg(args), progress=Progress(coll_dir.name),
+                   seed=args.seed, titles=titles,
+                   lexical=collection_teacher(coll, ids, "lexical"))
     eng.close()
     print("REPORT " + json.dumps(report), flush=True)
+
+
+def reuse_child(args, coll, ids, titles, texts, eng) -> None:
+    """A student already learnt (``--from-students``) made into this recipe's (its
+    ``average`` with the base) and judged by the guard on the same held-back queries learn
+    held back: a variant that needs no second training."""
+    import resource
+
+    from polyindex.adapt import guard, student as st
+    from polyindex.adapt.learn import judge
+    from polyindex.adapt.synth import make_queries
+    from polyindex.adapt.teacher import collection_teacher
+    from polyindex.encode.text import resolve_model
+    c0 = time.process_time()
+    recipe = recipe_arg(args)
+    docs = [common.doc_text(t, x) for t, x in zip(titles, texts)]
+    _, held, _ = guard.hold_back(make_queries(docs, recipe, seed=args.seed, titles=titles),
+                                 recipe, args.seed)
+    model = st.load(args.from_student, "cpu")
+    old = st.load(resolve_model(coll.config.model), "cpu")
+    old.max_seq_length = model.max_seq_length
+    if recipe.average:
+        st.average(model, old, recipe.average)
+    st.save(model, Path(args.out))
+    verdict = judge(old, model, docs, held, recipe, args.seed,
+                    collection_teacher(coll, ids, "lexical"), "cpu")
+    eng.close()
+    print("REPORT " + json.dumps({
+        "reused_from": args.from_student, "guard": verdict,
+        "cpu_seconds": round(time.process_time() - c0, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}),
+        flush=True)
 
 
 def one(name: str, args, work: Path) -> dict | None:
@@ -148,11 +203,14 @@ def one(name: str, args, work: Path) -> dict | None:
         return {"collection": name, "documents": len(ids), "refused": True,
                 "note": "below the recipe's min_docs: refused, the collection keeps its encoder "
                         "(adapted = unadapted)"}
-    student = work / "students" / name
+    student = work / "students" / (name + (f".{args.recipe}" if args.recipe else ""))
     print(f"{name}: learn on {len(ids)} documents", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--learn-child", str(coll_dir), "--out",
-                             str(student), "--seed", str(args.seed)],
+                             str(student), "--seed", str(args.seed)]
+                            + (["--recipe", args.recipe] if args.recipe else [])
+                            + (["--from-student", str(Path(args.from_students) / name)]
+                               if args.from_students else []),
                             stdout=subprocess.PIPE, text=True)
     line = []
     for out in proc.stdout:  # the child's progress lines as they come
@@ -200,13 +258,25 @@ def one(name: str, args, work: Path) -> dict | None:
            "hybrid_ratio": mean["hybrid_adapted"] / mean["hybrid"] if mean["hybrid"] else None,
            "dense_test": common.paired(per["dense"], per["dense_adapted"]),
            "hybrid_test": common.paired(per["hybrid"], per["hybrid_adapted"]),
+           "recipe": args.recipe or "default", "guard": learned.get("guard"),
            "learn": learned, "learn_wall_s": round(wall, 1),
            "learn_wall_s_per_10k": round(wall * 10_000 / len(ids), 1),
            "learn_cpu_s_per_10k": round(learned["cpu_seconds"] * 10_000 / len(ids), 1),
            "encode_corpus_s": round(encode_s, 1)}
-    print(json.dumps({k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
-                                          "hybrid_ratio")}), flush=True)
+    g = res["guard"] or {}
+    print(json.dumps({**{k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
+                                             "hybrid_ratio")},
+                      "guard": {k: g.get(k) for k in ("passed", "reason", "dense", "fused")}},
+                     default=float), flush=True)
     return res
+
+
+def guard_cell(g: dict | None) -> str:
+    if not g:
+        return "-"
+    ratios = " / ".join(f"{g[s]['ratio']:.3f}" if g.get(s) and g[s]["ratio"] else "-"
+                        for s in ("dense", "fused"))
+    return f"{ratios}: {'commit' if g['passed'] else 'refuse'}"
 
 
 def dtype_check(args) -> None:
@@ -253,6 +323,11 @@ def main() -> None:
     ap.add_argument("--force-small", action="store_true", help="learn below min_docs too")
     ap.add_argument("--dtype-check", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--recipe", default="", help="K=V[,K=V]: the recipe's fields replaced "
+                    "(a variant tried on the --dev collections)")
+    ap.add_argument("--from-students", default="", help="DIR of students already learnt "
+                    "(DIR/NAME): apply --recipe's average to them instead of learning again")
+    ap.add_argument("--from-student", help=argparse.SUPPRESS)
     ap.add_argument("--learn-child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -261,6 +336,8 @@ def main() -> None:
     if args.dtype_check:
         return dtype_check(args)
     args.dev = common.parse_list(args.dev)
+    global RUN_TAG
+    RUN_TAG = args.recipe.replace("=", "").replace(",", "_") or "default"
     work = Path(args.work)
     results = []
     for name in common.parse_list(args.collections):
@@ -281,24 +358,25 @@ def main() -> None:
     for r in results:
         if "ndcg10" not in r:
             rows.append([r["collection"], r["documents"], r.get("note") or r.get("error"), "", "",
-                         "", "", "", "", "", ""])
+                         "", "", "", "", "", "", ""])
             continue
         n, learned = r["ndcg10"], r["learn"]
         rows.append([r["collection"] + (" (dev)" if r["used_to_choose"] else ""), r["documents"],
                      f"{n['dense']:.4f}", f"{n['dense_adapted']:.4f}", f"{r['dense_ratio']:.3f}",
                      f"{r['dense_test']['t_p']:.3g}", f"{n['hybrid']:.4f} ({n['hybrid_engine']:.4f})",
                      f"{n['hybrid_adapted']:.4f}", f"{r['hybrid_ratio']:.3f}",
-                     f"{r['hybrid_test']['t_p']:.3g}",
+                     f"{r['hybrid_test']['t_p']:.3g}", guard_cell(r["guard"]),
                      f"{r['learn_wall_s_per_10k'] / 60:.1f} / {r['learn_cpu_s_per_10k'] / 60:.1f} / "
                      f"{learned['peak_rss_mb']:.0f}"])
     common.console.print(common.table(
         "adapt: nDCG@10 unadapted vs adapted (hybrid: RRF as shipped; engine's own in brackets)",
         ["collection", "docs", "dense", "dense ad.", "ratio", "t p", "hybrid", "hybrid ad.",
-         "ratio", "t p", "learn min/10k wall / CPU / peak MB"], rows))
+         "ratio", "t p", "guard MRR ratio dense / fused: decision",
+         "learn min/10k wall / CPU / peak MB"], rows))
     common.console.print(json.dumps(summary, indent=1))
-    common.save_results("bench_adapt", {"results": results, "summary": summary,
-                                        "recipe": __import__("polyindex.adapt.recipe",
-                                                             fromlist=["DEFAULT"]).DEFAULT.to_json()})
+    common.save_results("bench_adapt" + (f"_{RUN_TAG}" if args.recipe else ""),
+                        {"results": results, "summary": summary,
+                                        "recipe": recipe_arg(args).to_json()})
 
 
 if __name__ == "__main__":

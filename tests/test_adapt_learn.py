@@ -108,6 +108,10 @@ def test_learn_writes_a_loadable_student_whose_embeddings_differ_from_the_base(t
         report = learn(texts, teacher, "all-MiniLM-L6-v2", tmp_path / "student", recipe,
                        progress=lambda *a: seen.append(a), titles=[d["title"] for d in docs])
     assert report["steps"] == 3 and report["queries"] == 160
+    # the guard's share: every query of 40 documents held back, judged after training
+    assert report["held_back"] == 80 and report["guard"]["queries"] == 80
+    assert report["guard"]["served"] == "dense" and isinstance(report["guard"]["passed"], bool)
+    assert ("guard", 1, 1) in seen
     assert 16 <= report["pairs"] <= 160 and json.dumps(report)
     assert ("train", 3, 3) in seen and any(p[0] == "teacher" for p in seen)
     student = SentenceTransformer(str(tmp_path / "student"), device="cpu")

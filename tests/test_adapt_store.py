@@ -34,7 +34,7 @@ def corpus(n=60):
 
 
 def perturb_learner(texts, teacher, base_model, out_dir, recipe=None, progress=None,
-                    device="cpu", seed=0, titles=None):
+                    device="cpu", seed=0, titles=None, lexical=None):
     """``adapt.learn.learn``'s signature: asks the teacher, then saves the base model with
     one layer moved by seeded noise (a different, deterministic, real encoder)."""
     import torch
@@ -374,14 +374,16 @@ def test_index_adapt_with_the_real_learner_then_revert_gives_the_plain_index(tmp
     src.write_text("".join(json.dumps(d) + "\n" for d in corpus(240)))
     tiny = ["--recipe", "max_steps=2", "--recipe", "min_docs=50", "--recipe", "min_pairs=4",
             "--recipe", "batch_size=8"]
+    forced = ["--recipe", "guard_margin=-1"]  # 2 steps need not beat the base: commit anyway
     r = cli("index", src, "--data", tmp_path / "plain", "--collection", "c", "--no-progress",
             "--dtype", "float32")
     assert r.returncode == 0, r.stderr
     r = cli("index", src, "--data", tmp_path / "d", "--collection", "c", "--dtype", "float32",
-            "--adapt", *tiny, "--json")
+            "--adapt", *tiny, *forced, "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)["adapt"]
     assert report["encoder"] == "v2" and report["learn"]["steps"] == 2
+    assert report["committed"] is True and report["learn"]["guard"]["served"] == "fused"
     assert "adapt: re-encoding" in r.stderr  # progress with a rate and an ETA
     eng = polyindex.open(tmp_path / "plain")
     plain = answers(eng.collection("c"))
@@ -393,6 +395,14 @@ def test_index_adapt_with_the_real_learner_then_revert_gives_the_plain_index(tmp
     assert r.returncode == 0 and "reverted 'c': encoder base (was v2)" in r.stdout, r.stderr
     eng = polyindex.open(tmp_path / "d")
     assert answers(eng.collection("c")) == plain
+    eng.close()
+    # a margin no student can meet: the guard refuses, the collection stays as it is
+    r = cli("adapt", "--data", tmp_path / "d", "--collection", "c", *tiny, "--recipe",
+            "guard_margin=100")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "not adapted 'c'" in r.stdout and "held-back synthetic queries" in r.stdout
+    eng = polyindex.open(tmp_path / "d")
+    assert answers(eng.collection("c")) == plain and eng.collection("c").info()["encoder"] == "base"
     eng.close()
     r = cli("adapt", "--data", tmp_path / "d", "--collection", "c", "--recipe", "nope=1")
     assert r.returncode == 2 and "nope" in r.stderr

@@ -1,9 +1,11 @@
 """``learn``: fine-tune a copy of a collection's encoder on its own corpus, without labels.
 
-Synthetic queries (``synth``) -> the teacher ranks them, the pairs it is sure of are kept with a
-hard negative (``teacher``) -> the student is fine-tuned on them (``student``); with
-``recipe.rounds`` > 1 the student's own ranking, fused with the teacher's, labels the next
-round. The hyperparameters are ``recipe.DEFAULT`` for every collection.
+Synthetic queries (``synth``), a share held back (``guard``) -> the teacher ranks the rest,
+the pairs it is sure of are kept with a hard negative (``teacher``) -> the student is
+fine-tuned on them (``student``); with ``recipe.rounds`` > 1 the student's own ranking, fused
+with the teacher's, labels the next round. Then the student and the base model are compared
+on the held-back queries (``guard``): the caller commits only a student the guard passes.
+The hyperparameters are ``recipe.DEFAULT`` for every collection.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from polyindex.adapt import guard
 from polyindex.adapt import student as student_mod
 from polyindex.adapt.recipe import DEFAULT, Recipe
 from polyindex.adapt.synth import make_queries
@@ -27,13 +30,18 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
           base_model: str, out_dir: Path, recipe: Recipe | None = None,
           progress: Callable[[str, int, int], None] | None = None,
           device: str = "cpu", seed: int = 0, *,
-          titles: Sequence[str | None] | None = None) -> dict:
+          titles: Sequence[str | None] | None = None,
+          lexical: Callable[[Sequence[str], int], list[list[int]]] | None = None) -> dict:
     """Fine-tune a copy of base_model (a local sentence-transformers folder, or the default
     model's name) on synthetic queries made from texts, labelled by teacher(queries, depth) ->
     for each query the row indices of texts it ranks first, best first; save the student (a
     sentence-transformers folder) in out_dir (plain writes: the caller fsyncs and checksums
     it); return a JSON-able report. ``titles`` (optional, row-aligned) adds title queries.
-    Raises InvalidArgument when texts are too few to learn from."""
+    Raises InvalidArgument when texts are too few to learn from. The report's ``guard``
+    (``adapt.guard``) says whether the student beat base_model on held-back synthetic
+    queries (``lexical``, teacher-shaped: the collection's lexical ranking, fused with each
+    encoder's dense one as its hybrid profile does); the student is saved either way, the
+    caller commits it only when ``guard["passed"]``."""
     from polyindex.encode.text import resolve_model
     recipe = recipe or DEFAULT
     t_start, cpu_start = time.perf_counter(), time.process_time()
@@ -51,7 +59,8 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
                     "rounds": []}
     tick = progress or (lambda phase, done, total: None)
 
-    queries = make_queries(texts, recipe, seed=seed, titles=titles)
+    queries, held, held_docs = guard.hold_back(
+        make_queries(texts, recipe, seed=seed, titles=titles), recipe, seed)
     tick("queries", len(queries), len(queries))
     t0 = time.perf_counter()
     ranked: list[list[int]] = []
@@ -66,7 +75,7 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
     model = student_mod.load(resolve_model(base_model), device)
     served_len = model.max_seq_length
     for rnd in range(recipe.rounds):
-        pairs, counts = label(queries, ranked, recipe, seed=seed + rnd)
+        pairs, counts = label(queries, ranked, recipe, seed=seed + rnd, unseen=held_docs)
         if len(pairs) < recipe.min_pairs:
             raise InvalidArgument(
                 f"the teacher was sure of only {len(pairs)} of {len(queries)} synthetic "
@@ -82,16 +91,34 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
             report["rounds"][-1]["relabel_seconds"] = round(time.perf_counter() - t0, 1)
 
     model.max_seq_length = served_len  # trained on shorter inputs, served as the base was
+    old = student_mod.load(resolve_model(base_model), device)
+    old.max_seq_length = served_len
+    if recipe.average:  # a weight-space average with the base: a milder step
+        student_mod.average(model, old, recipe.average)
     out_dir = Path(out_dir)
     student_mod.save(model, out_dir)
+    report["guard"] = judge(old, model, texts, held, recipe, seed, lexical, device)
+    del old
+    tick("guard", 1, 1)
     last = report["rounds"][-1]
-    report.update(queries=len(queries), pairs=last["kept"], steps=sum(r["steps"] for r in
-                                                                     report["rounds"]),
+    report.update(queries=len(queries) + len(held), held_back=len(held), pairs=last["kept"],
+                  steps=sum(r["steps"] for r in report["rounds"]),
                   seconds=round(time.perf_counter() - t_start, 1),
                   cpu_seconds=round(time.process_time() - cpu_start, 1),
                   peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   max_seq_length=served_len, out_dir=str(out_dir))
     return report
+
+
+def judge(old, model, texts: Sequence[str], held, recipe: Recipe, seed: int, lexical,
+          device: str) -> dict:
+    """The guard's verdict (``guard.evaluate``) on the student ``model`` against ``old``."""
+    t0 = time.perf_counter()
+    out = guard.evaluate(lambda xs: student_mod.encode(old, xs, device),
+                         lambda xs: student_mod.encode(model, xs, device), texts, held, recipe,
+                         seed, lexical)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
 
 
 def _student_ranks(model, texts: Sequence[str], queries: Sequence[str], depth: int,

@@ -33,7 +33,13 @@ class Recipe:
     word_dropout: float = 0.1    # input noise: words dropped from a query
     shuffle_terms: bool = True   # input noise: a terms query's words in random order
     rounds: int = 1              # >1: the student (fused with the teacher) labels again
+    average: float = 0.0         # >0: the student's weights averaged with the base's (share)
     bf16: bool = True            # bf16 autocast when the device has it (measured: notes)
+    # --- the guard (adapt.guard): commit only a student better on held-back queries
+    guard_share: float = 0.1     # share of documents whose synthetic queries are held back
+    guard_min_queries: int = 100  # ... but at least this many held-back queries
+    guard_pool: int = 3000       # documents the held-back queries are retrieved among (cost)
+    guard_margin: float = 0.02   # student MRR must be >= (1 + margin) x the current encoder's
 
     def to_json(self) -> dict:
         return asdict(self)

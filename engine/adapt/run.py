@@ -3,6 +3,11 @@
 with it (``storage.reencode``) and commit segments and encoder in one manifest version;
 ``revert=True`` re-encodes with the previous encoder and commits that instead.
 
+The guard: the default learner holds back a share of its synthetic queries and reports
+whether the student beats the current encoder on them (``adapt.guard``); when it does not,
+the student is deleted before it is installed and the collection is left exactly as it was
+(the report's ``committed`` is False, ``refused`` says why).
+
 Phases and what a crash (kill -9) at each leaves: learning writes only
 ``encoders/.vN.tmp`` (removed by the next adapt); the installed encoder and the rebuilt
 segments under ``adapt/`` are named by no manifest (the collection answers as before; a
@@ -27,6 +32,7 @@ from polyindex.storage.fsutil import rmtree, write_json_atomic
 from polyindex.types import document_text
 
 STATE = "state.json"
+_REFUSED = object()  # _learned's answer when the guard refused the student
 TEACHER_BATCH = 256
 _running: set[str] = set()
 _running_lock = threading.Lock()
@@ -149,6 +155,8 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
         encoders.remove_unnamed(folder, m)
     else:
         target = _learned(coll, snap, device, recipe, progress, learner, seed, report)
+        if target is _REFUSED:  # the guard: nothing installed, nothing written
+            return _refused(coll, m, cur, prev, report, t0)
     t_learn = time.perf_counter()
     target_model = (encoders.model_of(folder, _with(m, target)))
     encode = _encode_with(coll, target_model, device)
@@ -171,10 +179,22 @@ def _adapt(coll, revert, device, recipe, progress, learner, seed, ray) -> dict:
     new = table.sealed_snapshot().manifest
     encoders.remove_unnamed(folder, new)
     reencode.discard(folder)
-    report.update(encoder=target["name"] if target else "base",
+    report.update(committed=True, refused=None,
+                  encoder=target["name"] if target else "base",
                   previous=cur["name"] if cur else "base", documents=new.live_rows(),
                   seconds={"learn": round(t_learn - t0, 3),
                            "reencode_and_commit": round(time.perf_counter() - t_learn, 3)})
+    return report
+
+
+def _refused(coll, m, cur, prev, report, t0) -> dict:
+    """The report of an adapt the guard refused: the collection is as it was."""
+    report.update(committed=False, refused=report["learn"]["guard"]["reason"],
+                  encoder=cur["name"] if cur else "base",
+                  previous=prev["name"] if prev else "base", documents=m.live_rows(),
+                  reencoded_rows=0, delta_rows=0,
+                  seconds={"learn": round(time.perf_counter() - t0, 3),
+                           "reencode_and_commit": 0.0})
     return report
 
 
@@ -190,9 +210,11 @@ def _with(m, rec):
     return out
 
 
-def _learned(coll, snap, device, recipe, progress, learner, seed, report) -> dict:
+def _learned(coll, snap, device, recipe, progress, learner, seed, report):
     """The new encoder's record: learned now (and installed), or the one an interrupted
-    adapt of this manifest's encoder installed (``adapt/state.json``)."""
+    adapt of this manifest's encoder installed (``adapt/state.json``); ``_REFUSED`` when the
+    learner's guard (``adapt.guard``) says the student is not better than the current
+    encoder. A learner that reports no guard (a caller's own) is trusted."""
     folder = Path(coll.folder)
     m = snap.manifest
     base = encoders.current(m)
@@ -220,8 +242,19 @@ def _learned(coll, snap, device, recipe, progress, learner, seed, report) -> dic
     base_model = resolve_model(encoders.model_of(folder, m)[0])
     step = None if progress is None else \
         (lambda phase, done, total: progress(f"learning: {phase}", done, total))
+    lexical = teacher_of(coll, ids, "lexical") if {"lexical", "dense"} <= set(coll.kinds) \
+        else None  # the guard then scores hybrid, as the collection serves it
     report["learn"] = learner(texts, teacher_of(coll, ids), base_model, out, recipe=recipe,
-                              progress=step, device=device, seed=seed, titles=titles)
+                              progress=step, device=device, seed=seed, titles=titles,
+                              lexical=lexical)
+    verdict = (report["learn"] or {}).get("guard")
+    if verdict is not None and not verdict.get("passed"):
+        rmtree(out, "adapt.refused")  # the student is not better: never installed
+        try:
+            out.parent.rmdir()  # encoders/ made for it alone (never adapted): gone too
+        except OSError:
+            pass
+        return _REFUSED
     rec = encoders.install(folder, out, name)
     state_path.parent.mkdir(exist_ok=True)
     write_json_atomic(state_path, {"from": encoders.fingerprint(base), "record": rec},

@@ -134,6 +134,16 @@ def encode(model, texts: Sequence[str], device: str, batch_size: int = 64) -> np
     return np.asarray(out, dtype=np.float32)
 
 
+def average(model, base, share: float) -> None:
+    """``model``'s weights moved back toward ``base``'s in place: (1 - share) x model +
+    share x base (a weight-space average: keeps part of the fine-tune, less of its drift)."""
+    import torch
+    theirs = dict(base.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(1.0 - share).add_(theirs[name].to(p.dtype), alpha=share)
+
+
 def save(model, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save(str(out_dir), safe_serialization=True)

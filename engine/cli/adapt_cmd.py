@@ -66,14 +66,23 @@ def run(coll, *, revert: bool, device: str, recipe, as_json: bool, show_progress
     if as_json:
         print(json.dumps(report, default=str))
     else:
-        what = "reverted" if revert else "adapted"
-        secs = report["seconds"]
-        say(f"{what} {coll.name!r}: encoder {report['encoder']} (was {report['previous']}); "
+        say(describe(coll.name, report, revert))
+    return report
+
+
+def describe(name: str, report: dict, revert: bool = False) -> str:
+    """The report as a line for people: what was committed, or why nothing was."""
+    secs = report["seconds"]
+    if report.get("committed") is False:
+        return (f"not adapted {name!r}: the learned encoder was not committed, the collection "
+                f"keeps encoder {report['encoder']} and its answers ({secs['learn']:.1f} s "
+                f"spent learning): {report['refused']}")
+    what = "reverted" if revert else "adapted"
+    return (f"{what} {name!r}: encoder {report['encoder']} (was {report['previous']}); "
             f"{report['documents']:,} documents, {report['reencoded_rows']:,} rows re-encoded "
             f"(+{report['delta_rows']:,} written meanwhile) in {len(report['seconds'])} "
             f"phases: learn {secs['learn']:.1f} s, re-encode and commit "
             f"{secs['reencode_and_commit']:.1f} s")
-    return report
 
 
 def adapt(data: Path = DataOpt, collection: str = CollOpt,
