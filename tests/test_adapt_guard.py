@@ -8,6 +8,7 @@ The stand-in learners write one of them and then judge it with the real guard
 (``guard.hold_back`` + ``guard.evaluate``), as ``adapt.learn`` does after training."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def pristine(base_model: str, out_dir: Path) -> None:
     SentenceTransformer(resolve_model("all-MiniLM-L6-v2"), device="cpu").save(str(out_dir))
 
 
+@functools.lru_cache(maxsize=None)  # a model's load once per path (a model dir is written once)
 def encoder(path: str):
     from sentence_transformers import SentenceTransformer
     model = SentenceTransformer(path, device="cpu")
