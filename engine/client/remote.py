@@ -263,26 +263,16 @@ class RemoteCollection:
         list/array (the unnamed field, or ``using``'s) or a dict field -> vector."""
         req = self._request(k, profile, filter, explain, with_text, with_metadata, using)
         _put_fields(req, fields)
-        if text is not None:
-            req.text = _text(text, 0)
-        if vector is not None:
-            _put_vector(req, vector, 0)
-        if tokens is not None:
-            _put_tokens(req, tokens, 0)
-        resp = self.client._call("Query", req, timeout=timeout)
+        resp = self.client._call("Query", _put_query(req, text, vector, tokens),
+                                 timeout=timeout)
         return [hit_from_proto(h, self.fields) for h in resp.hits]
 
     def query_ids(self, text: str | None = None, *, vector=None, using: str | None = None,
                   tokens=None, k: int = 10, profile=None, filter: dict | None = None,
                   timeout: float | None = None) -> Ranking:
         """``query``'s ids and scores as arrays (``types.Ranking``), no ``Hit`` objects."""
-        req = self._request(k, profile, filter, False, False, False, using)
-        if text is not None:
-            req.text = _text(text, 0)
-        if vector is not None:
-            _put_vector(req, vector, 0)
-        if tokens is not None:
-            _put_tokens(req, tokens, 0)
+        req = _put_query(self._request(k, profile, filter, False, False, False, using), text,
+                         vector, tokens)
         hits = self.client._call("Query", req, timeout=timeout).hits
         return Ranking([h.id for h in hits], np.array([h.score for h in hits], np.float64))
 
@@ -466,6 +456,17 @@ def _text(text, i: int) -> str:
     if not isinstance(text, str):
         raise InvalidArgument(f"query {i}: text must be a non-empty string")
     return text
+
+
+def _put_query(req, text, vector, tokens):
+    """A one-query request's text, vector and tokens (those given); the request."""
+    if text is not None:
+        req.text = _text(text, 0)
+    if vector is not None:
+        _put_vector(req, vector, 0)
+    if tokens is not None:
+        _put_tokens(req, tokens, 0)
+    return req
 
 
 def _put_vector(msg, vector, i: int) -> None:
