@@ -31,8 +31,9 @@ from polyindex.index.dense import small_flat
 from polyindex.index.dense import stack as dense_stack
 from polyindex.index.masks import freeze
 from polyindex.index.protocol import empty_result
+from polyindex.index.ranked import RankedPlan
 from polyindex.index.ties import order_ties
-from polyindex.types import MAX_VECTOR_NORM, Hit, Ranking
+from polyindex.types import MAX_VECTOR_NORM, Hit
 
 # a little under the general path's float64 limit: what the lane takes, that path takes too
 _MAX_SQ = (MAX_VECTOR_NORM * 0.999) ** 2
@@ -46,7 +47,7 @@ _omp_threads = getattr(_C, "omp_get_max_threads", faiss.omp_get_max_threads)
 _SMALL = ("small-flat",)  # a segment's ``SmallFlat`` in its ``lane_parts``
 
 
-class Plan:
+class Plan(RankedPlan):
     """One snapshot's dense stage, ready to search. ``fparams`` and ``kwargs`` are the
     stage's faiss params and typed search arguments, ``threads`` the kind's
     ``QUERY_THREADS`` (the kind hands them over: this module does not import it back)."""
@@ -123,18 +124,6 @@ class Plan:
             return view.segments, None
         return view.segments, (snapshot.bases[i], None, None, (
             lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
-
-    def search(self, snapshot, vector, k: int) -> list[Hit] | None:
-        got = self._ranked(snapshot, vector, k)
-        if got is None:
-            return None
-        ids, scores = got
-        return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
-
-    def rank(self, snapshot, vector, k: int) -> Ranking | None:
-        """``search``'s answer as a ``Ranking`` (no ``Hit`` objects)."""
-        got = self._ranked(snapshot, vector, k)
-        return None if got is None else Ranking(got[0], got[1].astype(np.float64))
 
     def _ranked(self, snapshot, vector, k: int):
         """(ids, float32 scores) of a vector's top k; None: the general path answers."""

@@ -37,7 +37,8 @@ from polyindex.index.lexical.vocabulary import _cmp, encode_terms, hash_find
 from polyindex.index.masks import freeze
 from polyindex.index.postings import (SELECT_KEYS_K, _bm25_add, _bm25_add_dense, _select,
                                       _select_dense, _select_keys, dense_pays, readonly)
-from polyindex.types import Hit, Ranking
+from polyindex.index.ranked import RankedPlan
+from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
 _TERM_CACHE = 5_000_000  # term ids a plan keeps (terms x segments; cleared past this)
@@ -297,7 +298,7 @@ def _ties_in_id_order(ids: list[str], eq: np.ndarray) -> None:
         ids[a:b + 1] = sorted(ids[a:b + 1])
 
 
-class Plan:
+class Plan(RankedPlan):
     """One snapshot's lexical stage, ready to search (``takes``: what a query is)."""
 
     takes = "text"
@@ -428,18 +429,6 @@ class Plan:
             if eq.any():
                 _ties_in_id_order(ids, eq)
         return ids
-
-    def search(self, snapshot, text, k: int) -> list[Hit] | None:
-        got = self._ranked(snapshot, text, k)
-        if got is None:
-            return None
-        ids, scores = got
-        return list(map(Hit, ids, scores.tolist(), range(1, len(ids) + 1)))
-
-    def rank(self, snapshot, text, k: int) -> Ranking | None:
-        """``search``'s answer as a ``Ranking`` (no ``Hit`` objects)."""
-        got = self._ranked(snapshot, text, k)
-        return None if got is None else Ranking(got[0], got[1].astype(np.float64))
 
     def _ranked(self, snapshot, text, k: int):
         """(ids, float32 scores) of a query's top k; None: the general path answers."""
