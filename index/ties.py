@@ -1,5 +1,6 @@
 """Equal scores put in document id order, so which row of a document comes first (its
-segment, its shard) never decides a ranking (docs/notes/segmentation-independence.md)."""
+segment, its shard) never decides a ranking, nor which members of a run of equal scores
+straddling the k-th place make the top k (docs/notes/segmentation-independence.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,7 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None,
     that tie; ``id_array(keys) -> pa.Array`` (optional) is used instead when many tie;
     ``id_ranks(keys) -> ints or None`` (optional; integers that sort as the ids, None when it
     has none for these keys) before either: one integer sort, no strings.
-    (Which of a tie run straddling the k-th place are kept still follows rows.)"""
+    (Which members of a run straddling the k-th place are kept: ``cut_ties``.)"""
     if scores.shape[1] < 2:
         return keys
     valid = keys >= 0
@@ -52,3 +53,37 @@ def order_ties(scores: np.ndarray, keys: np.ndarray, ids_of, id_array=None,
     flat = keys.ravel()
     flat[at] = flat[at[order]]
     return keys
+
+
+def cut_ties(scores: np.ndarray, keys: np.ndarray, k: int, ids_of, id_array=None,
+             id_ranks=None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``k`` of lists sorted best first (padding, key -1, last), where a run of
+    equal scores straddling the k-th place keeps its members with the smallest ids: which
+    documents make a top k then never follows which rows hold them (their segments, their
+    shards). The lists must hold every row tied with their k-th score (the callers complete
+    such runs first); ``ids_of``, ``id_array``, ``id_ranks`` as in ``order_ties``. The kept
+    run is in id order; the scores are the first ``k`` as given (the run's are all equal)."""
+    if scores.shape[1] <= k:
+        return scores, keys
+    valid = keys >= 0
+    straddle = valid[:, k] & (scores[:, k] == scores[:, k - 1])
+    out_s, out_k = scores[:, :k], keys[:, :k]
+    if not straddle.any():
+        return out_s, out_k
+    out_k = out_k.copy()
+    for q in np.flatnonzero(straddle).tolist():
+        run = np.flatnonzero((scores[q] == scores[q, k - 1]) & valid[q])  # contiguous: sorted
+        first = int(run[0])
+        out_k[q, first:] = keys[q, run[_id_order(keys[q, run], ids_of, id_array,
+                                                 id_ranks)[:k - first]]]
+    return out_s, out_k
+
+
+def _id_order(keys: np.ndarray, ids_of, id_array, id_ranks) -> np.ndarray:
+    """The permutation that puts ``keys`` in id order."""
+    ranks = id_ranks(keys) if id_ranks is not None else None
+    if ranks is not None:
+        return np.argsort(ranks, kind="stable")
+    if id_array is not None and len(keys) > ARROW_TIES:
+        return pc.sort_indices(id_array(keys)).to_numpy()
+    return np.argsort(np.array(ids_of(keys), dtype=str), kind="stable")

@@ -31,7 +31,7 @@ import numpy as np
 import xxhash
 
 from polyindex.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from polyindex.index.ties import order_ties
+from polyindex.index.ties import cut_ties, order_ties
 from polyindex.query.pipeline import explain_hits, fuse
 from polyindex.query.profiles import Profile, builtin_profiles, resolve_profile
 from polyindex.query.requests import default_vector_profile, make_queries
@@ -355,9 +355,12 @@ class ShardedCollection:
             keys = np.concatenate(parts_k, axis=1)
             scores = np.where(keys >= 0, scores, -np.inf)
             big = np.where(keys >= 0, keys, np.iinfo(np.int64).max)
-            top = np.lexsort((big, -scores), axis=1)[:, :k]
-            scores = np.take_along_axis(scores, top, 1)
-            keys = order_ties(scores, np.take_along_axis(keys, top, 1), ids)
+            top = np.lexsort((big, -scores), axis=1)
+            # each shard's list holds its top k by (score, id), a run at its k-th place cut
+            # by id too (``pipeline``), so the merged cut by id is one node's
+            scores, keys = cut_ties(np.take_along_axis(scores, top, 1),
+                                    np.take_along_axis(keys, top, 1), k, ids)
+            keys = order_ties(scores, keys, ids)
             out.append((scores, keys))
         return out, ids
 

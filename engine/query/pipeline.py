@@ -7,7 +7,7 @@ import numpy as np
 
 from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
-from polyindex.index.ties import order_ties
+from polyindex.index.ties import cut_ties, order_ties
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
 from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow, may_abstain
@@ -36,7 +36,11 @@ def retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     """One retrieve stage over every segment, merged to a per-kind top-k of global keys."""
     scores, keys = _retrieve(snapshot, queries, index, k, params, allow)
     return scores, order_ties(scores, keys, snapshot.ids_of, snapshot.id_array,
-                              getattr(snapshot, "id_ranks", None))
+                              _id_ranks(snapshot))
+
+
+def _id_ranks(snapshot: Snapshot):
+    return getattr(snapshot, "id_ranks", None)
 
 
 def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
@@ -51,6 +55,11 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     if implements(kind, SearchesSnapshot):  # a collection-wide budget (rescore, ndocs, budget)
         return kind.search_snapshot(prepared, seg_indexes, snapshot.bases, k, params, allow)
     all_scores, all_keys = [], []
+    # a kind whose ties are cut by id: each segment's list at all_*[pos] and what it was
+    # asked for, (segment ordinal, rows), for ``_complete_runs``
+    asked: dict[int, tuple[int, int]] = {}
+    ties = getattr(kind, "completes_ties", False)
+    want = k + 1 if ties else k
     stacks = _stacks(snapshot, index, seg_indexes, params)
     runs = _runs(snapshot, kind, index, seg_indexes, params, allow, stacks)
     skip_to = 0
@@ -77,16 +86,55 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
             all_scores.append(scores)
             all_keys.append(keys)
             continue
-        scores, rows = seg_index.search(prepared, k, params, mask)
+        scores, rows = seg_index.search(prepared, want, params, mask)
+        if ties:
+            asked[len(all_scores)] = (i, want)
         all_scores.append(scores)
         all_keys.append(np.where(rows >= 0, rows + base, -1) if base else rows)
-    if len(all_scores) == 1:
+    if len(all_scores) == 1 and not asked:
         return all_scores[0], all_keys[0]
+    if asked:
+        _complete_runs(snapshot, seg_indexes, prepared, k, params, allow, asked, all_scores,
+                       all_keys)
     scores = np.concatenate(all_scores, axis=1)
     keys = np.concatenate(all_keys, axis=1)
     scores = np.where(keys >= 0, scores, -np.inf)
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+    top = np.argsort(-scores, axis=1, kind="stable")
+    scores, keys = np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+    if not asked:
+        return scores[:, :k], keys[:, :k]
+    return cut_ties(scores, keys, k, snapshot.ids_of, snapshot.id_array, _id_ranks(snapshot))
+
+
+def _complete_runs(snapshot: Snapshot, seg_indexes, prepared, k: int, params, allow,
+                   asked: dict, all_scores: list, all_keys: list) -> None:
+    """Make every segment list hold each row tied with the merged k-th score (so
+    ``cut_ties`` can keep the run's smallest ids, whatever the segmentation): a list that
+    came back full (every row it was asked for) and ends on that score may stop inside the
+    run, so its segment is asked again for twice as many, until it ends below that score or
+    holds every row the segment has. Only lists that end on the k-th score are asked again
+    (their own one row more than k tells): a run straddling the cut, not every query."""
+    while True:
+        full = [pos for pos, (_, n) in asked.items()
+                if all_keys[pos].shape[1] >= n and (all_keys[pos][:, n - 1] >= 0).any()]
+        if not full:
+            return
+        keys = np.concatenate(all_keys, axis=1)
+        if keys.shape[1] <= k:
+            return
+        scores = np.where(keys >= 0, np.concatenate(all_scores, axis=1), -np.inf)
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+        again = [pos for pos in full
+                 if ((all_keys[pos][:, asked[pos][1] - 1] >= 0)
+                     & (all_scores[pos][:, asked[pos][1] - 1] == kth)).any()]
+        if not again:
+            return
+        for pos in again:
+            i, n = asked[pos]
+            asked[pos] = (i, 2 * n)
+            base = int(snapshot.bases[i])
+            all_scores[pos], rows = seg_indexes[i].search(prepared, 2 * n, params, allow[i])
+            all_keys[pos] = np.where(rows >= 0, rows + base, -1) if base else rows
 
 
 def _stacks(snapshot: Snapshot, index: str, seg_indexes, params) -> dict:

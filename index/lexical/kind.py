@@ -282,6 +282,7 @@ class LexicalSegment(SegmentIndex):  # and TermStatistics
 
 class LexicalKind(IndexKind):
     kind = "lexical"
+    completes_ties = True  # BM25 ties often: a top k cut by id (``ties.cut_ties``)
 
     def __init__(self, body: str):
         where = f"index factory string {f'lexical:{body}' if body else 'lexical'!r}"

@@ -437,9 +437,21 @@ class Plan(RankedPlan):
         weighed = self.weigh(text)
         if weighed is None:
             return None
-        scorer, qtids, qw = weighed
-        if not len(qw):
+        if not len(weighed[2]):
             return [], np.zeros(0, np.float32)
+        # One row more than k shows a run of equal scores straddling the k-th place; then
+        # more until the list ends below it: the whole run, in id order, so the first k keep
+        # its smallest ids (``ties.cut_ties``, as the general path cuts it)
+        n = k + 1
+        while True:
+            ids, scores = self._top_ids(snapshot, weighed, n)
+            if len(scores) < n or scores[n - 1] != scores[k - 1]:
+                return ids[:k], scores[:k]
+            n *= 2
+
+    def _top_ids(self, snapshot, weighed, k: int):
+        """(ids, float32 scores) of a weighed query's top k, tie runs in id order."""
+        scorer, qtids, qw = weighed
         if not self.has_ids:  # ids not one plain string chunk somewhere: two steps
             scores, keys = self.top(*weighed, k)
             ids = self.ids(snapshot, scores, keys)
