@@ -230,10 +230,10 @@ class IndexKind(ABC):
     # embedding; kinds that set it also encode texts themselves when a batch has none.
     needs_tokens: ClassVar[bool] = False
     # Scores that often tie (BM25 over integer counts) from an exact per-segment top k: the
-    # pipeline asks each segment for one row more than k to see a run of equal scores
-    # straddling the k-th place, asks again for more until it holds the whole run, and keeps
-    # its members with the smallest ids (``ties.cut_ties``). Kinds of float similarities
-    # (equal only for equal vectors) keep their lists as searched.
+    # pipeline asks each segment for more rows than k (``ties.ask_for``) to see a run of
+    # equal scores straddling the k-th place, asks again for more until it holds the whole
+    # run, and keeps its members with the smallest ids (``ties.cut_ties``). Kinds of float
+    # similarities (equal only for equal vectors) keep their lists as searched.
     completes_ties: ClassVar[bool] = False
 
     def __init__(self, body: str):

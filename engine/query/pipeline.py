@@ -7,7 +7,7 @@ import numpy as np
 
 from polyindex.index.masks import freeze, is_nothing
 from polyindex.index.protocol import Explains, Query, SearchesSnapshot, empty_result, implements
-from polyindex.index.ties import cut_ties, order_ties
+from polyindex.index.ties import ask_for, cut_ties, order_ties
 from polyindex.query.filters import allow_mask
 from polyindex.query.profiles import Profile
 from polyindex.query.pruning import COSTLY_KINDS, abstaining, kept_allow, may_abstain
@@ -59,7 +59,7 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     # asked for, (segment ordinal, rows), for ``_complete_runs``
     asked: dict[int, tuple[int, int]] = {}
     ties = getattr(kind, "completes_ties", False)
-    want = k + 1 if ties else k
+    want = ask_for(k) if ties else k
     stacks = _stacks(snapshot, index, seg_indexes, params)
     runs = _runs(snapshot, kind, index, seg_indexes, params, allow, stacks)
     skip_to = 0
@@ -96,11 +96,14 @@ def _retrieve(snapshot: Snapshot, queries: Sequence[Query], index: str, k: int,
     if asked:
         _complete_runs(snapshot, seg_indexes, prepared, k, params, allow, asked, all_scores,
                        all_keys)
-    scores = np.concatenate(all_scores, axis=1)
-    keys = np.concatenate(all_keys, axis=1)
-    scores = np.where(keys >= 0, scores, -np.inf)
-    top = np.argsort(-scores, axis=1, kind="stable")
-    scores, keys = np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
+    if len(all_scores) == 1:  # one segment's list: best first already
+        scores, keys = all_scores[0], all_keys[0]
+    else:
+        scores = np.concatenate(all_scores, axis=1)
+        keys = np.concatenate(all_keys, axis=1)
+        scores = np.where(keys >= 0, scores, -np.inf)
+        top = np.argsort(-scores, axis=1, kind="stable")
+        scores, keys = np.take_along_axis(scores, top, 1), np.take_along_axis(keys, top, 1)
     if not asked:
         return scores[:, :k], keys[:, :k]
     return cut_ties(scores, keys, k, snapshot.ids_of, snapshot.id_array, _id_ranks(snapshot))
@@ -113,17 +116,19 @@ def _complete_runs(snapshot: Snapshot, seg_indexes, prepared, k: int, params, al
     came back full (every row it was asked for) and ends on that score may stop inside the
     run, so its segment is asked again for twice as many, until it ends below that score or
     holds every row the segment has. Only lists that end on the k-th score are asked again
-    (their own one row more than k tells): a run straddling the cut, not every query."""
+    (the rows asked beyond k tell: ``ties.ask_for``): a run straddling the cut and longer
+    than those rows, not every query."""
     while True:
         full = [pos for pos, (_, n) in asked.items()
                 if all_keys[pos].shape[1] >= n and (all_keys[pos][:, n - 1] >= 0).any()]
         if not full:
             return
-        keys = np.concatenate(all_keys, axis=1)
-        if keys.shape[1] <= k:
-            return
-        scores = np.where(keys >= 0, np.concatenate(all_scores, axis=1), -np.inf)
-        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+        if len(all_keys) == 1:  # one list, best first: its own k-th
+            kth = all_scores[0][:, k - 1]
+        else:
+            keys = np.concatenate(all_keys, axis=1)
+            scores = np.where(keys >= 0, np.concatenate(all_scores, axis=1), -np.inf)
+            kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
         again = [pos for pos in full
                  if ((all_keys[pos][:, asked[pos][1] - 1] >= 0)
                      & (all_scores[pos][:, asked[pos][1] - 1] == kth)).any()]

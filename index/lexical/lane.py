@@ -38,6 +38,7 @@ from polyindex.index.masks import freeze
 from polyindex.index.postings import (SELECT_KEYS_K, _bm25_add, _bm25_add_dense, _select,
                                       _select_dense, _select_keys, dense_pays, readonly)
 from polyindex.index.ranked import RankedPlan
+from polyindex.index.ties import ask_for
 from polyindex.types import Hit
 
 _EMPTY_I32 = readonly(np.zeros(0, np.int32))
@@ -439,10 +440,11 @@ class Plan(RankedPlan):
             return None
         if not len(weighed[2]):
             return [], np.zeros(0, np.float32)
-        # One row more than k shows a run of equal scores straddling the k-th place; then
-        # more until the list ends below it: the whole run, in id order, so the first k keep
-        # its smallest ids (``ties.cut_ties``, as the general path cuts it)
-        n = k + 1
+        # More rows than k show a run of equal scores straddling the k-th place
+        # (``ties.ask_for``); then more until the list ends below it: the whole run, in id
+        # order, so the first k keep its smallest ids (``ties.cut_ties``, as the general
+        # path cuts it)
+        n = ask_for(k)
         while True:
             ids, scores = self._top_ids(snapshot, weighed, n)
             if len(scores) < n or scores[n - 1] != scores[k - 1]:
