@@ -13,7 +13,9 @@ the weights (a new term: one kernel call looks it up in every segment, by each s
 vocabulary hash, and counts its df where the snapshot's df cache lacks it), one kernel call
 that scores each segment (block-max MaxScore where ``blockmax.pays``, else
 term-at-a-time, into the dense buffer where ``postings.dense_pays``: long queries), merges their top k inside the kernel and gathers the k ids (tie runs put in
-id order there), then the hits for the k rows returned only.
+id order there; asked for more than k, ``ties.ask_for``, and again for more while a run of
+equal scores straddles the k-th place, so its smallest ids are kept, as the general path
+keeps them), then the hits for the k rows returned only.
 
 The answer is the general path's, bit for bit: the same weights (``LexicalKind._weigh``), the
 same per-segment kernels (``postings._bm25_add``/``_select``, ``blockmax._query``) with the
