@@ -37,8 +37,7 @@ from polyindex.errors import Corrupt, InvalidArgument
 
 WEIGHTS_FILE = "multivector.codebook.npz"
 META_FILE = "multivector.codebook.json"
-ASSIGN_CHUNK = 65_536  # token rows per residual/scale chunk: bounds the float32 copies
-ASSIGN_ROWS = 8192  # token rows per assignment GEMM (8,192 x 4,096 float32 scores: 128 MB)
+ASSIGN_ROWS = 8192  # token rows per build chunk (assignment: 8,192 x 4,096 float32 scores, 128 MB)
 # Training cost (issue 39: medline's codebook took 23 min of a 35 min index run, now about a
 # minute): k-means on KMEANS_POINTS tokens per centroid, `niter` (default 4, PLAID's) Lloyd
 # steps; the residual PQ and OPQ on PQ_TRAIN residuals (32 per sub-centroid), numpy Lloyd steps.
