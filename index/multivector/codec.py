@@ -7,9 +7,10 @@ a sample of corpus token vectors and saved as collection artifacts:
 
 - centroids: ``faiss.Kmeans`` (seeded; the sample is drawn with the same seed, so training
   is deterministic for a seed);
-- residual: ``faiss.ProductQuantizer(d, M, 8)``: M bytes per token (d must be divisible by M);
+- residual: a product quantizer of 256 sub-centroids per byte (``_pq_kmeans``, encoded by
+  ``_pq_encode``): M bytes per token (d must be divisible by M);
   with ``opq`` (``residual=OPQ<M>``, the default) the residual is first rotated by a learned
-  orthogonal matrix ``R`` (``faiss.OPQMatrix``) that balances its variance over the M
+  orthogonal matrix ``R`` (``_train_opq``) that balances its variance over the M
   sub-spaces. Token embeddings put most of their residual energy in a few directions, so plain
   PQ wastes bytes on quiet sub-spaces; on arguana OPQ32 cut the mean squared reconstruction
   error of unit tokens from 0.236 to 0.182 and raised recall@100 against exact MaxSim from
@@ -24,17 +25,19 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import faiss
+import numba
 import numpy as np
 
 from polyindex.errors import Corrupt, InvalidArgument
 
 WEIGHTS_FILE = "multivector.codebook.npz"
 META_FILE = "multivector.codebook.json"
-ASSIGN_CHUNK = 65_536  # token rows per assignment call: bounds the float32 copy
+ASSIGN_ROWS = 8192  # token rows per build chunk (assignment: 8,192 x 4,096 float32 scores, 128 MB)
 # Training cost (issue 39: medline's codebook took 23 min of a 35 min index run, now about a
 # minute): k-means on KMEANS_POINTS tokens per centroid, `niter` (default 4, PLAID's) Lloyd
 # steps; the residual PQ and OPQ on PQ_TRAIN residuals (32 per sub-centroid), numpy Lloyd steps.
@@ -70,14 +73,59 @@ def one_blas_thread():
 
 @contextmanager
 def faiss_threads(n: int | None = None):
-    """Training and assignment are build-time batch work: use every core for them, then give
-    back the process setting (queries run faiss single-threaded, see ``dense``)."""
+    """faiss's OpenMP threads set to ``n`` (default every core) for a block, then given back
+    (queries run faiss single-threaded, see ``dense``)."""
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(n or os.cpu_count() or 1)
     try:
         yield
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def build_map(fn, n: int, rows: int) -> None:
+    """``fn(start, stop)`` over ``n`` rows in chunks of ``rows``, the chunks spread over one
+    Python thread per core, each running BLAS on one thread (numpy's GEMM and the numba
+    kernels release the GIL). Build-time work as one multi-threaded BLAS call per chunk
+    spent its idle time spinning on a busy machine: the assignment of medline's 194k tokens
+    took 12.3 s of CPU that way, 9.1 s this way, with the same floats (a row's GEMM result
+    does not depend on how many rows share the call); docs/notes/multivector.md."""
+    chunks = [(s, min(n, s + rows)) for s in range(0, n, rows)]
+    workers = min(len(chunks), os.cpu_count() or 1)
+    with one_blas_thread():
+        if workers <= 1:
+            for a, b in chunks:
+                fn(a, b)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="polyindex-mv-build") as pool:
+            for f in [pool.submit(fn, a, b) for a, b in chunks]:
+                f.result()
+
+
+@numba.njit(cache=True, nogil=True)
+def _pq_encode(y, sub_t, out):
+    """PQ codes of rows ``y`` (n, D): per sub-space the nearest of 256 sub-centroids by
+    squared L2, summed per dimension in order, first minimum on ties: the codes
+    ``faiss.ProductQuantizer.compute_codes`` gives (identical on medline's 6.2M sub-codes)
+    at 2.3x less CPU here. ``sub_t``: (M, D/M, 256) (a sub-centroid per column)."""
+    n = y.shape[0]
+    m, ds, ksub = sub_t.shape
+    acc = np.empty(ksub, np.float32)
+    for i in range(n):
+        for j in range(m):
+            acc[:] = 0
+            for k in range(ds):
+                v = y[i, j * ds + k]
+                for c in range(ksub):
+                    t = v - sub_t[j, k, c]
+                    acc[c] += t * t
+            best = 0
+            low = acc[0]
+            for c in range(1, ksub):
+                if acc[c] < low:
+                    low = acc[c]
+                    best = c
+            out[i, j] = best
 
 
 class Codebook:
@@ -108,14 +156,16 @@ class Codebook:
     def assign(self, x: np.ndarray) -> np.ndarray:
         """Nearest centroid (L2) of each row, int64: argmax of x.c - |c|^2 / 2, one numpy
         matmul per chunk (measured here 3.5x faster than faiss.IndexFlatL2's search, whose
-        bundled BLAS is slower than numpy's; assignment is most of a segment's build time)."""
+        bundled BLAS is slower than numpy's; assignment is most of a segment's build time),
+        the chunks over ``build_map``'s threads."""
         ct, half_norm = self._centroids_t()
         out = np.empty(len(x), np.int64)
-        for s in range(0, len(x), ASSIGN_CHUNK // 8):
-            part = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK // 8], dtype=np.float32)
-            scores = part @ ct
+
+        def chunk(a, b):
+            scores = np.ascontiguousarray(x[a:b], dtype=np.float32) @ ct
             scores -= half_norm
-            out[s:s + len(part)] = scores.argmax(1)
+            out[a:b] = scores.argmax(1)
+        build_map(chunk, len(x), ASSIGN_ROWS)
         return out
 
     def _centroids_t(self):
@@ -126,21 +176,22 @@ class Codebook:
                            0.5 * (self.centroids.astype(np.float64) ** 2).sum(1).astype(np.float32))
         return self._index
 
-    def _product_quantizer(self):
+    def _sub_t(self):
+        """The PQ sub-centroids as (M, D/M, 256), made once: ``_pq_encode``'s inner loop runs
+        over 256 contiguous sub-centroids (vectorized)."""
         if self._pq is None:
-            pq = faiss.ProductQuantizer(self.d_res, self.m, 8)
-            faiss.copy_array_to_vector(self.pq_centroids.ravel(), pq.centroids)
-            self._pq = pq
+            self._pq = np.ascontiguousarray(self.pq_centroids.transpose(0, 2, 1))
         return self._pq
 
     def residual_codes(self, x: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """(n, M) uint8 PQ codes of ``x - centroid``."""
+        """(n, M) uint8 PQ codes of ``x - centroid`` (rotated first with OPQ)."""
         out = np.empty((len(x), self.m), np.uint8)
-        pq = self._product_quantizer()
-        for s in range(0, len(x), ASSIGN_CHUNK):
-            r = np.ascontiguousarray(x[s:s + ASSIGN_CHUNK], dtype=np.float32) \
-                - self.centroids[codes[s:s + ASSIGN_CHUNK]]
-            out[s:s + len(r)] = pq.compute_codes(self._rotate(r))
+        sub_t = self._sub_t()
+
+        def chunk(a, b):
+            r = np.ascontiguousarray(x[a:b], dtype=np.float32) - self.centroids[codes[a:b]]
+            _pq_encode(self._rotate(r), sub_t, out[a:b])
+        build_map(chunk, len(x), ASSIGN_ROWS)
         return out
 
     def decode(self, codes: np.ndarray, rcodes: np.ndarray | None) -> np.ndarray:
@@ -169,13 +220,15 @@ class Codebook:
         ``|x|``; the first overshoots for partners that are less parallel. A cosine below 1/2
         (a failed reconstruction) counts as 1/2, so noise is not blown up."""
         out = np.empty(len(codes), np.float16)
-        for s in range(0, len(codes), ASSIGN_CHUNK):
-            xh = self.decode(codes[s:s + ASSIGN_CHUNK], rcodes[s:s + ASSIGN_CHUNK])
-            xs = np.asarray(x[s:s + ASSIGN_CHUNK], np.float32)
+
+        def chunk(a, b):
+            xh = self.decode(codes[a:b], rcodes[a:b])
+            xs = np.asarray(x[a:b], np.float32)
             nx = np.linalg.norm(xs, axis=1)
             nxh = np.maximum(np.linalg.norm(xh, axis=1), 1e-6)
             cos = np.clip((xs * xh).sum(1) / np.maximum(nx * nxh, 1e-12), 0.5, 1.0)
-            out[s:s + len(xh)] = nx / (nxh * cos ** PARALLEL)
+            out[a:b] = nx / (nxh * cos ** PARALLEL)
+        build_map(chunk, len(codes), ASSIGN_ROWS)
         return out
 
     def signature(self, x: np.ndarray) -> np.ndarray:
@@ -262,23 +315,26 @@ def train(x: np.ndarray, k: int, m: int, *, seed: int = 0, niter: int = 4,
     take = min(n, max(points_per_centroid * k_eff, KMEANS_MIN_SAMPLE))
     sample = x[np.sort(rng.choice(n, take, replace=False))] if take < n else x
     sample = np.ascontiguousarray(sample, dtype=np.float32)
-    with faiss_threads():
+    # one thread: faiss's OpenMP and OpenBLAS threads spun on a busy machine (training 20.2 s
+    # of CPU for medline, 8.6 s on one thread; the same centroids, rotation and PQ). The
+    # k-means is bounded (KMEANS_POINTS x K tokens), so its wall time is too.
+    with faiss_threads(1), one_blas_thread():
         km = faiss.Kmeans(d, k_eff, niter=niter, seed=seed, verbose=False,
                           max_points_per_centroid=take // k_eff + 1,
                           min_points_per_centroid=1)
         km.train(sample)
         centroids = km.centroids.copy()
-    pq_centroids = None
-    if m:
-        pq_take = min(n, max(PQ_TRAIN, PQ_TRAIN_VALUES // d))
-        pq_sample = np.ascontiguousarray(
-            x[np.sort(rng.choice(n, pq_take, replace=False))], dtype=np.float32)
-        codes = Codebook(centroids, None, None, None, {}).assign(pq_sample)
-        resid = np.ascontiguousarray(pq_sample - centroids[codes])
-        if opq:
-            rotation, pq_centroids = _train_opq(resid, m, d_res, seed)
-        else:
-            pq_centroids, _ = _pq_kmeans(resid, m, PQ_NITER, seed)
+        pq_centroids = None
+        if m:
+            pq_take = min(n, max(PQ_TRAIN, PQ_TRAIN_VALUES // d))
+            pq_sample = np.ascontiguousarray(
+                x[np.sort(rng.choice(n, pq_take, replace=False))], dtype=np.float32)
+            codes = Codebook(centroids, None, None, None, {}).assign(pq_sample)
+            resid = np.ascontiguousarray(pq_sample - centroids[codes])
+            if opq:
+                rotation, pq_centroids = _train_opq(resid, m, d_res, seed)
+            else:
+                pq_centroids, _ = _pq_kmeans(resid, m, PQ_NITER, seed)
     sig_proj = sig_mean = None
     sig_proj, sig_mean = signature_basis(centroids, bits)
     meta = {"k": k_eff, "k_asked": k, "m": m, "opq": rotation is not None,

@@ -194,23 +194,36 @@ class MultivectorKind(IndexKind):
         return self.token_encoder().encode_documents(texts, salience=self.wants_salience)[1]
 
     def _flatten(self, toks: Sequence[DocTokens]):
-        """Concatenated kept vectors (float16/32), lengths, and per-token salience / ids."""
-        vecs, lengths, sal, ids = [], [], [], []
+        """Concatenated kept vectors (float16/32), lengths, and per-token salience / ids. The
+        kept rows are copied once, into one array (a copy per document and then a
+        concatenation took 0.9 s of CPU for medline's 194k tokens, twice per segment)."""
+        mats, sels, lengths, sal, ids = [], [], [], [], []
         for i, t in enumerate(toks):
             v = np.asarray(t.vectors)
             if v.ndim != 2:
                 raise InvalidArgument(f"multivector: document {i}: token vectors must be "
                                       f"(n_tokens, d), got shape {v.shape}")
-            sel = np.ones(len(v), bool) if self.special == "keep" or t.special is None \
+            sel = None if self.special == "keep" or t.special is None \
                 else ~np.asarray(t.special, bool)
-            vecs.append(v[sel])
-            lengths.append(int(sel.sum()))
-            sal.append(None if t.salience is None else np.asarray(t.salience, np.float32)[sel])
-            ids.append(None if t.token_ids is None else np.asarray(t.token_ids)[sel])
-        d = vecs[0].shape[1] if vecs else 0
-        if any(v.shape[1] != d for v in vecs):
+            mats.append(v)
+            sels.append(sel)
+            lengths.append(len(v) if sel is None else int(sel.sum()))
+            sal.append(None if t.salience is None else
+                       np.asarray(t.salience, np.float32)[sel if sel is not None else slice(None)])
+            ids.append(None if t.token_ids is None else
+                       np.asarray(t.token_ids)[sel if sel is not None else slice(None)])
+        d = mats[0].shape[1] if mats else 0
+        if any(v.shape[1] != d for v in mats):
             raise InvalidArgument("multivector: token vectors of one batch differ in dimension")
-        x = np.concatenate(vecs) if vecs else np.zeros((0, d), np.float32)
+        dtype = np.result_type(*mats) if mats else np.float32
+        x = np.empty((sum(lengths), d), dtype)
+        at = 0
+        for v, sel, n in zip(mats, sels, lengths):
+            if sel is None:
+                x[at:at + n] = v
+            else:
+                np.compress(sel, v, axis=0, out=x[at:at + n])
+            at += n
         return x, np.asarray(lengths, np.int64), sal, ids
 
     # -- collection-level training -----------------------------------------------------------
