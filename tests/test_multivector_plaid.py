@@ -8,6 +8,7 @@ import pytest
 
 from polyindex import InvalidArgument
 from polyindex.index.multivector import kernels as mk
+from polyindex.index.postings import half_lut
 from polyindex.index.registry import from_factory
 
 from test_multivector import clustered_tokens, queries
@@ -121,3 +122,58 @@ def test_depths_in_the_factory_string_and_search_params(tmp_path):
     for params in ({"tcs": "x"}, {"ncandidates": "-2"}):
         with pytest.raises(InvalidArgument, match="ncandidates"):
             kind.prepare(queries(1), segs, [None], params, {})
+
+
+def test_final_pass_register_columns(monkeypatch):
+    """The final pass keeps a short query's columns in registers (``REGISTER_COLUMNS``) and
+    loops over a long one's: both are the decoded tokens' MaxSim (numpy reference); a query's
+    own narrow tables and a batch's wider stack give the same bits (the register path reads
+    only the query's columns); one thread or the pool, the same bits; the torch twin agrees."""
+    rng = np.random.default_rng(8)
+    k, m = 64, 8
+    off, codes = corpus(rng, k)
+    res = rng.integers(0, 256, (int(off[-1]), m)).astype(np.uint8)
+    scale = rng.uniform(0.8, 1.25, int(off[-1])).astype(np.float16).view(np.uint16)
+    half = half_lut()
+    nqts = [1, 3, 8, 9, 13, 6]  # both sides of REGISTER_COLUMNS = 8
+    assert min(nqts) <= mk.REGISTER_COLUMNS < max(nqts)
+    luts = [rng.uniform(-0.3, 0.9, (k, t)).astype(np.float32) for t in nqts]
+    pqs = [rng.normal(0, 0.05, (m, 256, t)).astype(np.float32) for t in nqts]
+    T = max(nqts) + 3  # wider than any query: the stack's extra columns hold junk
+    L = rng.uniform(5, 9, (len(nqts), k, T)).astype(np.float32)
+    P = rng.uniform(5, 9, (len(nqts), m, 256, T)).astype(np.float32)
+    for i, t in enumerate(nqts):
+        L[i, :, :t], P[i, ..., :t] = luts[i], pqs[i]
+    cands = [rng.choice(400, size=s, replace=False).astype(np.int64) for s in (90, 40, 7, 60, 1, 30)]
+    cands[0][:3] = [0, 1, 2]  # empty documents score 0
+    cand, qid = np.concatenate(cands), np.repeat(np.arange(len(nqts)), [len(c) for c in cands])
+    nqt = np.array(nqts, np.int64)
+    batch = np.empty(len(cand), np.float32)
+    mk.final_pass_pq_batch(L, P, nqt, qid, off, codes, res, scale, half, cand, batch)
+    vals = half[scale]
+    at = 0
+    for i, c in enumerate(cands):
+        one = np.empty(len(c), np.float32)
+        mk.final_pass_pq(luts[i], pqs[i], off, codes, res, scale, half, c, one)
+        assert np.array_equal(one, batch[at:at + len(c)]), nqts[i]
+        # reference: every stored token's score decoded in numpy, then MaxSim
+        tok = (luts[i][codes] + sum(pqs[i][j][res[:, j]] for j in range(m))) * vals[:, None]
+        ref = [0.0 if off[r] == off[r + 1] else tok[off[r]:off[r + 1]].max(0).sum() for r in c]
+        np.testing.assert_allclose(one, ref, rtol=1e-5, atol=1e-5)
+        at += len(c)
+    assert (batch[:3] == 0).all()
+    for low in (0, 10**9):
+        monkeypatch.setattr(mk, "PARALLEL_MIN", low)
+        with mk.threads_for(len(cand)):
+            again = np.empty(len(cand), np.float32)
+            mk.final_pass_pq_batch(L, P, nqt, qid, off, codes, res, scale, half, cand, again)
+        assert np.array_equal(again, batch)
+    pytest.importorskip("torch")
+    from polyindex.cuda.multivector import Kernels
+    got = np.empty(len(cand), np.float32)
+    Lz, Pz = np.zeros_like(L), np.zeros_like(P)  # the twin's stack: zero past each query
+    for i, t in enumerate(nqts):
+        Lz[i, :, :t], Pz[i, ..., :t] = luts[i], pqs[i]
+    Kernels("cpu", half).final_pass_pq_batch(Lz, Pz, nqt, qid, off, codes, res, scale, half,
+                                             cand, got)
+    np.testing.assert_allclose(got, batch, rtol=1e-5, atol=1e-5)
