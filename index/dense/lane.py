@@ -126,15 +126,15 @@ class Plan(RankedPlan):
             lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
 
     def _ranked(self, snapshot, vector, k: int):
-        """(ids, float32 scores) of a vector's top k; None: the general path answers."""
+        """(ids, scores: float32, or float64 from the small part) of a vector's top k; None:
+        the general path answers."""
         small = self.small
         if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
                 and vector.shape == (self.dim,) and vector.flags.c_contiguous:
             # None: a tie at the k-th place or an unusual vector, searched (or told) below
-            got = small.search(vector, k, _MAX_SQ)
-            if got is not None:  # equal scores in id order already
-                scores, rows = got
-                return small.ids[rows].tolist(), scores
+            got = small.rank(vector, k, _MAX_SQ)
+            if got is not None:  # equal scores in id order already; float64 scores
+                return got
         if type(vector) is np.ndarray and vector.dtype == np.float32:
             v = vector
         else:
