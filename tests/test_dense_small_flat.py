@@ -185,3 +185,48 @@ def test_top_k_against_a_sort(eng):
     for bad in (np.zeros(4, np.float32), np.full(4, np.nan, np.float32)):
         assert small_flat.top_k(np.ones(3, np.float32), bad, 1e30, 2, np.arange(3, dtype=np.int32),
                                 np.empty(3, np.int64), np.empty(2)) == -2
+
+
+def test_the_kernel_scores_through_faiss_own_function(tied, monkeypatch):
+    """``scan_top_k`` calls faiss's ``fvec_inner_products_ny`` through its address: the same
+    rows and score bits as ``_ny``'s scores handed to ``top_k``, and without the address (a
+    faiss build whose library does not show it) the lane answers the same."""
+    coll, x = tied
+    assert small_flat.NY_AT  # the faiss-cpu wheel this project pins
+    small = plan_of(coll).small
+    rng = np.random.default_rng(9)
+    for q in list(rng.standard_normal((10, 16)).astype(np.float32)) + [x[5], x[20]]:
+        for k in (1, 4, 10, 80, 81):
+            m = min(k, small.n)
+            want_rows, want_top = np.empty(m + 1, np.int64), np.empty(m)
+            scores = np.empty(small.n, np.float32)
+            small_flat._ny(small_flat._ptr(scores), small_flat._ptr(q), small.xb_ptr,
+                           small.d, small.n)
+            want = small_flat.top_k(scores, q, 1e30, k, small.ranks, want_rows, want_top)
+            rows, top = np.empty(m + 1, np.int64), np.empty(m)
+            got = small_flat.scan_top_k(small_flat.NY_AT, q, small.xb, small.d, 1e30, k,
+                                        small.ranks, rows, top)
+            assert got == want
+            if got > 0:
+                assert rows[:got].tolist() == want_rows[:got].tolist()
+                assert top.tobytes() == want_top.tobytes()
+    hits = {k: key(coll.query(vector=x[20], k=k, profile="dense")) for k in (1, 2, 5, 80)}
+    monkeypatch.setattr(small_flat, "NY_AT", 0)
+    for k, want in hits.items():
+        assert key(coll.query(vector=x[20], k=k, profile="dense")) == want
+
+
+def test_vectors_copied_to_a_cache_line(tied):
+    """A memory-mapped flat index's codes start off a cache line (the file's header); the
+    small part scans an aligned copy with the same bits, and an aligned array is kept."""
+    coll, _ = tied
+    small = plan_of(coll).small
+    assert small.xb.ctypes.data % small_flat.ALIGN == 0 and not small.xb.flags.writeable
+    codes = faiss.rev_swig_ptr(small.index.get_xb(), small.n * small.d)
+    assert small.xb.tobytes() == codes.tobytes()
+    raw = np.empty(1000 + 16, np.float32)
+    off = raw[(-raw.ctypes.data % 64) // 4 + 1:][:1000]  # 4 bytes past a line
+    assert small_flat.aligned(off).ctypes.data % 64 == 0
+    assert small_flat.aligned(off).tobytes() == off.tobytes()
+    on = raw[(-raw.ctypes.data % 64) // 4:][:1000]
+    assert small_flat.aligned(on) is on
