@@ -35,6 +35,7 @@ SMALL_FLAT = 1 << 16  # rows; past it the scan dominates and faiss's own search 
 # model sizes do not), so their segments keep faiss's search: answers never change with the path
 MIN_DIM = 13
 ALIGN = 64  # a cache line
+_I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)
 ALIGN_COPY = 64 << 20  # bytes: the most vectors ``aligned`` copies (44k rows of 384 floats)
 
 
@@ -42,8 +43,8 @@ ALIGN_COPY = 64 << 20  # bytes: the most vectors ``aligned`` copies (44k rows of
 def top_k(scores, v, max_sq, k, ranks, rows, top):
     """The best ``m = min(k, n)`` rows of ``scores`` in (score desc, id asc) order
     (``ranks``: each row's place in the segment's id order, ``Segment.id_ranks``: ties in id
-    order, as ``order_ties`` puts them) written to ``rows`` (``m + 1`` long: the heap's room)
-    and their scores as float64 to ``top`` (``m`` long: ``Hit.score``'s values, no second
+    order, as ``order_ties`` puts them) written to ``rows`` (``m`` long) and their scores as
+    float64 to ``top`` (``m`` long: ``Hit.score``'s values, no second
     conversion); returns ``m``, or -1 when the (k+1)-th score equals the k-th (a tie at the
     boundary: which rows faiss keeps there is its heap's choice) and -2 when the query ``v``
     is not one the lane takes (its squared norm, in float32 as faiss's check, not in
@@ -77,7 +78,7 @@ def _select(scores, k, ranks, rows, top):
     m = min(k, n)
     cap = min(k + 1, n)  # one more than k where there is one: a tie at the k-th place shows
     hs = np.empty(cap, np.float32)
-    hr = rows
+    hr = np.empty(cap, np.int64)
     for i in range(cap):
         _push(hs, hr, i, scores[i], i)
     low = hs[0]
@@ -94,6 +95,7 @@ def _select(scores, k, ranks, rows, top):
         return -1
     _ties_by_rank(hr, hs, m, ranks)
     for i in range(m):
+        rows[i] = hr[i]
         top[i] = hs[i]
     return m
 
@@ -205,12 +207,13 @@ class SmallFlat:
     live: its vectors (a view of faiss's codes, or their aligned copy: ``aligned``) and its
     ids as an object array."""
 
-    __slots__ = ("n", "d", "xb", "xb_ptr", "ids", "ranks", "index")
+    __slots__ = ("n", "d", "shape", "xb", "xb_ptr", "ids", "ranks", "index")
 
     def __init__(self, seg):
         base = faiss.downcast_index(seg.index)
         self.index = base  # keeps the codes ``xb`` views alive
         self.n, self.d = base.ntotal, base.d
+        self.shape = (self.d,)  # a query vector's
         self.xb = aligned(faiss.rev_swig_ptr(base.get_xb(), self.n * self.d))
         self.xb_ptr = _ptr(self.xb)
         self.ids = np.array(seg._docs.ids_at(np.arange(self.n, dtype=np.int64)), dtype=object)
@@ -222,8 +225,8 @@ class SmallFlat:
         vector the lane does not take (``top_k``)."""
         n = self.n
         m = k if k < n else n
-        rows = np.empty(m + 1, np.int64)
-        top = np.empty(m, np.float64)
+        rows = np.empty(m, _I64)
+        top = np.empty(m, _F64)
         if NY_AT:
             got = scan_top_k(NY_AT, v, self.xb, self.d, max_sq, k, self.ranks, rows, top)
         else:
@@ -232,7 +235,7 @@ class SmallFlat:
             got = top_k(scores, v, max_sq, k, self.ranks, rows, top)
         if got < 0:
             return None
-        return self.ids[rows[:m]].tolist(), top
+        return self.ids[rows].tolist(), top
 
 
 def aligned(xb: np.ndarray) -> np.ndarray:
