@@ -50,13 +50,14 @@ def layers(coll, flat, vecs, k: int) -> dict:
     snap = coll.view()
     plan = snap.cache[vector_lane.LANE_CACHE]["dense"]
     rows = [v.reshape(1, -1) for v in vecs]
-    dist, keys = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
     ptr = faiss.swig_ptr
-    dp, kp = ptr(dist), ptr(keys)
+    dist, keys = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
     from polyindex.index.dense.lane import _MAX_SQ
     out = {
         "faiss search": lambda: [flat.search(r, k) for r in rows],
-        "faiss search_c": lambda: [flat.search_c(1, ptr(r), k, dp, kp, None) for r in rows],
+        # the outputs' pointers taken in the call: the lambda keeps the arrays alive
+        "faiss search_c": lambda: [flat.search_c(1, ptr(r), k, ptr(dist), ptr(keys), None)
+                                   for r in rows],
         "plan._ranked": lambda: [plan._ranked(snap, v, k) for v in vecs],
         "plan.rank": lambda: [plan.rank(snap, v, k) for v in vecs],
         "answer": lambda: [vector_lane.answer(coll, "rank", None, [v], None, None, k, "dense",
