@@ -1,7 +1,9 @@
 """The accelerator's encode path (tokenizing threads ahead of the model) gives the embeddings
 ``SentenceTransformer.encode`` gives, in the input's order, and reports every text once. It
-runs on the CPU here with the real model; on a GPU only the device differs."""
+runs on the CPU here with the real model; on a GPU only the device differs. One text on the
+CPU (a query: ``Encoder._one``) gives ``model.encode``'s vector bit for bit."""
 import numpy as np
+import pytest
 
 from polyindex.encode import pipelined
 from polyindex.encode.text import get_encoder
@@ -23,6 +25,7 @@ def test_pipelined_encoding_matches_the_models_own():
     assert np.abs(pipelined.encode(enc.model, TEXTS[:5], 8, 4) - want[:5]).max() < 1e-5
 
 
+@pytest.mark.slow  # loads the model in a second precision
 def test_one_text_is_the_models_own_encode_bit_for_bit():
     """A query's encoding (``Encoder.encode`` of one text on the CPU: ``_one``, without
     ``model.encode``'s per-call work) gives ``model.encode``'s vector, bit for bit, in both
