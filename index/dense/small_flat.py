@@ -4,10 +4,12 @@ part for the commonest small collection (one compacted ``Flat`` inner-product se
 A flat search of 82-1,033 vectors is 7-50 us, and faiss's own ``search`` (its Python
 wrapper, an OpenMP region, a heap per query) plus the lane's per-query Python around it cost
 as much again (issue 38: 0.17-0.53x raw ``IndexFlatIP.search`` without query encoding).
-Here a query is one call of faiss's own ``fvec_inner_products_ny`` (the kernel its flat
-search scores rows with for a single query: the same float32 bits, checked by a test), one
-numba call selecting the top k in (score desc, row asc) order, and the ids from an object
-array of the segment's ids made once (``SMALL_FLAT`` rows at most: ~70 bytes a row).
+Here a query is one numba call (``scan_top_k``) that scores the rows with faiss's own
+``fvec_inner_products_ny`` (the kernel its flat search scores rows with for a single query:
+the same float32 bits, checked by a test), called through its address, and keeps the top k
+in a heap, writing rows and float64 scores into arrays the caller made; then the ids from an
+object array of the segment's ids made once (``SMALL_FLAT`` rows at most: ~70 bytes a row).
+The rows scanned are on a cache line (``aligned``). Measured: docs/notes/query-cost-and-memory.md.
 
 Which rows of a run of equal scores straddling the k-th place faiss keeps is its heap's
 business, so a query whose (k+1)-th score equals its k-th returns None and the lane searches
