@@ -15,8 +15,10 @@ default ``lexical:bm25,k1=1.5,b=0.75``), and ``coll.query_ids`` (the same answer
 Dense (``--parts dense``): ``coll.query(vector=v, k=k, profile="dense")`` (and ``query_ids``) beside raw FAISS
 ``IndexFlatIP.search`` on the same stored embeddings (query encoding excluded), and
 ``coll.query(text, profile="dense")`` beside ``model.encode`` + ``IndexFlatIP.search``
-(encoding included: the collection's own query encoder, the one ``coll.query(text)`` runs, on
-both sides). The dense collections use the shipped model (float32) and are built under
+(encoding included: the collection's own model object, the one ``coll.query(text)`` runs, on
+both sides; the peer calls sentence-transformers' ``SentenceTransformer.encode([text],
+normalize_embeddings=True)``, what a user of that library and FAISS writes, and gets the
+vectors polyindex gets, bit for bit). The dense collections use the shipped model (float32) and are built under
 ``--work`` (default ``/tmp/<user>-bench-peers``), once; ``--data DIR`` reads them instead from a
 data directory that already holds them (e.g. copies of the shared cache's collections, which
 carry lexical and dense indexes), never writing there.
@@ -215,10 +217,12 @@ def part_dense(names, ks, rounds: int, max_queries: int, work: Path,
         flat.add(emb)
         queries = [t for _, t in common.read_queries(folder)][:max_queries]
         encoder = coll.encoding.encoder  # what ``coll.query(text)`` encodes with
+        st = encoder.model  # its sentence-transformers model, loaded once, the same weights
 
-        def encode(texts, encoder=encoder):
-            return np.ascontiguousarray(encoder.encode(texts, chunk=len(texts)),
-                                        dtype=np.float32)
+        def encode(texts, st=st):
+            """What a sentence-transformers user writes: the model's own ``encode``."""
+            return st.encode(texts, normalize_embeddings=True, convert_to_numpy=True,
+                             show_progress_bar=False).astype(np.float32, copy=False)
         qv = encode(queries)
         vecs = [qv[i] for i in range(len(qv))]
         rows = [qv[i:i + 1] for i in range(len(qv))]

@@ -57,13 +57,13 @@ def test_ties_in_id_order_and_a_tie_at_the_kth_place_goes_to_faiss(tied, monkeyp
     coll, x = tied
     plan = plan_of(coll)
     calls = []
-    real = small_flat.SmallFlat.search
+    real = small_flat.SmallFlat.rank
 
     def spy(self, v, k, max_sq):
         got = real(self, v, k, max_sq)
         calls.append(got is None)
         return got
-    monkeypatch.setattr(small_flat.SmallFlat, "search", spy)
+    monkeypatch.setattr(small_flat.SmallFlat, "rank", spy)
     hits = coll.query(vector=x[5], k=5, profile="dense")  # the run of five is the top five
     assert calls == [False]
     assert [h.id for h in hits] == sorted(f"d{79 - i}" for i in range(5, 10))
@@ -130,9 +130,10 @@ def test_unusual_vectors_get_the_general_errors(eng):
             coll.query(vector=bad, k=5, profile="dense")
 
 
-def test_partition_path_for_large_k(eng, monkeypatch):
-    """Past ``INSERT_K`` the top k is found by a partition: the same hits, and a tie run
-    across the k-th place (rows 140..160 score alike, places 141..161) goes to faiss."""
+def test_large_k_and_a_tie_run_across_it(eng, monkeypatch):
+    """Every k is kept in one heap of k + 1: the same hits at k past 128 (the old partition's
+    range) as at small k, and a tie run across the k-th place (rows 140..160 score alike,
+    places 141..161) goes to faiss."""
     x = np.zeros((300, 16), np.float32)
     x[:, 0] = -np.arange(300, dtype=np.float32)
     x[:, 1] = 1.0
@@ -141,17 +142,89 @@ def test_partition_path_for_large_k(eng, monkeypatch):
     coll.add([{"id": f"d{(i * 7919) % 300:03d}", "vector": x[i]} for i in range(300)])
     q = np.eye(16, dtype=np.float32)[0]
     calls = []
-    real = small_flat.SmallFlat.search
-    monkeypatch.setattr(small_flat.SmallFlat, "search", lambda self, v, k, mx: calls.append(
+    real = small_flat.SmallFlat.rank
+    monkeypatch.setattr(small_flat.SmallFlat, "rank", lambda self, v, k, mx: calls.append(
         k) or real(self, v, k, mx))
-    assert small_flat.INSERT_K < 130
-    for k in (130, 140, 150, 161, 170, 300, 400):
+    for k in (1, 130, 140, 150, 161, 170, 300, 400):
         got = coll.query(vector=q, k=k, profile="dense")
         assert key(got) == key(general(coll, q, k)), k
-    assert calls == [130, 140, 150, 161, 170, 300, 400]
+        assert coll.query_ids(vector=q, k=k, profile="dense").hits() == got
+    assert calls == [1, 1, 130, 130, 140, 140, 150, 150, 161, 161, 170, 170, 300, 300,
+                     400, 400]
     ranks = np.arange(300, dtype=np.int32)[::-1].copy()  # ids in reverse row order
-    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150, ranks)
+    m = small_flat.top_k(x[:, 0].copy(), q, 1e30, 150, ranks, np.empty(150, np.int64), np.empty(150))
     assert m == -1  # the straddling run: faiss decides
-    rows, top, m, tied = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170, ranks)
-    assert m == 170 and tied and list(rows[:5]) == [0, 1, 2, 3, 4]
+    rows, top = np.empty(170, np.int64), np.empty(170)
+    m = small_flat.top_k(x[:, 0].copy(), q, 1e30, 170, ranks, rows, top)
+    assert m == 170 and list(rows[:5]) == [0, 1, 2, 3, 4] and top.dtype == np.float64
     assert list(rows[140:161]) == list(range(160, 139, -1))  # the tie run by rank
+    assert top.tolist() == x[rows, 0].tolist()
+
+
+def test_top_k_against_a_sort(eng):
+    """The heap against numpy's sort by (score desc, id rank asc) on random scores with many
+    equal values, every k from 1 to n + 1 (n and n + 1: all rows), in rows of any order."""
+    rng = np.random.default_rng(8)
+    q = np.ones(4, np.float32)
+    for n in (1, 2, 7, 64, 300):
+        for _ in range(4):
+            scores = rng.integers(0, max(2, n // 3), n).astype(np.float32) / 7
+            ranks = rng.permutation(n).astype(np.int32)
+            order = np.lexsort((ranks, -scores))  # score desc, then id rank
+            for k in range(1, n + 2):
+                kk = min(k, n)
+                rows, top = np.empty(kk, np.int64), np.empty(kk)
+                m = small_flat.top_k(scores, q, 1e30, k, ranks, rows, top)
+                if kk < n and scores[order[kk]] == scores[order[kk - 1]]:
+                    assert m == -1, (n, k)
+                    continue
+                assert m == kk and rows.tolist() == order[:kk].tolist(), (n, k)
+                assert top.tolist() == scores[order[:kk]].astype(np.float64).tolist()
+    for bad in (np.zeros(4, np.float32), np.full(4, np.nan, np.float32)):
+        assert small_flat.top_k(np.ones(3, np.float32), bad, 1e30, 2, np.arange(3, dtype=np.int32),
+                                np.empty(2, np.int64), np.empty(2)) == -2
+
+
+def test_the_kernel_scores_through_faiss_own_function(tied, monkeypatch):
+    """``scan_top_k`` calls faiss's ``fvec_inner_products_ny`` through its address: the same
+    rows and score bits as ``_ny``'s scores handed to ``top_k``, and without the address (a
+    faiss build whose library does not show it) the lane answers the same."""
+    coll, x = tied
+    assert small_flat.NY_AT  # the faiss-cpu wheel this project pins
+    small = plan_of(coll).small
+    rng = np.random.default_rng(9)
+    for q in list(rng.standard_normal((10, 16)).astype(np.float32)) + [x[5], x[20]]:
+        for k in (1, 4, 10, 80, 81):
+            m = min(k, small.n)
+            want_rows, want_top = np.empty(m, np.int64), np.empty(m)
+            scores = np.empty(small.n, np.float32)
+            small_flat._ny(small_flat._ptr(scores), small_flat._ptr(q), small.xb_ptr,
+                           small.d, small.n)
+            want = small_flat.top_k(scores, q, 1e30, k, small.ranks, want_rows, want_top)
+            rows, top = np.empty(m, np.int64), np.empty(m)
+            got = small_flat.scan_top_k(small_flat.NY_AT, q, small.xb, small.d, 1e30, k,
+                                        small.ranks, rows, top)
+            assert got == want
+            if got > 0:
+                assert rows[:got].tolist() == want_rows[:got].tolist()
+                assert top.tobytes() == want_top.tobytes()
+    hits = {k: key(coll.query(vector=x[20], k=k, profile="dense")) for k in (1, 2, 5, 80)}
+    monkeypatch.setattr(small_flat, "NY_AT", 0)
+    for k, want in hits.items():
+        assert key(coll.query(vector=x[20], k=k, profile="dense")) == want
+
+
+def test_vectors_copied_to_a_cache_line(tied):
+    """A memory-mapped flat index's codes start off a cache line (the file's header); the
+    small part scans an aligned copy with the same bits, and an aligned array is kept."""
+    coll, _ = tied
+    small = plan_of(coll).small
+    assert small.xb.ctypes.data % small_flat.ALIGN == 0 and not small.xb.flags.writeable
+    codes = faiss.rev_swig_ptr(small.index.get_xb(), small.n * small.d)
+    assert small.xb.tobytes() == codes.tobytes()
+    raw = np.empty(1000 + 16, np.float32)
+    off = raw[(-raw.ctypes.data % 64) // 4 + 1:][:1000]  # 4 bytes past a line
+    assert small_flat.aligned(off).ctypes.data % 64 == 0
+    assert small_flat.aligned(off).tobytes() == off.tobytes()
+    on = raw[(-raw.ctypes.data % 64) // 4:][:1000]
+    assert small_flat.aligned(on) is on

@@ -45,6 +45,7 @@ _norm_sq = getattr(_C, "fvec_norm_L2sqr", faiss.fvec_norm_L2sqr)
 _norms_sq = getattr(_C, "fvec_norms_L2sqr", faiss.fvec_norms_L2sqr)
 _omp_threads = getattr(_C, "omp_get_max_threads", faiss.omp_get_max_threads)
 _SMALL = ("small-flat",)  # a segment's ``SmallFlat`` in its ``lane_parts``
+_F32 = np.dtype(np.float32)  # a vector's dtype ``is`` it: the fast part's check (~30 ns less)
 
 
 class Plan(RankedPlan):
@@ -126,15 +127,15 @@ class Plan(RankedPlan):
             lambda x, k: dense_stack.search(prep, x, k, kwargs)), None, None)
 
     def _ranked(self, snapshot, vector, k: int):
-        """(ids, float32 scores) of a vector's top k; None: the general path answers."""
+        """(ids, scores: float32, or float64 from the small part) of a vector's top k; None:
+        the general path answers."""
         small = self.small
-        if small is not None and type(vector) is np.ndarray and vector.dtype == np.float32 \
-                and vector.shape == (self.dim,) and vector.flags.c_contiguous:
+        if small is not None and type(vector) is np.ndarray and vector.dtype is _F32 \
+                and vector.shape == small.shape and vector.flags.c_contiguous:
             # None: a tie at the k-th place or an unusual vector, searched (or told) below
-            got = small.search(vector, k, _MAX_SQ)
-            if got is not None:  # equal scores in id order already
-                scores, rows = got
-                return small.ids[rows].tolist(), scores
+            got = small.rank(vector, k, _MAX_SQ)
+            if got is not None:  # equal scores in id order already; float64 scores
+                return got
         if type(vector) is np.ndarray and vector.dtype == np.float32:
             v = vector
         else:
