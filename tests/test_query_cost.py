@@ -148,7 +148,9 @@ def test_skipped_segment_is_not_searched(coll, monkeypatch):
     orig = cls.search
     monkeypatch.setattr(cls, "search", lambda self, *a: searched.append(self) or orig(self, *a))
     hits = coll.query("river", k=50, filter={"year": {"lt": 1950}}, profile="lexical")
-    assert searched == [snap.segments[0].indexes["lexical"]]
+    # segment 0 only; it may be asked twice (a run of equal scores straddling the 50th
+    # place is completed by a deeper search: ties.ask_for)
+    assert searched and {id(s) for s in searched} == {id(snap.segments[0].indexes["lexical"])}
     assert hits and all(int(h.id[1:]) < 300 for h in hits)
 
 
