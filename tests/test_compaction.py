@@ -330,6 +330,11 @@ def test_tiered_policy_plans():
     segs = [_entry(0, 5000), _entry(1, 10), _entry(2, 20, deleted=1), _entry(3, 30)]
     assert compact_plan(segs, p, 2) == ["seg-000001", "seg-000002", "seg-000003"]
     assert compact_plan(segs, p, None) == ["seg-000001", "seg-000002", "seg-000003"]
+    # ... but never past max_rows: the smallest that fit, or (none fit) on to the deletes
+    assert compact_plan([_entry(0, 6000), _entry(1, 3000), _entry(2, 2000)], p, 1) == \
+        ["seg-000002", "seg-000001"]
+    assert compact_plan([_entry(0, 6000), _entry(1, 5000, deleted=3)], p, 1) == ["seg-000001"]
+    assert compact_plan([_entry(0, 6000), _entry(1, 5000)], p, 1) is None
     # a lone segment under the floor is folded into the smallest other one
     assert compact_plan([_entry(0, 5000), _entry(1, 10, deleted=2)], p, None) == \
         ["seg-000001", "seg-000000"]

@@ -409,7 +409,7 @@ def _print_verify(reports, ok: bool) -> None:
 
 @app.command()
 def compact(data: Path = DataOpt, collection: str = CollOpt,
-            max_segments: Optional[int] = typer.Option(None, "--max-segments", min=1, help="Merge until at most this many segments remain (default: one segment per size tier)."),
+            max_segments: Optional[int] = typer.Option(None, "--max-segments", min=1, help="Merge until at most this many segments remain, no merge past POLYINDEX_MERGE_MAX_ROWS rows (default: one segment per size tier)."),
             as_json: bool = JsonOpt):
     """Merge segments and reclaim deleted rows and unreferenced files.
 

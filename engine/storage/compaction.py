@@ -70,8 +70,9 @@ def merge(table, ids: Sequence[str], stop=lambda: False, online=None,
 
 
 def compact(table, max_segments: int | None = None, on_merge=None, online=None) -> dict:
-    """Merge until the merge policy is satisfied (or at most ``max_segments`` remain) and no
-    segment keeps deleted rows; then remove every unreferenced file. Returns a report
+    """Merge until the merge policy is satisfied (or at most ``max_segments`` remain, as far
+    as the policy's ``max_rows`` a merge allows: ``compact_plan``) and no segment keeps
+    deleted rows; then remove every unreferenced file. Returns a report
     (segments, rows and bytes before and after, the merges); ``on_merge(report)`` is called
     after each merge."""
     if max_segments is not None and (not isinstance(max_segments, int)

@@ -109,10 +109,20 @@ def compact_plan(segments: Sequence[SegmentEntry], policy: TieredPolicy,
     merged into one), else each tier of the policy collapsed into one segment (up to
     ``max_rows``) and a segment left below ``floor_rows`` folded into the next smallest;
     then every segment with deleted rows rewritten (all its tombstoned rows reclaimed).
+    No merge makes a segment of more than ``max_rows`` live rows, ``max_segments`` included:
+    a merge's memory grows with its rows (~6.4 KB a row: docs/SCALE.md 0.1), so a
+    collection larger than ``max_segments x max_rows`` keeps more segments than asked.
     None when there is nothing left to do."""
     if max_segments is not None and len(segments) > max_segments:
         smallest = sorted(segments, key=lambda s: (_live(s), s.id))
-        return [s.id for s in smallest[:len(segments) - max_segments + 1]]
+        group, total = [], 0
+        for s in smallest[:len(segments) - max_segments + 1]:
+            if group and total + _live(s) > policy.max_rows:
+                break
+            group.append(s.id)
+            total += _live(s)
+        if len(group) >= 2:
+            return group
     if max_segments is None:
         tiers: dict[int, list[SegmentEntry]] = {}
         for s in segments:
