@@ -100,7 +100,6 @@ class Encoder:
                 on_batch(len(idx))
         return out
 
-
     def _one(self, text: str) -> np.ndarray:
         """One text's embedding as ``model.encode(normalize_embeddings=True)`` gives it, bit
         for bit (the same tokens, forward pass, normalization in the model's dtype, then
