@@ -8,9 +8,10 @@ indexed collection.
   query by ``time.process_time``, median over interleaved passes.
 - **final pass**: the final-pass calls those queries made (their real candidates), replayed
   through ``kernels.final_pass_pq_batch`` (a query of at most ``REGISTER_COLUMNS`` tokens in
-  registers) against the column loop every query used before (``kernels._final_doc_columns``
-  for every document), on the calling thread as the engine runs them, interleaved: us per
-  document, the speed-up, and the largest score difference (float rounding only).
+  registers, a longer one ``WIDE`` columns at a time) against the column loop every query
+  used before (``_columns_doc`` here), on the calling thread as the engine runs them,
+  interleaved: us per document, the speed-up, and the largest score difference (float
+  rounding only).
 
 Usage: ``python bench/bench_mv_final.py --data DATA --collection NAME --source BEIR_FOLDER
 [--queries 30] [--passes 5]``
@@ -32,16 +33,40 @@ from common import console, median, table  # noqa: E402
 from polyindex.index.multivector import kernels as mk  # noqa: E402
 
 
+@numba.njit(nogil=True, fastmath=True)
+def _columns_doc(lut, pq, n, offsets, codes, res, scale, half, r, best, acc):
+    """The loop over columns, its sums in memory: the final pass of every query before the
+    register paths, and of queries over 8 tokens before the WIDE path."""
+    s, e = offsets[r], offsets[r + 1]
+    if e <= s or n == 0:
+        return np.float32(0.0)
+    for t in range(n):
+        best[t] = -np.inf
+    for p in range(s, e):
+        row = lut[codes[p]]
+        for t in range(n):
+            acc[t] = row[t]
+        for m in range(pq.shape[0]):
+            tab = pq[m, res[p, m]]
+            for t in range(n):
+                acc[t] += tab[t]
+        f = half[scale[p]] if len(scale) > 0 else np.float32(1.0)
+        for t in range(n):
+            best[t] = max(best[t], acc[t] * f)
+    tot = np.float32(0.0)
+    for t in range(n):
+        tot += best[t]
+    return tot
+
+
 @numba.njit(nogil=True)
 def _columns_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
-    """The column loop for every query (what the final pass ran for any query length before
-    the register path)."""
     best = np.empty(max(luts.shape[2], 1), np.float32)
     acc = np.empty(max(luts.shape[2], 1), np.float32)
     for i in range(len(cand)):
         q = qid[i]
-        out[i] = mk._final_doc_columns(luts[q], pqs[q], nqt[q], offsets, codes, res, scale,
-                                       half, cand[i], best, acc)
+        out[i] = _columns_doc(luts[q], pqs[q], nqt[q], offsets, codes, res, scale, half,
+                              cand[i], best, acc)
 
 
 def main(argv=None) -> int:
@@ -123,7 +148,7 @@ def main(argv=None) -> int:
                        seg.res, seg.scale, _HALF, cand, out)
             return (time.process_time() - t) / docs * 1e6
         return run
-    kern = {"engine (registers <= 8 tokens)": mk.final_pass_pq_batch,
+    kern = {"engine (registers, WIDE chunks)": mk.final_pass_pq_batch,
             "column loop (before)": _columns_batch}
     for fn in kern.values():
         replay(fn)()

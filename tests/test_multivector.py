@@ -83,8 +83,9 @@ def test_first_pass_hamming_matches_numpy():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("nq", [6, 21])  # the register path; two WIDE chunks, zero-padded
 @pytest.mark.parametrize("opq,opq_dim", [(False, 0), (True, 0), (True, 24)])
-def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
+def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim, nq):
     d, m = 32, 8
     docs = clustered_tokens(120, d=d, seed=5)
     x = np.concatenate([t.vectors for t in docs]).astype(np.float32)
@@ -97,7 +98,7 @@ def test_final_pass_matches_decoded_exact_maxsim(opq, opq_dim):
     codes = cb.assign(x)
     res = cb.residual_codes(x, codes)
     offsets = np.concatenate([[0], np.cumsum([len(t.vectors) for t in docs])]).astype(np.int32)
-    q = unit(np.random.default_rng(6).standard_normal((6, d)))
+    q = unit(np.random.default_rng(6).standard_normal((nq, d)))
     cand = np.arange(len(docs), dtype=np.int64)[::-1].copy()
     out = np.empty(len(cand), np.float32)
     half = half_lut()

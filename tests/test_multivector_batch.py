@@ -25,7 +25,7 @@ def test_batch_kernels_equal_one_query_calls():
     codes = rng.integers(0, k, int(off[-1])).astype(np.uint16)
     res = rng.integers(0, 256, (int(off[-1]), m)).astype(np.uint8)
     scale = rng.uniform(0.8, 1.2, int(off[-1])).astype(np.float16).view(np.uint16)
-    nqts = [3, 7, 1, 5]
+    nqts = [3, 7, 1, 5, 12, 28]  # register paths, and WIDE chunks (one, two)
     luts = [rng.standard_normal((k, t)).astype(np.float32) for t in nqts]
     pqs = [0.1 * rng.standard_normal((m, 256, t)).astype(np.float32) for t in nqts]
     T = max(nqts)
@@ -33,8 +33,9 @@ def test_batch_kernels_equal_one_query_calls():
     P = np.zeros((len(nqts), m, 256, T), np.float32)
     for i, t in enumerate(nqts):
         L[i, :, :t], P[i, ..., :t] = luts[i], pqs[i]
-    cands = [rng.choice(n, size=s, replace=False).astype(np.int64) for s in (50, 120, 1, 80)]
-    cand, qid = np.concatenate(cands), np.repeat(np.arange(4), [len(c) for c in cands])
+    cands = [rng.choice(n, size=s, replace=False).astype(np.int64)
+             for s in (50, 120, 1, 80, 60, 90)]
+    cand, qid = np.concatenate(cands), np.repeat(np.arange(len(cands)), [len(c) for c in cands])
     first, final = np.empty(len(cand), np.float32), np.empty(len(cand), np.float32)
     mk.first_pass_lut_batch(L, np.array(nqts, np.int64), qid, off, codes, cand, first)
     mk.final_pass_pq_batch(L, P, np.array(nqts, np.int64), qid, off, codes, res, scale, HALF,

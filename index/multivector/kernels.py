@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import numba
 import numpy as np
@@ -108,9 +109,7 @@ def first_pass_hamming(qsig, csig, nbits, offsets, codes, cand, out):
 
 
 # Query tokens at most this many: the final pass keeps the query's columns in registers (4 or
-# 8, below); longer queries use the vectorized loop over columns (numba leaves LLVM's SLP
-# vectorizer off, so register columns stay scalar: per document 2-2.4x faster than the loop at
-# 1-4 query tokens, 1.3-1.6x at 5-8, no faster at 9-16, in 8 or 16 registers)
+# 8, below); longer queries go WIDE columns at a time (``_final_doc_wide``)
 REGISTER_COLUMNS = 8
 
 
@@ -187,27 +186,61 @@ def _final_doc_registers4(lut, pq, n, offsets, codes, res, scale, half, r, best)
     return tot
 
 
-@numba.njit(cache=True, fastmath=True, nogil=True)
-def _final_doc_columns(lut, pq, n, offsets, codes, res, scale, half, r, best, acc):
-    """Final-pass MaxSim of document ``r`` over the query's ``n`` columns, vectorized along
-    the columns (a query of more than ``REGISTER_COLUMNS`` tokens)."""
+# Longer queries: the final pass takes their columns WIDE at a time, each chunk's sums in 16
+# scalar locals that LLVM's SLP vectorizer packs into vector registers (``_slp``): 2-5x faster
+# a document than the loop over columns it replaces, which kept its sums in memory
+WIDE = 16
+
+
+@numba.njit(cache=True, nogil=True)
+def _final_doc_wide(lut, pq, n, offsets, codes, res, scale, half, r, best):
+    """Final-pass MaxSim of document ``r`` for a query of ``n`` > 8 tokens, ``WIDE`` columns
+    at a time (the tables' width must be a multiple of ``WIDE``: ``_widened``; columns past
+    ``n`` are computed and not summed). The register paths' sums, in the same order."""
     s, e = offsets[r], offsets[r + 1]
     if e <= s:
         return np.float32(0.0)
     m_sub = pq.shape[0]
-    for t in range(n):
-        best[t] = -np.inf
-    for p in range(s, e):
-        row = lut[codes[p]]
-        for t in range(n):
-            acc[t] = row[t]
-        for m in range(m_sub):
-            tab = pq[m, res[p, m]]
-            for t in range(n):
-                acc[t] += tab[t]
-        f = half[scale[p]] if len(scale) > 0 else np.float32(1.0)
-        for t in range(n):
-            best[t] = max(best[t], acc[t] * f)
+    ninf = np.float32(-np.inf)
+    for c in range((n + WIDE - 1) // WIDE):
+        o = c * WIDE
+        b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = ninf
+        b8 = b9 = b10 = b11 = b12 = b13 = b14 = b15 = ninf
+        for p in range(s, e):
+            row = lut[codes[p]]
+            a0, a1, a2, a3 = row[o], row[o + 1], row[o + 2], row[o + 3]
+            a4, a5, a6, a7 = row[o + 4], row[o + 5], row[o + 6], row[o + 7]
+            a8, a9, a10, a11 = row[o + 8], row[o + 9], row[o + 10], row[o + 11]
+            a12, a13, a14, a15 = row[o + 12], row[o + 13], row[o + 14], row[o + 15]
+            for m in range(m_sub):
+                tab = pq[m, res[p, m]]
+                a0 += tab[o]
+                a1 += tab[o + 1]
+                a2 += tab[o + 2]
+                a3 += tab[o + 3]
+                a4 += tab[o + 4]
+                a5 += tab[o + 5]
+                a6 += tab[o + 6]
+                a7 += tab[o + 7]
+                a8 += tab[o + 8]
+                a9 += tab[o + 9]
+                a10 += tab[o + 10]
+                a11 += tab[o + 11]
+                a12 += tab[o + 12]
+                a13 += tab[o + 13]
+                a14 += tab[o + 14]
+                a15 += tab[o + 15]
+            f = half[scale[p]] if len(scale) > 0 else np.float32(1.0)
+            b0, b1, b2, b3 = max(b0, a0 * f), max(b1, a1 * f), max(b2, a2 * f), max(b3, a3 * f)
+            b4, b5, b6, b7 = max(b4, a4 * f), max(b5, a5 * f), max(b6, a6 * f), max(b7, a7 * f)
+            b8, b9 = max(b8, a8 * f), max(b9, a9 * f)
+            b10, b11 = max(b10, a10 * f), max(b11, a11 * f)
+            b12, b13 = max(b12, a12 * f), max(b13, a13 * f)
+            b14, b15 = max(b14, a14 * f), max(b15, a15 * f)
+        best[o], best[o + 1], best[o + 2], best[o + 3] = b0, b1, b2, b3
+        best[o + 4], best[o + 5], best[o + 6], best[o + 7] = b4, b5, b6, b7
+        best[o + 8], best[o + 9], best[o + 10], best[o + 11] = b8, b9, b10, b11
+        best[o + 12], best[o + 13], best[o + 14], best[o + 15] = b12, b13, b14, b15
     tot = np.float32(0.0)
     for t in range(n):
         tot += best[t]
@@ -215,7 +248,7 @@ def _final_doc_columns(lut, pq, n, offsets, codes, res, scale, half, r, best, ac
 
 
 @numba.njit(cache=True, nogil=True)
-def _final_doc(lut, pq, n, offsets, codes, res, scale, half, r, best, acc):
+def _final_doc(lut, pq, n, offsets, codes, res, scale, half, r, best):
     """One document's final-pass MaxSim (``final_pass_pq``): the same function of the query's
     first ``n`` columns for one query's call and a batch's, so their scores are identical."""
     if n == 0:
@@ -224,22 +257,57 @@ def _final_doc(lut, pq, n, offsets, codes, res, scale, half, r, best, acc):
         return _final_doc_registers4(lut, pq, n, offsets, codes, res, scale, half, r, best)
     if n <= REGISTER_COLUMNS:
         return _final_doc_registers(lut, pq, n, offsets, codes, res, scale, half, r, best)
-    return _final_doc_columns(lut, pq, n, offsets, codes, res, scale, half, r, best, acc)
+    return _final_doc_wide(lut, pq, n, offsets, codes, res, scale, half, r, best)
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
+def _final_pass_pq(lut_t, pq_t, nqt, offsets, codes, res, scale, half, cand, out):
+    nb = (len(cand) + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        best = np.empty(max(lut_t.shape[1], REGISTER_COLUMNS), np.float32)
+        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
+            out[i] = _final_doc(lut_t, pq_t, nqt, offsets, codes, res, scale, half, cand[i],
+                                best)
+
+
 def final_pass_pq(lut_t, pq_t, offsets, codes, res, scale, half, cand, out):
     """out[i] = sum_t max_{tokens} q_t . (centroid[code] + PQ_decode(res[token])) * s[token],
     where s = half[scale[token]] (float16 bits, the codec's per-token scale) when ``scale`` is
     not empty."""
     nqt = lut_t.shape[1]
-    nb = (len(cand) + BLOCK - 1) // BLOCK
-    for b in prange(nb):
-        best = np.empty(max(nqt, REGISTER_COLUMNS), np.float32)
-        acc = np.empty(nqt, np.float32)
-        for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
-            out[i] = _final_doc(lut_t, pq_t, nqt, offsets, codes, res, scale, half, cand[i],
-                                best, acc)
+    if nqt > REGISTER_COLUMNS:
+        lut_t, pq_t = _widened(lut_t), _widened(pq_t)
+    _slp(_final_pass_pq, lut_t, pq_t, nqt, offsets, codes, res, scale, half, cand, out)
+
+
+def _widened(t: np.ndarray) -> np.ndarray:
+    """``t`` (..., T) with zero columns up to a multiple of ``WIDE`` (``_final_doc_wide``)."""
+    w = t.shape[-1]
+    if w % WIDE == 0:
+        return t
+    out = np.zeros(t.shape[:-1] + (w + WIDE - w % WIDE,), np.float32)
+    out[..., :w] = t
+    return out
+
+
+_SLP_LOCK = threading.Lock()
+
+
+def _slp(kernel, *args):
+    """``kernel(*args)``, compiled (its first call with these argument types) with LLVM's SLP
+    vectorizer on: numba leaves it off by default, and the final pass's register paths are
+    written for it (their scalar locals become vector lanes). It is numba's global switch,
+    flipped only while this compile holds the lock."""
+    sig = tuple(numba.typeof(a) for a in args)
+    if sig not in kernel.overloads:
+        with _SLP_LOCK:
+            before = numba.config.SLP_VECTORIZE
+            numba.config.SLP_VECTORIZE = True
+            try:
+                kernel.compile(sig)
+            finally:
+                numba.config.SLP_VECTORIZE = before
+    kernel(*args)
 
 
 @numba.njit(cache=True, parallel=True, fastmath=True, nogil=True)
@@ -308,17 +376,68 @@ def first_pass_pruned_batch(luts, kept, nqt, qid, offsets, codes, cand, out):
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
-def final_pass_pq_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
-    """``final_pass_pq`` of many queries in one call (``pqs`` (nq, M, 256, T); see
-    ``first_pass_lut_batch``)."""
+def _final_pass_pq_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
     nb = (len(cand) + BLOCK - 1) // BLOCK
     for b in prange(nb):
         best = np.empty(max(luts.shape[2], REGISTER_COLUMNS), np.float32)
-        acc = np.empty(luts.shape[2], np.float32)
         for i in range(b * BLOCK, min(len(cand), (b + 1) * BLOCK)):
             q = qid[i]
             out[i] = _final_doc(luts[q], pqs[q], nqt[q], offsets, codes, res, scale, half,
-                                cand[i], best, acc)
+                                cand[i], best)
+
+
+def final_pass_pq_batch(luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand, out):
+    """``final_pass_pq`` of many queries in one call (``pqs`` (nq, M, 256, T); see
+    ``first_pass_lut_batch``)."""
+    if len(nqt) and nqt.max() > REGISTER_COLUMNS:
+        luts, pqs = _widened(luts), _widened(pqs)
+    _slp(_final_pass_pq_batch, luts, pqs, nqt, qid, offsets, codes, res, scale, half, cand,
+         out)
+
+
+@numba.njit(cache=True, nogil=True)
+def probe_tables(lut, nprobe, lut_t, best):
+    """One pass over a query's centroid scores ``lut`` (nqt, K) for its tables: writes the
+    transposed table ``lut_t`` (K, nqt) and ``best`` (K,), each centroid's best score over the
+    tokens; returns the probes, each token's ``nprobe`` best centroids (ties: the lower id),
+    ascending, each once. (numpy's argpartition and unique took 2.5 ms of a 28-token query.)"""
+    nqt, k = lut.shape
+    for c in range(k):
+        best[c] = -np.inf
+    mark = np.zeros(k, np.uint8)
+    top_s = np.empty(nprobe, np.float32)
+    top_c = np.empty(nprobe, np.int64)
+    for t in range(nqt):
+        row = lut[t]
+        filled = 0
+        for c in range(k):
+            v = row[c]
+            lut_t[c, t] = v
+            if v > best[c]:
+                best[c] = v
+            if filled < nprobe:
+                j = filled
+                filled += 1
+            elif v > top_s[nprobe - 1]:
+                j = nprobe - 1
+            else:
+                continue
+            while j > 0 and top_s[j - 1] < v:  # strict: an equal score stays behind
+                top_s[j], top_c[j] = top_s[j - 1], top_c[j - 1]
+                j -= 1
+            top_s[j], top_c[j] = v, c
+        for j in range(filled):
+            mark[top_c[j]] = 1
+    n = 0
+    for c in range(k):
+        n += mark[c]
+    out = np.empty(n, np.int64)
+    n = 0
+    for c in range(k):
+        if mark[c]:
+            out[n] = c
+            n += 1
+    return out
 
 
 @numba.njit(cache=True, nogil=True)

@@ -69,7 +69,7 @@ from polyindex.index.multivector.files import (
 )
 from polyindex.index.multivector.factory import DEFAULTS, check_memory
 from polyindex.index.multivector.factory import parse as _parse
-from polyindex.index.multivector.kernels import backend
+from polyindex.index.multivector.kernels import backend, probe_tables
 from polyindex.index.multivector.kernels import top as _top
 from polyindex.index.multivector.tables import QUERY_CHUNK, Tables
 from polyindex.index.protocol import (
@@ -502,12 +502,11 @@ class MultivectorKind(IndexKind):
                 empty = np.zeros((cb.k, 0), np.float32)
                 out.append(MVQuery(q.reshape(0, cb.d), empty, None, None, np.zeros(0, np.int64)))
                 continue
-            lut = cb.scores(q)  # (nqt, K): the probes' partition runs along contiguous rows
-            npb = min(nprobe, cb.k)
-            probes = np.unique(np.argpartition(-lut, npb - 1, axis=1)[:, :npb]) if npb < cb.k \
-                else np.arange(cb.k)
-            out.append(MVQuery(q, np.ascontiguousarray(lut.T), cb.pq_tables(q) if cb.m else None,
+            lut = cb.scores(q)  # (nqt, K)
+            lut_t = np.empty((cb.k, len(q)), np.float32)
+            best = np.empty(cb.k, np.float32)
+            probes = probe_tables(lut, min(nprobe, cb.k), lut_t, best)
+            out.append(MVQuery(q, lut_t, cb.pq_tables(q) if cb.m else None,
                                cb.signature(q) if self.bits and cb.bits else None,
-                               probes.astype(np.int64),
-                               (lut.max(0) >= tcs).view(np.uint8) if ncand else None))
+                               probes, (best >= tcs).view(np.uint8) if ncand else None))
         return out
