@@ -8,6 +8,7 @@ import pytest
 
 from polyindex import InvalidArgument
 from polyindex.index.multivector import kernels as mk
+from polyindex.index.protocol import Query
 from polyindex.index.postings import half_lut
 from polyindex.index.registry import from_factory
 
@@ -104,6 +105,33 @@ def test_one_segment_or_several_give_the_same_top_10(tmp_path, setting, kernels)
     prep = kind.prepare(qs, segs, [None], {"ncandidates": "0"}, {})
     _, plain = kind.search_snapshot(prep, segs, bases, 10, {}, [None])
     assert plain.tolist() != out[0][1].tolist()
+
+
+def test_final_tokens_cuts_a_long_querys_final_pass(tmp_path):
+    """``final_tokens``: a query over that many tokens sends ceil(ndocs * final_tokens / its
+    tokens) documents to the final pass, a shorter one ndocs; 0 (the default) sends ndocs.
+    The top k is the final pass's over those: the same as without the cut wherever the cut
+    keeps the uncut top k."""
+    from polyindex.index.multivector.segment import MVPrepared
+    kind, segs, bases = segments(tmp_path, BODY, [clustered_tokens(240, seed=7)])
+    rng = np.random.default_rng(12)
+    long_q = Query(extra={"tokens": rng.standard_normal((20, 32)).astype(np.float32)})
+    qs = queries(2) + [long_q]
+    short = sum(len(q.extra["tokens"]) <= 8 for q in qs)
+    assert short == 2
+    finals = {}
+    for ft in ("0", "8"):
+        prep = kind.prepare(qs, segs, [None], {"final_tokens": ft}, {})
+        s, keys = kind.search_snapshot(prep, segs, bases, 3, {}, [None])
+        finals[ft] = (prep.stats["final"], keys)
+    assert finals["0"][0] == 12 * 3
+    assert finals["8"][0] == 12 * 2 + 5  # ceil(12 * 8 / 20)
+    assert finals["8"][1][:2].tolist() == finals["0"][1][:2].tolist()  # short queries: no cut
+    assert MVPrepared([], 4, 256, False, final_tokens=8).final_docs(33) == 63
+    assert MVPrepared([], 4, 256, False, final_tokens=8).final_docs(8) == 256
+    assert MVPrepared([], 4, 256, False).final_docs(100) == 256
+    with pytest.raises(InvalidArgument, match="final_tokens"):
+        kind.prepare(qs, segs, [None], {"final_tokens": "-1"}, {})
 
 
 def test_depths_in_the_factory_string_and_search_params(tmp_path):

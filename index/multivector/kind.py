@@ -35,8 +35,10 @@ over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 2048
 ``ndocs`` 256) were chosen on medline, cranfield and nfcorpus and checked on held-out ones
 (docs/notes/multivector.md). No query scores every row unless the search param
 ``exhaustive=1`` asks for it (every row is a candidate; the cuts still apply). Search params:
-``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``. ``score(prepared, rows)`` is
-the final-pass MaxSim of arbitrary rows (rerank mode). One query's kernels (under
+``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``, ``final_tokens`` (a query over
+that many tokens sends ``ndocs * final_tokens / its tokens`` documents to the final pass:
+faster, and it cost quality on a held-out collection, so off by default).
+``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank mode). One query's kernels (under
 ``kernels.PARALLEL_MIN`` candidates) and tables run on the calling thread.
 
 Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
@@ -86,7 +88,10 @@ from polyindex.index.multivector.segment import (MVPrepared, MVQuery, Multivecto
                                                  _NO_SCALE)
 from polyindex.types import document_text
 
-_SEARCH_KNOBS = ("nprobe", "ncandidates", "tcs", "ndocs", "exhaustive")
+_SEARCH_KNOBS = ("nprobe", "ncandidates", "tcs", "ndocs", "final_tokens", "exhaustive")
+# a query over this many tokens sends fewer than ndocs documents to the final pass
+# (``MVPrepared.final_docs``); 0: ndocs for every query
+FINAL_TOKENS = 0
 
 def _idf_salience(keys: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
     """IDF (over this batch's documents) of each token's key (vocabulary id or code)."""
@@ -414,11 +419,11 @@ class MultivectorKind(IndexKind):
         live = [(seg, seg._check_allow(m), int(b)) for seg, m, b in zip(segments, allow, bases)
                 if seg.n_rows]
         active = [qi for qi, q in enumerate(prepared.queries) if len(q.tokens)]
-        keep = max(k, prepared.ndocs)
-        wide = max(keep, prepared.ncandidates)
         for c in range(0, len(active) if live else 0, QUERY_CHUNK):
             chunk = active[c:c + QUERY_CHUNK]
             qs = [prepared.queries[qi] for qi in chunk]
+            keep = [max(k, prepared.final_docs(len(q.tokens))) for q in qs]
+            wide = [max(x, prepared.ncandidates) for x in keep]
             tables = Tables(qs)
             # cands[j][a]: segment j's candidate rows for the chunk's a-th query
             cands = [[seg._candidates(q, prepared, m) for q in qs] for seg, m, _ in live]
@@ -428,11 +433,11 @@ class MultivectorKind(IndexKind):
             prepared.stats["candidates"] += sum(count(a) for a in range(len(qs)))
             # PLAID's stages, each keeping the collection's best: centroid interaction over
             # the kept centroids (to ``ncandidates``), then over every code (to ``ndocs``)
-            pruned = [a for a in range(len(qs)) if prepared.ncandidates and count(a) > wide
+            pruned = [a for a in range(len(qs)) if prepared.ncandidates and count(a) > wide[a]
                       and qs[a].kept is not None]
             if pruned:
                 self._narrow(tables, live, cands, pruned, wide, "pruned")
-            first = [a for a in range(len(qs)) if count(a) > keep
+            first = [a for a in range(len(qs)) if count(a) > keep[a]
                      and any(seg.two_pass(qs[a]) for seg, _, _ in live)]
             if first:
                 self._narrow(tables, live, cands, first, keep, "first")
@@ -449,14 +454,15 @@ class MultivectorKind(IndexKind):
         return scores, keys
 
     @staticmethod
-    def _narrow(tables: Tables, live, cands, which: list[int], keep: int, stage: str) -> None:
-        """Cut the candidates of queries ``which`` to their ``keep`` best at ``stage``, over
-        every segment at once (ties: the lower global key), in place."""
+    def _narrow(tables: Tables, live, cands, which: list[int], keep: list[int],
+                stage: str) -> None:
+        """Cut the candidates of queries ``which`` to their best ``keep[a]`` (query ``a``'s)
+        at ``stage``, over every segment at once (ties: the lower global key), in place."""
         fs = [seg._batch_pass(tables, which, [cs[a] for a in which], stage)
               for (seg, _, _), cs in zip(live, cands)]
         for i, a in enumerate(which):
             glob = np.concatenate([cs[a] + b for cs, (_, _, b) in zip(cands, live)])
-            _, best = _top(np.concatenate([f[i] for f in fs]), glob, keep)
+            _, best = _top(np.concatenate([f[i] for f in fs]), glob, keep[a])
             for j, (seg, _, b) in enumerate(live):
                 cands[j][a] = best[(best >= b) & (best < b + seg.n_rows)] - b
 
@@ -470,14 +476,17 @@ class MultivectorKind(IndexKind):
             ndocs = int(params.get("ndocs", self.ndocs))
             ncand = int(params.get("ncandidates", self.ncandidates))
             tcs = float(params.get("tcs", self.tcs))
+            final_tokens = int(params.get("final_tokens", FINAL_TOKENS))
         except ValueError:
-            raise InvalidArgument(f"multivector: nprobe, ncandidates and ndocs must be integers "
-                                  f"and tcs a number, got {params}") from None
+            raise InvalidArgument(f"multivector: nprobe, ncandidates, ndocs and final_tokens "
+                                  f"must be integers and tcs a number, got {params}") from None
         exhaustive = {"0": False, "1": True, "false": False, "true": True}.get(
             str(params.get("exhaustive", "0")).lower())
-        if exhaustive is None or nprobe < 1 or ndocs < 1 or ncand < 0 or not np.isfinite(tcs):
+        if exhaustive is None or nprobe < 1 or ndocs < 1 or ncand < 0 or final_tokens < 0 \
+                or not np.isfinite(tcs):
             raise InvalidArgument(f"multivector: nprobe and ndocs must be >= 1, ncandidates "
-                                  f">= 0, tcs finite and exhaustive 0 or 1, got {params}")
+                                  f"and final_tokens >= 0, tcs finite and exhaustive 0 or 1, "
+                                  f"got {params}")
         cb = self.codebook
         if cb is None:
             if any(seg.n_rows for seg in segments):
@@ -488,7 +497,7 @@ class MultivectorKind(IndexKind):
         tokens = self._query_tokens(queries)  # may run the model: outside the BLAS limit
         with codec.one_blas_thread():
             return MVPrepared(self._tables(tokens, nprobe, tcs, ncand), nprobe, ndocs,
-                              exhaustive, ncand)
+                              exhaustive, ncand, final_tokens)
 
     def _tables(self, tokens: list[np.ndarray], nprobe: int, tcs: float, ncand: int):
         """Each query's ``MVQuery``: its tables, probes and (``ncand``) kept centroids."""

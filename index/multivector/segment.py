@@ -36,7 +36,16 @@ class MVPrepared:
     ndocs: int
     exhaustive: bool
     ncandidates: int = 0  # survivors of the pruned pass (0: no pruned pass)
+    final_tokens: int = 0  # a longer query's final pass is cut (``final_docs``; 0: never)
     stats: dict = field(default_factory=lambda: {"candidates": 0, "final": 0})
+
+    def final_docs(self, n_tokens: int) -> int:
+        """Documents a query of ``n_tokens`` sends to the final pass: ``ndocs``, or for a
+        query over ``final_tokens`` tokens ``ndocs * final_tokens / n_tokens`` (rounded up):
+        the same token-column work as a ``final_tokens``-token query's."""
+        if self.final_tokens and n_tokens > self.final_tokens:
+            return -(-self.ndocs * self.final_tokens // n_tokens)
+        return self.ndocs
 
 
 class MultivectorSegment(SegmentIndex):
