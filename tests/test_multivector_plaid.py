@@ -134,6 +134,28 @@ def test_final_tokens_cuts_a_long_querys_final_pass(tmp_path):
         kind.prepare(qs, segs, [None], {"final_tokens": "-1"}, {})
 
 
+def test_probe_tables_are_the_top_probes_the_transpose_and_the_maxima(tmp_path):
+    """``kernels.probe_tables``: each token's ``nprobe`` best centroids (a tie: the lower id),
+    once each, ascending; the transposed table; each centroid's best score. A query probing
+    at least every centroid probes every centroid."""
+    rng = np.random.default_rng(8)
+    lut = rng.standard_normal((7, 300)).astype(np.float32)
+    lut[3, 10] = lut[3, 11] = lut[3].max() + 1  # a tie at the top of token 3
+    lut_t, best = np.empty((300, 7), np.float32), np.empty(300, np.float32)
+    for nprobe in (1, 4, 299):
+        probes = mk.probe_tables(lut, nprobe, lut_t, best)
+        want = np.unique(np.argsort(-lut, axis=1, kind="stable")[:, :nprobe])
+        assert probes.tolist() == want.tolist()
+        assert np.array_equal(lut_t, lut.T) and np.array_equal(best, lut.max(0))
+    one_t = np.empty((300, 1), np.float32)
+    assert mk.probe_tables(lut[3:4], 1, one_t, best).tolist() == [10]  # the tie's lower id
+    assert len(mk.probe_tables(lut, 0, lut_t, best)) == 0
+    kind, _, _ = segments(tmp_path, BODY, [clustered_tokens(60, seed=2)])
+    q = queries(1)[0].extra["tokens"]
+    assert kind._tables([q], kind.codebook.k + 5, 0.2, 0)[0].probes.tolist() \
+        == list(range(kind.codebook.k))
+
+
 def test_depths_in_the_factory_string_and_search_params(tmp_path):
     kind = from_factory("multivector:KMeans32,ncandidates=100,tcs=0.3,ndocs=16")
     assert (kind.ncandidates, kind.tcs, kind.ndocs) == (100, 0.3, 16)

@@ -295,8 +295,8 @@ _SLP_LOCK = threading.Lock()
 
 def _slp(kernel, *args):
     """``kernel(*args)``, compiled (its first call with these argument types) with LLVM's SLP
-    vectorizer on: numba leaves it off by default, and the final pass's register paths are
-    written for it (their scalar locals become vector lanes). It is numba's global switch,
+    vectorizer on: numba leaves it off by default, and the final pass's WIDE path is written
+    for it (its scalar locals become vector lanes). It is numba's global switch,
     flipped only while this compile holds the lock."""
     sig = tuple(numba.typeof(a) for a in args)
     if sig not in kernel.overloads:
@@ -400,7 +400,8 @@ def probe_tables(lut, nprobe, lut_t, best):
     """One pass over a query's centroid scores ``lut`` (nqt, K) for its tables: writes the
     transposed table ``lut_t`` (K, nqt) and ``best`` (K,), each centroid's best score over the
     tokens; returns the probes, each token's ``nprobe`` best centroids (ties: the lower id),
-    ascending, each once. (numpy's argpartition and unique took 2.5 ms of a 28-token query.)"""
+    ascending, each once (``nprobe`` 0: none; the caller probes every centroid). numpy's
+    argpartition and unique took 2.5 ms of a 28-token query."""
     nqt, k = lut.shape
     for c in range(k):
         best[c] = -np.inf
@@ -415,6 +416,8 @@ def probe_tables(lut, nprobe, lut_t, best):
             lut_t[c, t] = v
             if v > best[c]:
                 best[c] = v
+            if nprobe == 0:
+                continue
             if filled < nprobe:
                 j = filled
                 filled += 1

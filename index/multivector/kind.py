@@ -38,8 +38,9 @@ over centroid + decoded residual. The depths (``nprobe`` 4, ``ncandidates`` 2048
 ``nprobe``, ``ncandidates``, ``tcs``, ``ndocs``, ``exhaustive``, ``final_tokens`` (a query over
 that many tokens sends ``ndocs * final_tokens / its tokens`` documents to the final pass:
 faster, and it cost quality on a held-out collection, so off by default).
-``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank mode). One query's kernels (under
-``kernels.PARALLEL_MIN`` candidates) and tables run on the calling thread.
+``score(prepared, rows)`` is the final-pass MaxSim of arbitrary rows (rerank mode). One
+query's kernels (under ``kernels.PARALLEL_MIN`` candidates) and tables run on the calling
+thread.
 
 Per segment (format 2): ``multivector.tokens.arrow`` (one row per stored token: ``codes``
 uint16, uint8 when K <= 256; ``residual`` fixed_size_binary[M] and ``scale`` float16 unless
@@ -92,6 +93,7 @@ _SEARCH_KNOBS = ("nprobe", "ncandidates", "tcs", "ndocs", "final_tokens", "exhau
 # a query over this many tokens sends fewer than ndocs documents to the final pass
 # (``MVPrepared.final_docs``); 0: ndocs for every query
 FINAL_TOKENS = 0
+
 
 def _idf_salience(keys: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
     """IDF (over this batch's documents) of each token's key (vocabulary id or code)."""
@@ -514,7 +516,10 @@ class MultivectorKind(IndexKind):
             lut = cb.scores(q)  # (nqt, K)
             lut_t = np.empty((cb.k, len(q)), np.float32)
             best = np.empty(cb.k, np.float32)
-            probes = probe_tables(lut, min(nprobe, cb.k), lut_t, best)
+            every = nprobe >= cb.k  # every centroid probed: no top lists to keep
+            probes = probe_tables(lut, 0 if every else nprobe, lut_t, best)
+            if every:
+                probes = np.arange(cb.k, dtype=np.int64)
             out.append(MVQuery(q, lut_t, cb.pq_tables(q) if cb.m else None,
                                cb.signature(q) if self.bits and cb.bits else None,
                                probes, (best >= tcs).view(np.uint8) if ncand else None))
