@@ -9,6 +9,9 @@ student, and score (ir-measures, test qrels, judged queries):
 - hybrid nDCG@10: RRF (k=60, dense weighted 1.1: the shipped ``hybrid``) of BM25 top 1000 and
   dense top 100, unadapted vs adapted; the engine's own ``hybrid`` profile is scored too, as a
   check of the reimplemented fusion;
+- the default profile's nDCG@10 (``hybrid-convex``: min-max normalized BM25 top 1000 x 0.6 +
+  dense top 100 x 0.4), unadapted vs adapted, and the engine's own ``hybrid-convex`` as its
+  check;
 - the guard's verdict (``adapt.guard``: held-back synthetic queries, MRR of the source
   document, current encoder vs student) beside the real nDCG, to see whether it tracks it;
 - paired t-tests per collection (scipy ttest_rel), means over collections, the collections used
@@ -114,6 +117,23 @@ def hybrid(lex: list[np.ndarray], dense: np.ndarray) -> list[np.ndarray]:
     from polyindex.rerank.fusion import rrf
     return [rrf([lx, dn[:100]], k=60, weights=[1.0, NEURAL_WEIGHT])[0][:100]
             for lx, dn in zip(lex, dense)]
+
+
+def convex(lex: list[np.ndarray], lex_s: list[np.ndarray], q: np.ndarray, docs: np.ndarray,
+           dense: np.ndarray) -> list[np.ndarray]:
+    """The default profile's fusion (``hybrid-convex``): min-max normalized lexical top 1000
+    and dense top 100 scores, weighted as ``query.profiles.CONVEX_WEIGHTS``."""
+    from polyindex.query.profiles import CONVEX_DEPTHS, CONVEX_WEIGHTS
+    from polyindex.rerank.fusion import weighted
+    nd = CONVEX_DEPTHS["dense"]
+    out = []
+    for i, (lx, ls, dn) in enumerate(zip(lex, lex_s, dense)):
+        dn = dn[:nd]
+        keys, _ = weighted([lx[:CONVEX_DEPTHS["lexical"]], dn],
+                           [ls[:CONVEX_DEPTHS["lexical"]], docs[dn] @ q[i]],
+                           [CONVEX_WEIGHTS["lexical"], CONVEX_WEIGHTS["dense"]])
+        out.append(keys[:100])
+    return out
 
 
 def score(name: str, tag: str, qids, rows, ids, qrels, work: Path) -> dict[str, float]:
@@ -242,14 +262,20 @@ def one(name: str, args, work: Path) -> dict | None:
         c.__setitem__(0, c[0] + n), prog("encode", c[0], len(doc_texts))))
     encode_s = time.perf_counter() - t1
     q_base, q_new = base.encode(qtexts), adapted.encode(qtexts)
-    lex = [np.array([row[h.id] for h in hits], np.int64) for hits in
-           coll.query_batch(qtexts, k=1000, profile="lexical")]
+    lex_hits = coll.query_batch(qtexts, k=1000, profile="lexical")
+    lex = [np.array([row[h.id] for h in hits], np.int64) for hits in lex_hits]
+    lex_s = [np.array([h.score for h in hits], np.float64) for hits in lex_hits]
     engine_hybrid = [np.array([row[h.id] for h in hits], np.int64) for hits in
                      coll.query_batch(qtexts, k=100, profile="hybrid")]
+    engine_convex = [np.array([row[h.id] for h in hits], np.int64) for hits in
+                     coll.query_batch(qtexts, k=100, profile="hybrid-convex")]
     eng.close()
     d0, d1 = top(q_base, base_docs, 1000), top(q_new, new_docs, 1000)
     runs = {"dense": d0, "dense_adapted": d1, "hybrid": hybrid(lex, d0),
-            "hybrid_adapted": hybrid(lex, d1), "hybrid_engine": engine_hybrid}
+            "hybrid_adapted": hybrid(lex, d1), "hybrid_engine": engine_hybrid,
+            "convex": convex(lex, lex_s, q_base, base_docs, d0),
+            "convex_adapted": convex(lex, lex_s, q_new, new_docs, d1),
+            "convex_engine": engine_convex}
     per = {tag: score(name, tag, qids, rows, sids, qrels, work) for tag, rows in runs.items()}
     mean = {tag: float(np.mean(list(v.values()))) for tag, v in per.items()}
     res = {"collection": name, "documents": len(ids), "judged_queries": len(qids),
@@ -258,6 +284,8 @@ def one(name: str, args, work: Path) -> dict | None:
            "hybrid_ratio": mean["hybrid_adapted"] / mean["hybrid"] if mean["hybrid"] else None,
            "dense_test": common.paired(per["dense"], per["dense_adapted"]),
            "hybrid_test": common.paired(per["hybrid"], per["hybrid_adapted"]),
+           "convex_ratio": mean["convex_adapted"] / mean["convex"] if mean["convex"] else None,
+           "convex_test": common.paired(per["convex"], per["convex_adapted"]),
            "recipe": args.recipe or "default", "guard": learned.get("guard"),
            "learn": learned, "learn_wall_s": round(wall, 1),
            "learn_wall_s_per_10k": round(wall * 10_000 / len(ids), 1),
@@ -265,7 +293,7 @@ def one(name: str, args, work: Path) -> dict | None:
            "encode_corpus_s": round(encode_s, 1)}
     g = res["guard"] or {}
     print(json.dumps({**{k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
-                                             "hybrid_ratio")},
+                                             "hybrid_ratio", "convex_ratio", "convex_test")},
                       "guard": {k: g.get(k) for k in ("passed", "reason", "dense", "fused")}},
                      default=float), flush=True)
     return res
