@@ -52,6 +52,18 @@ def run_cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cli_command(*args), capture_output=True, text=True, timeout=timeout)
 
 
+def run_each(runs: list[tuple[list[str], dict]], timeout: float = 300
+             ) -> list[subprocess.CompletedProcess]:
+    """Run independent child processes (argv, env), one per core at a time, and return their
+    results in the order given. A fault campaign's children each write their own folder and
+    are checked afterwards, so running two at once changes nothing but the wall time (most of
+    a child's time is one core's Python start and imports)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda r: subprocess.run(r[0], env=r[1], capture_output=True,
+                                                      text=True, timeout=timeout), runs))
+
+
 def cli_command(*args) -> list[str]:
     return [sys.executable, "-m", "polyindex.cli.main", *map(str, args)]
 

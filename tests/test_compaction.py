@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections import Counter
@@ -14,6 +13,7 @@ from pathlib import Path
 import merge_workload as mw
 import numpy as np
 import pytest
+from conftest import run_each
 
 import polyindex
 from polyindex.storage import failpoints
@@ -225,27 +225,26 @@ def test_an_error_at_a_merge_step_loses_nothing(tmp_path, point):
 def test_a_crash_at_every_merge_step_loses_nothing(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     crashed = Counter()
-    for point in MERGE_POINTS:
-        for nth in (1, 2):
-            if point.startswith("merge.segment") and nth == 2 and "fsync" not in point:
-                continue  # one write and one rename per merge: no second hit
-            path = tmp_path / f"{point}@{nth}"
-            run = subprocess.run([sys.executable, str(HERE / "merge_workload.py"), str(path),
-                                  f"{point}@{nth}"], env=env, capture_output=True, text=True,
-                                 timeout=300)
-            assert "setup done" in run.stdout, run.stderr[-2000:]
-            live = json.loads((tmp_path / f"{point}@{nth}.live.json").read_text())
-            if run.returncode == 0:
-                continue  # the point was not hit that often
-            assert run.returncode == -9, (point, nth, run.returncode, run.stderr[-2000:])
-            crashed[point] += 1
-            mw.check(path, live)
-            with polyindex.open(path) as eng:  # a writer sweeps what the crash left
-                coll = eng.collection("m")
-                coll.add([{"id": "after", "text": "after crash common", "vector": mw.vec(1000)}])
-            assert mw.leftovers(path) == [], (point, nth)
-            live["after"] = ["after crash common", mw.vec(1000)]
-            mw.check(path, live)
+    # one write and one rename per merge: no second hit of those
+    crashes = [(p, n) for p in MERGE_POINTS for n in (1, 2)
+               if not (p.startswith("merge.segment") and n == 2 and "fsync" not in p)]
+    runs = run_each([([sys.executable, str(HERE / "merge_workload.py"), str(tmp_path / f"{p}@{n}"),
+                       f"{p}@{n}"], env) for p, n in crashes])
+    for (point, nth), run in zip(crashes, runs):
+        path = tmp_path / f"{point}@{nth}"
+        assert "setup done" in run.stdout, run.stderr[-2000:]
+        live = json.loads((tmp_path / f"{point}@{nth}.live.json").read_text())
+        if run.returncode == 0:
+            continue  # the point was not hit that often
+        assert run.returncode == -9, (point, nth, run.returncode, run.stderr[-2000:])
+        crashed[point] += 1
+        mw.check(path, live)
+        with polyindex.open(path) as eng:  # a writer sweeps what the crash left
+            coll = eng.collection("m")
+            coll.add([{"id": "after", "text": "after crash common", "vector": mw.vec(1000)}])
+        assert mw.leftovers(path) == [], (point, nth)
+        live["after"] = ["after crash common", mw.vec(1000)]
+        mw.check(path, live)
     print("\ncrashes per merge point:", json.dumps(dict(crashed), indent=1))
     assert set(crashed) == set(MERGE_POINTS)
 

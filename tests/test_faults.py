@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,6 +36,7 @@ import fault_workload as wl
 import follow_workload as fw
 import merge_workload as mw
 import pytest
+from conftest import run_each
 
 import polyindex
 from polyindex.storage import failpoints
@@ -258,11 +258,11 @@ def test_a_seal_under_way_is_not_due_again(tmp_path, monkeypatch):
 def test_a_crash_at_every_point_loses_no_acknowledged_write(online_hits, tmp_path):
     injected = Counter()
     env = {**os.environ, "PYTHONPATH": str(HERE), "POLYINDEX_MERGE": "0"}
-    for point, nth in plan(online_hits, CRASHES_PER_POINT):
+    crashes = plan(online_hits, CRASHES_PER_POINT)
+    runs = run_each([([sys.executable, str(HERE / "fault_workload.py"), str(tmp_path / f"{p}@{n}")],
+                      {**env, "POLYINDEX_FAILPOINTS": f"{p}=crash@{n}"}) for p, n in crashes])
+    for (point, nth), run in zip(crashes, runs):
         path = tmp_path / f"{point}@{nth}"
-        run = subprocess.run([sys.executable, str(HERE / "fault_workload.py"), str(path)],
-                             env={**env, "POLYINDEX_FAILPOINTS": f"{point}=crash@{nth}"},
-                             capture_output=True, text=True, timeout=300)
         assert run.returncode == -9, (point, nth, run.returncode, run.stderr[-2000:])
         acked = [tuple(json.loads(line)) for line in run.stdout.splitlines()]
         ops = list(wl.operations())
@@ -299,12 +299,14 @@ def test_a_crash_in_bulk_ingest_leaves_whole_segments_and_the_rerun_resumes(bulk
     src = bw.source(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(HERE), "POLYINDEX_MERGE": "0"}
     injected = 0
-    for point, nth in plan(bulk_hits, BULK_CRASHES_PER_POINT):
+    crashes = plan(bulk_hits, BULK_CRASHES_PER_POINT)
+    for point, nth in crashes:
+        bw.create(tmp_path / f"{point}@{nth}")
+    runs = run_each([([sys.executable, str(HERE / "bulk_workload.py"), str(tmp_path / f"{p}@{n}"),
+                       str(src)], {**env, "POLYINDEX_FAILPOINTS": f"{p}=crash@{n}"})
+                     for p, n in crashes])
+    for (point, nth), run in zip(crashes, runs):
         path = tmp_path / f"{point}@{nth}"
-        bw.create(path)
-        run = subprocess.run([sys.executable, str(HERE / "bulk_workload.py"), str(path), str(src)],
-                             env={**env, "POLYINDEX_FAILPOINTS": f"{point}=crash@{nth}"},
-                             capture_output=True, text=True, timeout=300)
         assert run.returncode == -9, (point, nth, run.returncode, run.stderr[-2000:])
         bw.check(path, src, complete=False)  # whole segments (read-only: nothing swept yet)
         bw.index(path, src)  # a writer: sweeps what the crash left, resumes after the last commit

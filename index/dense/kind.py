@@ -60,11 +60,11 @@ SOURCES = ("model", "user")
 OPTIONS = ("dim", "metric", "source")
 FLAGS = ("optional",)  # options without a value
 MAX_DIM = MAX_VECTOR_DIMS
-# faiss's factory turns on polysemous training for IVF..,PQ: a search of the codes by Hamming
-# distance, which nothing here asks for (polysemous_ht stays 0). It only relabels each PQ
+# faiss's factory turns on polysemous training for IVF..,PQ and a plain PQ: a search of the
+# codes by Hamming distance, which nothing here asks for (polysemous_ht stays 0). It only relabels each PQ
 # sub-quantizer's centroids (the same centroids, the same ADC scores) and was most of the
-# training: 172 s of a 10k-vector IVF256,PQ48 train against 76 without (docs/SCALE.md).
-# True restores it (bench_bulk's reference path).
+# training: 172 s of a 10k-vector IVF256,PQ48 train against 76 without (docs/SCALE.md); a
+# 3,000-vector PQ8 12.6 s against 0.4. True restores it (bench_bulk's reference path).
 POLYSEMOUS = False
 # Merged IVF segments copy their sources' codes (``index/dense/merge``) instead of encoding
 # every vector again; False re-encodes (bench_bulk's reference path).
@@ -92,6 +92,17 @@ def parse_body(body: str, where: str) -> tuple[dict[str, str], str]:
         else:
             rest.append(part)
     return opts, ",".join(rest)
+
+
+def _set_polysemous(index) -> None:
+    """POLYSEMOUS on whichever part of ``index`` has the switch: an IVF's PQ, a plain PQ, either
+    behind a transform (OPQ)."""
+    top = faiss.downcast_index(index)
+    inner = faiss.downcast_index(top.index) if isinstance(top, faiss.IndexPreTransform) else top
+    ivf = faiss.try_extract_index_ivf(index)
+    for part in (inner, faiss.downcast_index(ivf) if ivf is not None else None):
+        if part is not None and hasattr(part, "do_polysemous_training"):
+            part.do_polysemous_training = POLYSEMOUS
 
 
 def _trains(index, x: np.ndarray) -> bool:
@@ -222,9 +233,7 @@ class DenseKind(IndexKind):
             return
         self._plan_for(x.shape[1], len(x))
         index = faiss.index_factory(x.shape[1], self.factory, faiss_metric(self.metric))
-        ivf = faiss.try_extract_index_ivf(index)
-        if ivf is not None and hasattr(faiss.downcast_index(ivf), "do_polysemous_training"):
-            faiss.downcast_index(ivf).do_polysemous_training = POLYSEMOUS
+        _set_polysemous(index)
         if _trains(index, x):  # else too few vectors yet: trained by a later commit's sample
             self.template = index
 
