@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from polyindex.config import settings
 from polyindex.errors import FailedPrecondition, Internal, InvalidArgument
 from polyindex.service.exposure import check_exposure
 from polyindex.service.ports import bind_probe
@@ -230,11 +231,14 @@ class Group:
 def run_group(data, processes: int, *, host: str = "127.0.0.1", port: int = 50051,
               token_file=None, tls_cert=None, tls_key=None, workers: int = 8,
               metrics_port: int | None = None, frontend: str = "auto", readonly: bool = False,
-              cpus: str | None = None, grace: float = 5.0, insecure: bool = False,
+              cpus: str | None = None, grace: float | None = None, insecure: bool = False,
               model_root=None, console=None, snapshot_root=None) -> None:
     """Serve with ``processes`` workers until SIGTERM/SIGINT (``polyindex serve``);
     ``console(address, token, latency)``: as ``server.run``'s, started in this parent
-    (no latency here: each worker keeps its own histogram)."""
+    (no latency here: each worker keeps its own histogram). ``grace``: each worker's, by
+    default ``POLYINDEX_SHUTDOWN_GRACE_S`` as for one process."""
+    if grace is None:
+        grace = settings().shutdown_grace_s
     if processes < 2:
         raise InvalidArgument(f"a process group needs 2 or more processes, got {processes}")
     if (tls_cert is None) != (tls_key is None):
