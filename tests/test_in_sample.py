@@ -4,8 +4,10 @@ score on one of them is not a result (issue 39)."""
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 import polyindex
+from polyindex.cli.main import app
 from polyindex.cli.in_sample import identities, in_sample
 from polyindex.rerank.registry import SHIPPED
 
@@ -25,6 +27,14 @@ def beir(folder):
                                           + json.dumps({"_id": "q2", "text": "heat flow"}) + "\n")
     (folder / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td3\t1\n")
     return folder
+
+
+def cli(*args):
+    """The CLI's app run in this process: the embedding model loads once for the module."""
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res
 
 
 def trained_on():
@@ -48,31 +58,31 @@ def test_in_sample_by_name_or_source_folder(tmp_path):
     assert in_sample(fresh, ["hybrid", "ltr"]) == {}
 
 
-def test_eval_marks_in_sample_in_table_and_json(tmp_path, cli):
+def test_eval_marks_in_sample_in_table_and_json(tmp_path):
     src = beir(tmp_path / "cranfield")
     data = tmp_path / "data"
-    assert cli("index", src, "--data", data, "-c", "cranfield", "--no-progress").returncode == 0
+    assert cli("index", src, "--data", data, "-c", "cranfield", "--no-progress").exit_code == 0
     args = ("eval", "--data", data, "-c", "cranfield", "--queries", src / "queries.jsonl",
             "--qrels", src / "qrels.tsv", "--profile", "all")
     p = cli(*args, "--json")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.output
     out = json.loads(p.stdout)
     assert set(out["in_sample"]) == {"ltr"} and out["in_sample"]["ltr"]["model"] == "general"
     assert "ltr" in out["results"] and "hybrid" in out["results"]
     p = cli(*args)
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.output
     assert "ltr (in-sample)" in p.stdout and "hybrid (in-sample)" not in p.stdout
     assert "is not a result" in p.stdout
 
 
-def test_query_without_profile_runs_the_default(tmp_path, cli):
+def test_query_without_profile_runs_the_default(tmp_path):
     from polyindex.query.profiles import DEFAULT
     src = beir(tmp_path / "docs")
     data = tmp_path / "data"
-    assert cli("index", src, "--data", data, "-c", "c", "--no-progress").returncode == 0
+    assert cli("index", src, "--data", data, "-c", "c", "--no-progress").exit_code == 0
     base = ("query", "heat flow in a supersonic wing", "--data", data, "-c", "c")
     plain = cli(*base)
-    assert plain.returncode == 0, plain.stderr
+    assert plain.exit_code == 0, plain.output
     assert f"c · {DEFAULT} ·" in plain.stdout  # the table's title names the profile that ran
     got = json.loads(cli(*base, "--json").stdout)
     named = json.loads(cli(*base, "--profile", DEFAULT, "--json").stdout)
