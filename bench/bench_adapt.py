@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -152,9 +153,12 @@ def recipe_arg(args):
     if not args.recipe:
         return DEFAULT
     values = {}
-    for item in args.recipe.split(","):
+    for item in re.split(r",(?![^\[]*\])", args.recipe):  # commas inside [..] are a list's
         k, _, v = item.partition("=")
-        values[k] = json.loads(v)
+        try:
+            values[k] = json.loads(v)
+        except ValueError:
+            values[k] = v  # a bare word: neg_source=lexical
     return dataclasses.replace(DEFAULT, **values)
 
 

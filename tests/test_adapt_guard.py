@@ -12,7 +12,6 @@ import functools
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import polyindex
@@ -60,6 +59,18 @@ def test_held_back_documents_are_never_drawn_as_hard_negatives():
         assert [p.negative for p in pairs] == [9, 6]
 
 
+def test_negatives_come_from_the_lexical_ranking_when_the_recipe_says_so():
+    recipe = Recipe(keep_rank=1, neg_ranks=(0, 3), neg_source="lexical")
+    qs = [SynthQuery("q0", 0, "span", "d0"), SynthQuery("q1", 1, "span", "d1")]
+    ranked = [[0, 7, 8, 9], [1, 7, 8, 6]]   # the teacher: sure of both sources
+    lexical = [[5, 0, 4], [1, 3, 2]]        # BM25's top 3: the source and held-back excluded
+    for seed in range(20):
+        pairs, _ = label(qs, ranked, recipe, seed=seed, unseen={4}, negatives=lexical)
+        assert pairs[0].negative == 5 and pairs[1].negative in {3, 2}
+    assert {label(qs, ranked, recipe, seed=s, negatives=lexical)[0][1].negative
+            for s in range(20)} == {3, 2}
+
+
 def test_the_cli_line_says_why_nothing_was_committed():
     from polyindex.cli.adapt_cmd import describe
     report = {"committed": False, "encoder": "base", "previous": "base", "documents": 5,
@@ -98,6 +109,9 @@ def pristine(base_model: str, out_dir: Path) -> None:
 def encoder(path: str):
     from sentence_transformers import SentenceTransformer
     model = SentenceTransformer(path, device="cpu")
+    # the guard's verdicts here only need a damaged encoder to rank worse than the shipped
+    # one: the first 128 tokens of a document show it at half the cost of 256
+    model.max_seq_length = 128
     return lambda xs: model.encode(list(xs), normalize_embeddings=True, batch_size=64)
 
 

@@ -71,11 +71,24 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
         raise InvalidArgument(f"the teacher answered {len(ranked)} rankings for "
                               f"{len(queries)} queries")
     report["teacher_seconds"] = round(time.perf_counter() - t0, 1)
+    negatives = None
+    if recipe.neg_source == "lexical":
+        if lexical is None:
+            raise InvalidArgument("recipe neg_source=lexical needs the collection's lexical "
+                                  "ranking (a collection with a lexical index)")
+        negatives = []
+        for s in range(0, len(queries), TEACH_CHUNK):
+            negatives += lexical([q.text for q in queries[s:s + TEACH_CHUNK]],
+                                 recipe.neg_ranks[1])
+    elif recipe.neg_source != "teacher":
+        raise InvalidArgument(f"recipe neg_source must be 'teacher' or 'lexical', got "
+                              f"{recipe.neg_source!r}")
 
     model = student_mod.load(resolve_model(base_model), device)
     served_len = model.max_seq_length
     for rnd in range(recipe.rounds):
-        pairs, counts = label(queries, ranked, recipe, seed=seed + rnd, unseen=held_docs)
+        pairs, counts = label(queries, ranked, recipe, seed=seed + rnd, unseen=held_docs,
+                              negatives=negatives)
         if len(pairs) < recipe.min_pairs:
             raise InvalidArgument(
                 f"the teacher was sure of only {len(pairs)} of {len(queries)} synthetic "

@@ -20,7 +20,9 @@ class Recipe:
     # --- the teacher
     depth: int = 30              # teacher ranks asked for per query
     keep_rank: int = 3           # pair kept only if the source document is in the teacher's top
-    neg_ranks: tuple[int, int] = (10, 30)   # hard negatives drawn from these teacher ranks
+    neg_ranks: tuple[int, int] = (10, 30)   # hard negatives drawn from these ranks ...
+    neg_source: str = "teacher"  # ... of the teacher's ranking, or "lexical": BM25's (DPR's
+    #                              negatives: sharing the query's words, not its source)
     min_pairs: int = 64          # fewer kept pairs than this: nothing to learn from
     # --- the student
     max_seq_length: int = 128

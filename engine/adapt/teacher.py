@@ -67,19 +67,22 @@ class Pair:
 
 
 def label(queries: Sequence[SynthQuery], ranked: Sequence[Sequence[int]], recipe: Recipe,
-          seed: int = 0, unseen: frozenset[int] | set[int] = frozenset()
-          ) -> tuple[list[Pair], dict]:
+          seed: int = 0, unseen: frozenset[int] | set[int] = frozenset(),
+          negatives: Sequence[Sequence[int]] | None = None) -> tuple[list[Pair], dict]:
     """The pairs kept, and counts of what was dropped and why; no document of ``unseen``
-    (the guard's held-back ones) is drawn as a hard negative."""
+    (the guard's held-back ones) is drawn as a hard negative. Negatives come from
+    ``negatives`` (another ranking of the same queries: ``recipe.neg_source``) when given,
+    else from the teacher's."""
     lo, hi = recipe.neg_ranks
     rng = np.random.default_rng([seed, 2])
     pairs, unsure, kept_kinds = [], 0, {}
-    for q, ranks in zip(queries, ranked):
+    for i, (q, ranks) in enumerate(zip(queries, ranked)):
         top = list(ranks[:recipe.keep_rank])
         if q.doc not in top:
             unsure += 1
             continue
-        pool = [d for d in ranks[lo:hi] if d != q.doc and d not in unseen]
+        source = ranks if negatives is None else negatives[i]
+        pool = [d for d in source[lo:hi] if d != q.doc and d not in unseen]
         neg = pool[int(rng.integers(0, len(pool)))] if pool else None
         pairs.append(Pair(q.text, q.positive, q.doc, neg, q.kind))
         kept_kinds[q.kind] = kept_kinds.get(q.kind, 0) + 1
