@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 import polyindex
-from polyindex.cli.main import app
 from polyindex.cli.in_sample import identities, in_sample
+from polyindex.cli.main import app
 from polyindex.rerank.registry import SHIPPED
 
 pytestmark = pytest.mark.slow  # encodes with the embedding model

@@ -52,6 +52,9 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
             f"adapt needs at least {recipe.min_docs} documents with text to learn from; this "
             f"corpus has {usable} (of {len(texts)}): too few to adapt the encoder without "
             f"overfitting it, so the collection keeps its encoder")
+    if recipe.neg_source not in ("teacher", "lexical"):
+        raise InvalidArgument(f"recipe neg_source must be 'teacher' or 'lexical', got "
+                              f"{recipe.neg_source!r}")
     if titles is not None and len(titles) != len(texts):
         raise InvalidArgument(f"titles has {len(titles)} entries for {len(texts)} texts")
     report: dict = {"documents": len(texts), "usable_documents": usable, "device": device,
@@ -80,9 +83,6 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
         for s in range(0, len(queries), TEACH_CHUNK):
             negatives += lexical([q.text for q in queries[s:s + TEACH_CHUNK]],
                                  recipe.neg_ranks[1])
-    elif recipe.neg_source != "teacher":
-        raise InvalidArgument(f"recipe neg_source must be 'teacher' or 'lexical', got "
-                              f"{recipe.neg_source!r}")
 
     model = student_mod.load(resolve_model(base_model), device)
     served_len = model.max_seq_length

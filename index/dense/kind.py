@@ -61,10 +61,11 @@ OPTIONS = ("dim", "metric", "source")
 FLAGS = ("optional",)  # options without a value
 MAX_DIM = MAX_VECTOR_DIMS
 # faiss's factory turns on polysemous training for IVF..,PQ and a plain PQ: a search of the
-# codes by Hamming distance, which nothing here asks for (polysemous_ht stays 0). It only relabels each PQ
-# sub-quantizer's centroids (the same centroids, the same ADC scores) and was most of the
-# training: 172 s of a 10k-vector IVF256,PQ48 train against 76 without (docs/SCALE.md); a
-# 3,000-vector PQ8 12.6 s against 0.4. True restores it (bench_bulk's reference path).
+# codes by Hamming distance, which nothing here asks for (polysemous_ht stays 0). It only
+# relabels each PQ sub-quantizer's centroids (the same centroids, the same ADC scores) and was
+# most of the training: 172 s of a 10k-vector IVF256,PQ48 train against 76 without
+# (docs/SCALE.md); a 3,000-vector PQ8 12.6 s against 0.4. True restores it (bench_bulk's
+# reference path).
 POLYSEMOUS = False
 # Merged IVF segments copy their sources' codes (``index/dense/merge``) instead of encoding
 # every vector again; False re-encodes (bench_bulk's reference path).
