@@ -66,10 +66,8 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
         make_queries(texts, recipe, seed=seed, titles=titles), recipe, seed)
     tick("queries", len(queries), len(queries))
     t0 = time.perf_counter()
-    ranked: list[list[int]] = []
-    for s in range(0, len(queries), TEACH_CHUNK):
-        ranked += teacher([q.text for q in queries[s:s + TEACH_CHUNK]], recipe.depth)
-        tick("teacher", min(s + TEACH_CHUNK, len(queries)), len(queries))
+    ranked = _rank_all(teacher, queries, recipe.depth,
+                       lambda done: tick("teacher", done, len(queries)))
     if len(ranked) != len(queries):
         raise InvalidArgument(f"the teacher answered {len(ranked)} rankings for "
                               f"{len(queries)} queries")
@@ -79,10 +77,7 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
         if lexical is None:
             raise InvalidArgument("recipe neg_source=lexical needs the collection's lexical "
                                   "ranking (a collection with a lexical index)")
-        negatives = []
-        for s in range(0, len(queries), TEACH_CHUNK):
-            negatives += lexical([q.text for q in queries[s:s + TEACH_CHUNK]],
-                                 recipe.neg_ranks[1])
+        negatives = _rank_all(lexical, queries, recipe.neg_ranks[1])
 
     model = student_mod.load(resolve_model(base_model), device)
     served_len = model.max_seq_length
@@ -121,6 +116,15 @@ def learn(texts: Sequence[str], teacher: Callable[[Sequence[str], int], list[lis
                   peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   max_seq_length=served_len, out_dir=str(out_dir))
     return report
+
+
+def _rank_all(rank, queries, depth: int, done=lambda n: None) -> list[list[int]]:
+    """``rank`` (a teacher-shaped callable) over every query, ``TEACH_CHUNK`` at a time."""
+    out: list[list[int]] = []
+    for s in range(0, len(queries), TEACH_CHUNK):
+        out += rank([q.text for q in queries[s:s + TEACH_CHUNK]], depth)
+        done(min(s + TEACH_CHUNK, len(queries)))
+    return out
 
 
 def judge(old, model, texts: Sequence[str], held, recipe: Recipe, seed: int, lexical,
