@@ -106,7 +106,7 @@ def test_a_follower_never_writes_the_data_directory(tmp_path):
         c.live.writes.seal_docs, c.live.writes.seal_seconds = 10**9, 1e9
         c.add(docs("c", 5))
         c.live.writes._stop.set()  # no seal at close: keep the WAL as a crash would
-        c.live.writes.seal = lambda: None
+        c.live.writes.seal = lambda *_: None
     before = tree(tmp_path)
     assert any(p.startswith(os.path.join("c", "wal")) for p in before)
     reader = polyindex.open(tmp_path, readonly=True)
@@ -176,7 +176,7 @@ def test_corruption_is_data_loss_and_nothing_is_touched(tmp_path, damage):
         reader.query("alpha", profile="lexical")
     assert wal.read_bytes() == before
     coll.live.writes._stop.set()
-    coll.live.writes.seal = lambda: None  # the writer would seal its own view at close
+    coll.live.writes.seal = lambda *_: None  # the writer would seal its own view at close
     eng.close()
 
 

@@ -319,10 +319,13 @@ def decode_array(d: dict) -> np.ndarray:
 
 
 def remote_build(folder, docs, fields, kinds, embeddings, tokens=None, vectors=None,
-                 collection_rows: int = 0, quality=None, pruned=None) -> dict:
+                 collection_rows: int = 0, quality=None, pruned=None, *,
+                 here_if_cold: bool = False) -> dict:
     """``build_segment`` in the build process (off this process's GIL: queries beside a seal
-    keep their latency), or here when build processes are off."""
-    if not build_worker.enabled():
+    keep their latency), or here when build processes are off, or when ``here_if_cold`` and
+    the build process is not up (the seal at close: no query is left to protect, and a
+    process start costs more than a small seal)."""
+    if not build_worker.enabled() or (here_if_cold and not build_worker.running("seal")):
         return build_segment(folder, docs, fields, kinds, embeddings, tokens, vectors,
                              collection_rows, quality, pruned)
     # As columns: pickling 5,000 Document objects (with their vectors) took ~40 ms of GIL,

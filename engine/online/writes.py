@@ -12,6 +12,7 @@ without limit. On open, the WAL records above the manifest's ``wal_through`` are
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -169,7 +170,7 @@ class OnlineWrites(BufferedView):
                                 "before the snapshot could not be sealed; try again")
 
     # -- sealing ---------------------------------------------------------------------------
-    def seal(self) -> None:
+    def seal(self, build=remote_build) -> None:
         """Commit the buffered writes as one segment, then forget the WAL that held them.
 
         A frozen buffer whose commit failed is retried first (never overwritten); its WAL
@@ -199,7 +200,7 @@ class OnlineWrites(BufferedView):
                                      delete_ids=sorted(frozen.deleted - frozen.docs.keys()),
                                      wal_through=frozen.through,
                                      vectors=self.spec.stack(docs) if self.spec else None,
-                                     build=remote_build)
+                                     build=build)
             except BaseException as e:
                 self.seal_failures += 1
                 self.last_seal_error = f"{type(e).__name__}: {e}"
@@ -268,10 +269,11 @@ class OnlineWrites(BufferedView):
         self._stop.set()
         self._thread.join()
         self.indexer.stop()
+        build = functools.partial(remote_build, here_if_cold=True)
         try:
-            self.seal()
+            self.seal(build)
             if self.frozen is None and not self.active.empty():
-                self.seal()  # a retried frozen buffer went first; now the newer writes
+                self.seal(build)  # a retried frozen buffer went first; now the newer writes
         finally:
             with self.lock:
                 self.closed = True

@@ -88,6 +88,11 @@ class BuildWorker:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
+    def running(self) -> bool:
+        """Whether the child is up (a job sent now pays no process start)."""
+        proc = self._proc
+        return proc is not None and proc.poll() is None
+
     def _ensure(self) -> subprocess.Popen:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
@@ -176,6 +181,13 @@ def worker(purpose: str) -> BuildWorker:
         if w is None:
             w = _workers[purpose] = BuildWorker(purpose)
         return w
+
+
+def running(purpose: str) -> bool:
+    """Whether this process's worker for ``purpose`` is up."""
+    with _workers_lock:
+        w = _workers.get(purpose)
+    return w is not None and w.running()
 
 
 def run(purpose: str, target: str, *args, stop: Callable[[], bool] | None = None, **kwargs):
