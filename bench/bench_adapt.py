@@ -12,6 +12,9 @@ student, and score (ir-measures, test qrels, judged queries):
 - the default profile's nDCG@10 (``hybrid-convex``: min-max normalized BM25 top 1000 x 0.6 +
   dense top 100 x 0.4), unadapted vs adapted, and the engine's own ``hybrid-convex`` as its
   check;
+- both encoders kept: ``dense_both`` (the sum of the base's and the student's cosines) and
+  ``convex_both`` (lexical + base dense + adapted dense, ``--both-weights``), against the
+  unadapted dense and default;
 - the guard's verdict (``adapt.guard``: held-back synthetic queries, MRR of the source
   document, current encoder vs student) beside the real nDCG, to see whether it tracks it;
 - paired t-tests per collection (scipy ttest_rel), means over collections, the collections used
@@ -134,6 +137,23 @@ def convex(lex: list[np.ndarray], lex_s: list[np.ndarray], q: np.ndarray, docs: 
                            [ls[:CONVEX_DEPTHS["lexical"]], docs[dn] @ q[i]],
                            [CONVEX_WEIGHTS["lexical"], CONVEX_WEIGHTS["dense"]])
         out.append(keys[:100])
+    return out
+
+
+def convex_both(lex: list[np.ndarray], lex_s: list[np.ndarray], legs, weights) -> list[np.ndarray]:
+    """A three-leg convex fusion: lexical top 1000, the base encoder's dense top 100 and the
+    adapted encoder's (``legs``: (queries, docs, top rows) each), min-max normalized and
+    weighted (``--both-weights``): keeping the base encoder beside its student."""
+    from polyindex.query.profiles import CONVEX_DEPTHS
+    from polyindex.rerank.fusion import weighted
+    nl, nd = CONVEX_DEPTHS["lexical"], CONVEX_DEPTHS["dense"]
+    out = []
+    for i, (lx, ls) in enumerate(zip(lex, lex_s)):
+        keys, scores = [lx[:nl]], [ls[:nl]]
+        for q, docs, rows in legs:
+            keys.append(rows[i][:nd])
+            scores.append(docs[rows[i][:nd]] @ q[i])
+        out.append(weighted(keys, scores, weights)[0][:100])
     return out
 
 
@@ -275,7 +295,15 @@ def one(name: str, args, work: Path) -> dict | None:
                      coll.query_batch(qtexts, k=100, profile="hybrid-convex")]
     eng.close()
     d0, d1 = top(q_base, base_docs, 1000), top(q_new, new_docs, 1000)
-    runs = {"dense": d0, "dense_adapted": d1, "hybrid": hybrid(lex, d0),
+    # both encoders at once: the sum of their cosines (one vector of both halves), and the
+    # default's fusion with the two dense legs side by side
+    q_both = np.concatenate([q_base, q_new], 1)
+    docs_both = np.concatenate([base_docs, new_docs], 1)
+    d2 = top(q_both, docs_both, 100)
+    runs = {"dense_both": d2,
+            "convex_both": convex_both(lex, lex_s, [(q_base, base_docs, d0), (q_new, new_docs, d1)],
+                                       args.both_weights),
+            "dense": d0, "dense_adapted": d1, "hybrid": hybrid(lex, d0),
             "hybrid_adapted": hybrid(lex, d1), "hybrid_engine": engine_hybrid,
             "convex": convex(lex, lex_s, q_base, base_docs, d0),
             "convex_adapted": convex(lex, lex_s, q_new, new_docs, d1),
@@ -290,6 +318,10 @@ def one(name: str, args, work: Path) -> dict | None:
            "hybrid_test": common.paired(per["hybrid"], per["hybrid_adapted"]),
            "convex_ratio": mean["convex_adapted"] / mean["convex"] if mean["convex"] else None,
            "convex_test": common.paired(per["convex"], per["convex_adapted"]),
+           "dense_both_ratio": mean["dense_both"] / mean["dense"] if mean["dense"] else None,
+           "dense_both_test": common.paired(per["dense"], per["dense_both"]),
+           "convex_both_ratio": mean["convex_both"] / mean["convex"] if mean["convex"] else None,
+           "convex_both_test": common.paired(per["convex"], per["convex_both"]),
            "recipe": args.recipe or "default", "guard": learned.get("guard"),
            "learn": learned, "learn_wall_s": round(wall, 1),
            "learn_wall_s_per_10k": round(wall * 10_000 / len(ids), 1),
@@ -297,7 +329,9 @@ def one(name: str, args, work: Path) -> dict | None:
            "encode_corpus_s": round(encode_s, 1)}
     g = res["guard"] or {}
     print(json.dumps({**{k: res[k] for k in ("collection", "ndcg10", "dense_ratio",
-                                             "hybrid_ratio", "convex_ratio", "convex_test")},
+                                             "hybrid_ratio", "convex_ratio", "convex_test",
+                                             "dense_both_ratio", "convex_both_ratio",
+                                             "convex_both_test")},
                       "guard": {k: g.get(k) for k in ("passed", "reason", "dense", "fused")}},
                      default=float), flush=True)
     return res
@@ -359,6 +393,8 @@ def main() -> None:
                     "(a variant tried on the --dev collections)")
     ap.add_argument("--from-students", default="", help="DIR of students already learnt "
                     "(DIR/NAME): apply --recipe's average to them instead of learning again")
+    ap.add_argument("--both-weights", default="0.5,0.25,0.25", help="lexical, base dense, "
+                    "adapted dense: the weights of the three-leg fusion scored as convex_both")
     ap.add_argument("--from-student", help=argparse.SUPPRESS)
     ap.add_argument("--learn-child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -368,6 +404,7 @@ def main() -> None:
     if args.dtype_check:
         return dtype_check(args)
     args.dev = common.parse_list(args.dev)
+    args.both_weights = [float(w) for w in common.parse_list(args.both_weights)]
     global RUN_TAG
     RUN_TAG = args.recipe.replace("=", "").replace(",", "_") or "default"
     work = Path(args.work)
