@@ -135,3 +135,34 @@ def test_online_seals_and_merges_are_built_by_the_build_process_with_equal_resul
                 for p in ("lexical", "dense", "hybrid")]
             assert coll.count() == 448
     assert results["1"] == results["0"]
+
+
+def test_the_seal_at_close_builds_in_place_unless_the_build_process_is_up(tmp_path, setting,
+                                                                          monkeypatch):
+    setting("POLYINDEX_MERGE", "0")
+    setting("POLYINDEX_BUILD_WORKER", "1")
+    build_worker._close_all()  # no build process left by an earlier test
+    sent = []
+    call = build_worker.BuildWorker.call
+    monkeypatch.setattr(build_worker.BuildWorker, "call",
+                        lambda self, target, *a, **k: sent.append(target) or
+                        call(self, target, *a, **k))
+    first, second = ([{"id": d["id"], "text": d["text"]} for d in _docs(n, seed, prefix=p)]
+                     for n, seed, p in ((40, 0, "a"), (30, 1, "b")))
+    # never sealed before the close: built here, no build process started for it
+    with polyindex.open(tmp_path / "cold", online=True) as eng:
+        eng.create_collection("c", ["lexical"], model=None).add(first)
+    assert sent == [] and not build_worker.running("seal")
+    # the build process already up (an earlier seal): the close's seal goes through it
+    with polyindex.open(tmp_path / "warm", online=True) as eng:
+        coll = eng.create_collection("c", ["lexical"], model=None)
+        coll.add(first)
+        coll.seal()
+        assert len(sent) == 1 and build_worker.running("seal")
+        coll.add(second)
+    assert len(sent) == 2
+    for name, n, segments in (("cold", 40, 1), ("warm", 70, 2)):  # sealed, not only logged
+        with polyindex.open(tmp_path / name) as eng:
+            coll = eng.collection("c")
+            assert coll.count() == n and coll.info()["segments"] == segments
+            assert "a3" in {h.id for h in coll.query(first[3]["text"], k=5, profile="lexical")}
