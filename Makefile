@@ -76,9 +76,10 @@ $(GRPC_LOAD): bench/native/grpc_load.cc
 demo: $(STAMP)
 	$(BIN)/polyindex demo --data .demo
 
-# Both tiers; the budget is 25 minutes on a 2-core machine (README, "Tests").
+# Both tiers; the budget is 25 minutes on a 2-core machine (README, "Tests"). The 25 slowest
+# steps are listed at the end, so a run over budget says where its time went.
 test: native browser-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The fast tier alone, for a quick check while working: no embedding model, no fault campaign.
 test-fast: native
