@@ -405,6 +405,9 @@ def main() -> None:
         return dtype_check(args)
     args.dev = common.parse_list(args.dev)
     args.both_weights = [float(w) for w in common.parse_list(args.both_weights)]
+    if len(args.both_weights) != 3:
+        ap.error(f"--both-weights takes three weights (lexical, base dense, adapted dense), "
+                 f"got {len(args.both_weights)}")
     global RUN_TAG
     RUN_TAG = args.recipe.replace("=", "").replace(",", "_") or "default"
     work = Path(args.work)
