@@ -127,23 +127,15 @@ def convex(lex: list[np.ndarray], lex_s: list[np.ndarray], q: np.ndarray, docs: 
            dense: np.ndarray) -> list[np.ndarray]:
     """The default profile's fusion (``hybrid-convex``): min-max normalized lexical top 1000
     and dense top 100 scores, weighted as ``query.profiles.CONVEX_WEIGHTS``."""
-    from polyindex.query.profiles import CONVEX_DEPTHS, CONVEX_WEIGHTS
-    from polyindex.rerank.fusion import weighted
-    nd = CONVEX_DEPTHS["dense"]
-    out = []
-    for i, (lx, ls, dn) in enumerate(zip(lex, lex_s, dense)):
-        dn = dn[:nd]
-        keys, _ = weighted([lx[:CONVEX_DEPTHS["lexical"]], dn],
-                           [ls[:CONVEX_DEPTHS["lexical"]], docs[dn] @ q[i]],
-                           [CONVEX_WEIGHTS["lexical"], CONVEX_WEIGHTS["dense"]])
-        out.append(keys[:100])
-    return out
+    from polyindex.query.profiles import CONVEX_WEIGHTS
+    return convex_both(lex, lex_s, [(q, docs, dense)],
+                       [CONVEX_WEIGHTS["lexical"], CONVEX_WEIGHTS["dense"]])
 
 
 def convex_both(lex: list[np.ndarray], lex_s: list[np.ndarray], legs, weights) -> list[np.ndarray]:
-    """A three-leg convex fusion: lexical top 1000, the base encoder's dense top 100 and the
-    adapted encoder's (``legs``: (queries, docs, top rows) each), min-max normalized and
-    weighted (``--both-weights``): keeping the base encoder beside its student."""
+    """The convex fusion of lexical top 1000 and each of ``legs``' dense top 100 ((queries,
+    docs, top rows) each), min-max normalized and weighted: with two legs (the base encoder
+    and its student, ``--both-weights``) it keeps the base encoder beside its student."""
     from polyindex.query.profiles import CONVEX_DEPTHS
     from polyindex.rerank.fusion import weighted
     nl, nd = CONVEX_DEPTHS["lexical"], CONVEX_DEPTHS["dense"]
